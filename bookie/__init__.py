@@ -1,0 +1,1 @@
+"""bookie: not built yet (see the project's issues)."""

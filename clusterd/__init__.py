@@ -1,0 +1,1 @@
+"""The clusterd daemon and the clusterctl command: config, process entry points, wiring."""

@@ -1,0 +1,1 @@
+"""ledger: not built yet (see the project's issues)."""

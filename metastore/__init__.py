@@ -1,0 +1,1 @@
+"""metastore: not built yet (see the project's issues)."""

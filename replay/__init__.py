@@ -1,0 +1,1 @@
+"""Invariant checkers over replicated histories, shared by the simulator, tests and verifiers."""

@@ -1,0 +1,1 @@
+"""Deterministic whole-cluster simulator: seeded network, disk and clock driving the pure cores."""

@@ -1,0 +1,1 @@
+"""Zab atomic broadcast: pure protocol core, durable transaction log, trio driver."""
