@@ -1,0 +1,75 @@
+"""Errors raised by the durable storage of a Zab node (txn log, snapshots, epoch files).
+
+The tree is small on purpose:
+
+    StorageError                 the disk holds something we cannot trust or use
+      LogCorruptError            the txn log is damaged before its end
+      SnapshotCorruptError       one snapshot file fails its checks
+      EpochFileError             acceptedEpoch / currentEpoch unreadable or inconsistent
+      MissingHistoryError        recovery would have to start with a hole in history
+      RecordError                one log record cannot be decoded (reason: TORN or CORRUPT)
+        TornRecordError          not enough bytes: a write that never completed
+        CorruptRecordError       checksum mismatch or an impossible length
+
+A torn or corrupt record at the end of the newest log segment is an expected
+outcome of a crash and is repaired by TxnLog itself; every other StorageError
+means the node must not serve, and the message tells the operator what to do.
+Programming errors (appending a zxid that does not increase, an oversized txn)
+are ValueError: a bug, not a condition of the disk.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class StorageError(Exception):
+    """Base class: durable state on this node cannot be trusted as it is."""
+
+
+class LogCorruptError(StorageError):
+    """The txn log is damaged somewhere other than its (repairable) tail."""
+
+
+class SnapshotCorruptError(StorageError):
+    """A snapshot file fails its header, length or checksum checks."""
+
+
+class EpochFileError(StorageError):
+    """An epoch file is unreadable, or the two epoch files contradict each other."""
+
+
+class MissingHistoryError(StorageError):
+    """Recovery found no way to rebuild history from the start without a hole."""
+
+
+class RecordReason(enum.StrEnum):
+    """Why a record could not be decoded. Compares equal to "torn" / "corrupt"."""
+
+    # Fewer bytes than the record needs (or a zero-filled header): the write
+    # that would have produced it never completed.
+    TORN = "torn"
+    # Bytes are present but wrong: checksum mismatch or an impossible length.
+    CORRUPT = "corrupt"
+
+
+class RecordError(StorageError):
+    """A txn log record could not be decoded; `reason` says whether torn or corrupt."""
+
+    reason: RecordReason
+
+    def __init__(self, message: str, *, offset: int) -> None:
+        super().__init__(message)
+        self.offset = offset
+
+
+class TornRecordError(RecordError):
+    """The buffer ends before the record does."""
+
+    reason = RecordReason.TORN
+
+
+class CorruptRecordError(RecordError):
+    """The record's length is impossible or its checksum does not match."""
+
+    reason = RecordReason.CORRUPT
