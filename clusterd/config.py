@@ -1,0 +1,315 @@
+"""`cluster.toml`: the one description of a cluster, loaded into validated frozen data.
+
+Layout (every key is documented in docs/operations.md):
+
+    [cluster]            # cluster-wide settings, all optional
+    name = "quire-local"
+    tick_ms = 50
+    ...
+    [[node]]             # one table per node, every key required
+    id = 1
+    host = "127.0.0.1"
+    peer_port = 28881
+    client_port = 21811
+    admin_port = 18081
+    roles = ["voter", "bookie"]
+    data_dir = "data/node1"   # relative: against this file's folder
+
+Anything unusable is refused with a `ConfigError` naming the file, the table and
+the key, so that a typo never silently becomes a default.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from zab.config import ZabConfig, ZabConfigError
+
+VOTER = "voter"
+OBSERVER = "observer"
+BOOKIE = "bookie"
+ROLES = (VOTER, OBSERVER, BOOKIE)
+MAX_NODE_ID = 255  # ids are packed into session ids (see clusterd.kvservice)
+PORT_KEYS = ("peer_port", "client_port", "admin_port")
+NODE_KEYS = ("id", "host", *PORT_KEYS, "roles", "data_dir")
+
+
+class ConfigError(Exception):
+    """The configuration is unusable; the message names the file, the place and the fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfig:
+    """One node of the cluster: where it listens, what it does, where it keeps its data."""
+
+    id: int
+    host: str
+    peer_port: int
+    client_port: int
+    admin_port: int
+    roles: frozenset[str]
+    data_dir: Path  # always absolute
+
+    @property
+    def is_voter(self) -> bool:
+        return VOTER in self.roles
+
+    @property
+    def is_observer(self) -> bool:
+        return OBSERVER in self.roles
+
+    @property
+    def in_ensemble(self) -> bool:
+        """True when the node runs a Zab peer (voter or observer)."""
+        return self.is_voter or self.is_observer
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """Cluster-wide settings and the nodes. Durations are in ticks of `tick_ms`."""
+
+    path: Path  # the file this came from (absolute)
+    nodes: tuple[NodeConfig, ...]
+    name: str = "quire"
+    tick_ms: int = 50
+    election_finalize_ticks: int = 3
+    election_resend_ticks: int = 10
+    init_limit_ticks: int = 100
+    sync_limit_ticks: int = 10
+    ping_interval_ticks: int = 2
+    sync_window_txns: int = 100_000
+    snapshot_every_txns: int = 50_000
+    snapshots_retained: int = 3
+    max_frame_bytes: int = 64 << 20
+    send_queue_max: int = 10_000
+
+    @property
+    def voters(self) -> frozenset[int]:
+        return frozenset(n.id for n in self.nodes if n.is_voter)
+
+    @property
+    def observers(self) -> frozenset[int]:
+        return frozenset(n.id for n in self.nodes if n.is_observer)
+
+    def node(self, node_id: int) -> NodeConfig:
+        """The node with this id; ConfigError if the file has none."""
+        for n in self.nodes:
+            if n.id == node_id:
+                return n
+        known = ", ".join(str(n.id) for n in self.nodes)
+        raise ConfigError(f"{self.path}: no [[node]] with id {node_id} (ids: {known})")
+
+    def peer_addresses(self) -> dict[int, tuple[str, int]]:
+        """Zab peer address of every ensemble member (voters and observers)."""
+        return {n.id: (n.host, n.peer_port) for n in self.nodes if n.in_ensemble}
+
+    def zab_config(self, node_id: int) -> ZabConfig:
+        """The Zab peer configuration of `node_id`, which must be a voter or an observer."""
+        node = self.node(node_id)
+        if not node.in_ensemble:
+            raise ConfigError(f"{self.path}: node {node_id} has roles {sorted(node.roles)}: "
+                              "it is neither a voter nor an observer, so it runs no Zab peer")
+        try:
+            return self._zab_config(node_id)
+        except ZabConfigError as e:
+            raise ConfigError(f"{self.path}: {e}") from None
+
+    def _zab_config(self, node_id: int) -> ZabConfig:
+        return ZabConfig(
+            my_id=node_id, voters=self.voters, observers=self.observers, tick_ms=self.tick_ms,
+            election_finalize_ticks=self.election_finalize_ticks,
+            election_resend_ticks=self.election_resend_ticks,
+            init_limit_ticks=self.init_limit_ticks, sync_limit_ticks=self.sync_limit_ticks,
+            ping_interval_ticks=self.ping_interval_ticks, sync_window_txns=self.sync_window_txns,
+            snapshot_every_txns=self.snapshot_every_txns)
+
+
+# Cluster-wide keys and their defaults, taken from the dataclass so there is one list.
+CLUSTER_DEFAULTS: dict[str, Any] = {
+    f.name: f.default for f in fields(ClusterConfig) if f.name not in ("path", "nodes")}
+
+
+def load(path: str | os.PathLike[str]) -> ClusterConfig:
+    """Read and validate a cluster.toml; relative data dirs resolve against its folder."""
+    path = Path(path).absolute()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read: {e}") from None
+    return parse(text, path)
+
+
+def parse(text: str, path: Path) -> ClusterConfig:
+    """Validate the TOML text of the file at `path` (used for messages and relative dirs)."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    top = _Table(doc, path, "top level")
+    cluster = _Table(top.take("cluster", dict, default={}), path, "[cluster]")
+    raw_nodes = top.take("node", list, required_hint="at least one [[node]] table")
+    top.finish()
+    settings = {key: _take_setting(cluster, key, default) for key, default in CLUSTER_DEFAULTS.items()}
+    cluster.finish()
+    nodes = tuple(_parse_node(raw, i, path) for i, raw in enumerate(raw_nodes, start=1))
+    config = ClusterConfig(path=path, nodes=nodes, **settings)
+    _check_cluster(config)
+    return config
+
+
+def _take_setting(table: _Table, key: str, default: Any) -> Any:
+    if isinstance(default, str):
+        return table.take_str(key, default=default)
+    # Every numeric setting is a count, a size or a duration: zero or less is never meaningful.
+    return table.take_int(key, default=default, minimum=1)
+
+
+def _parse_node(raw: Any, index: int, path: Path) -> NodeConfig:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: [[node]] #{index}: expected a table, got {_describe(raw)}")
+    where = f"[[node]] #{index}" + (f" (id {raw['id']})" if type(raw.get("id")) is int else "")
+    table = _Table(raw, path, where)
+    node_id = table.take_int("id", minimum=1, maximum=MAX_NODE_ID)
+    host = table.take_str("host")
+    ports = {key: table.take_int(key, minimum=1, maximum=65535) for key in PORT_KEYS}
+    roles = _take_roles(table)
+    data_dir = Path(table.take_str("data_dir"))
+    table.finish()
+    if not data_dir.is_absolute():
+        data_dir = path.parent / data_dir
+    return NodeConfig(id=node_id, host=host, roles=roles, data_dir=Path(os.path.normpath(data_dir)), **ports)
+
+
+def _take_roles(table: _Table) -> frozenset[str]:
+    roles = table.take("roles", list)
+    for role in roles:
+        if role not in ROLES:
+            table.fail("roles", f"unknown role {role!r}{_suggest(role, ROLES)} (roles: {', '.join(ROLES)})")
+    if not roles:
+        table.fail("roles", "a node needs at least one role")
+    if len(set(roles)) != len(roles):
+        table.fail("roles", f"a role is listed twice in {roles}")
+    if VOTER in roles and OBSERVER in roles:
+        table.fail("roles", "a node is either a voter or an observer, not both")
+    return frozenset(roles)
+
+
+def _check_cluster(config: ClusterConfig) -> None:
+    path = config.path
+    _check_unique(path, "id", [(n.id, f"node {n.id}") for n in config.nodes])
+    _check_unique(path, "data_dir", [(n.data_dir, f"node {n.id}") for n in config.nodes])
+    _check_unique(path, "address", [((n.host, getattr(n, key)), f"node {n.id} {key}")
+                                    for n in config.nodes for key in PORT_KEYS])
+    voters = sorted(config.voters)
+    if not voters:
+        raise ConfigError(f"{path}: no node has the role 'voter': a cluster needs 1, 3, 5 or 7 voters")
+    if len(voters) % 2 == 0:
+        raise ConfigError(
+            f"{path}: {len(voters)} voters (nodes {voters}): use an odd number (1, 3, 5 or 7); "
+            "an even count tolerates no more failures than the odd count below it")
+    try:
+        config._zab_config(voters[0])  # the Zab core's own checks, e.g. ping vs sync limit
+    except ZabConfigError as e:
+        raise ConfigError(f"{path}: [cluster]: {e}") from None
+
+
+def _check_unique(path: Path, what: str, items: list[tuple[Any, str]]) -> None:
+    seen: dict[Any, str] = {}
+    for value, owner in items:
+        if value in seen:
+            shown = f"{value[0]}:{value[1]}" if isinstance(value, tuple) else str(value)
+            raise ConfigError(f"{path}: duplicate {what} {shown}: used by {seen[value]} and by {owner}")
+        seen[value] = owner
+
+
+class _Table:
+    """One TOML table being read: takes keys one by one, then refuses what is left over."""
+
+    _REQUIRED = object()
+
+    def __init__(self, data: dict[str, Any], path: Path, where: str) -> None:
+        self._data = dict(data)
+        self._known: list[str] = []
+        self._path = path
+        self._where = where
+
+    def fail(self, key: str, problem: str) -> None:
+        raise ConfigError(f"{self._path}: {self._where}: key {key!r}: {problem}")
+
+    def take(self, key: str, kind: type, default: Any = _REQUIRED, required_hint: str = "") -> Any:
+        self._known.append(key)
+        if key not in self._data:
+            if default is self._REQUIRED:
+                hint = f" ({required_hint})" if required_hint else ""
+                raise ConfigError(f"{self._path}: {self._where}: missing required key {key!r}{hint}")
+            return default
+        value = self._data.pop(key)
+        # bool is an int subclass in Python, but `port = true` is a typo, not a port.
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            self.fail(key, f"expected {_KIND_NAMES[kind]}, got {_describe(value)}")
+        return value
+
+    def take_int(self, key: str, *, default: Any = _REQUIRED, minimum: int, maximum: int | None = None) -> int:
+        value = self.take(key, int, default)
+        if value < minimum or (maximum is not None and value > maximum):
+            bounds = f"from {minimum} to {maximum}" if maximum is not None else f"at least {minimum}"
+            self.fail(key, f"must be {bounds}, got {value}")
+        return value
+
+    def take_str(self, key: str, *, default: Any = _REQUIRED) -> str:
+        value = self.take(key, str, default)
+        if not value.strip():
+            self.fail(key, "must not be empty")
+        return value
+
+    def finish(self) -> None:
+        for key in self._data:
+            raise ConfigError(f"{self._path}: {self._where}: unknown key {key!r}"
+                              f"{_suggest(key, self._known)} (known: {', '.join(self._known)})")
+
+
+_KIND_NAMES = {int: "an integer", str: "a string", list: "an array", dict: "a table"}
+
+
+def _describe(value: Any) -> str:
+    kind = {bool: "boolean", int: "integer", float: "float", str: "string", list: "array",
+            dict: "table"}.get(type(value), type(value).__name__)
+    return f"{kind} {value!r}" if kind not in ("array", "table") else kind
+
+
+def _suggest(word: Any, choices: Any) -> str:
+    close = difflib.get_close_matches(str(word), list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def to_toml(config: ClusterConfig, folder: Path) -> str:
+    """Render `config` as cluster.toml text for a file in `folder`.
+
+    Data dirs inside `folder` are written relative to it, so the file stays valid
+    when the folder moves. `load` of the result gives back an equal config.
+    """
+    lines = ["[cluster]"]
+    lines += [f"{key} = {_toml_value(getattr(config, key))}" for key in CLUSTER_DEFAULTS]
+    for n in config.nodes:
+        data_dir = n.data_dir
+        if data_dir.is_relative_to(folder):
+            data_dir = data_dir.relative_to(folder)
+        lines += ["", "[[node]]", f"id = {n.id}", f"host = {_toml_value(n.host)}"]
+        lines += [f"{key} = {getattr(n, key)}" for key in PORT_KEYS]
+        lines += [f"roles = {_toml_value(sorted(n.roles))}", f"data_dir = {_toml_value(data_dir.as_posix())}"]
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, str):
+        # JSON string escapes without ensure_ascii are a subset of TOML basic-string escapes.
+        return json.dumps(value, ensure_ascii=False)
+    return str(value)
