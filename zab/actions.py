@@ -1,0 +1,134 @@
+"""Events into the Zab core and actions out of it.
+
+The driver executes actions strictly in order. Log actions go to one writer
+that appends, fsyncs once for everything queued (group commit), and only then
+runs the actions carried in LogSync.then: "persist, then send" is one action.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from zab.messages import Message
+from zab.statemachine import Frozen
+from zab.txn import Txn
+
+
+# -- events -----------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Tick:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    frm: int
+    msg: Message
+
+
+@dataclass(frozen=True, slots=True)
+class PeerDisconnected:
+    """The link to or from `peer` broke: anything in flight on it may be lost."""
+    peer: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClientRequest:
+    session_id: int
+    cxid: int
+    data: bytes
+
+
+Event = Tick | Received | PeerDisconnected | ClientRequest
+
+
+# -- actions ----------------------------------------------------------------
+class Phase(enum.Enum):
+    ELECTION = "election"
+    DISCOVERY = "discovery"
+    SYNCHRONIZATION = "synchronization"
+    BROADCAST = "broadcast"
+
+
+class Role(enum.Enum):
+    LOOKING = "looking"
+    FOLLOWING = "follower"
+    LEADING = "leader"
+    OBSERVING = "observer"
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    to: int
+    msg: Message
+
+
+@dataclass(frozen=True, slots=True)
+class PersistEpoch:
+    """Write acceptedEpoch and/or currentEpoch durably (tmp, fsync, rename)."""
+    accepted: int | None = None
+    current: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LogAppend:
+    txns: tuple[Txn, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LogSync:
+    """Fsync everything appended so far, then run `then` in order."""
+    then: tuple["Action", ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class LogTruncate:
+    """Durably drop every logged record after `zxid` (the TRUNC of synchronization)."""
+    zxid: int
+
+
+@dataclass(frozen=True, slots=True)
+class InstallSnapshot:
+    """SNAP sync: make `state` at `zxid` durable and discard the old history."""
+    zxid: int
+    state: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class TakeSnapshot:
+    """Write a local snapshot of the delivered state (serialised off the event loop)."""
+    frozen: Frozen
+
+
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    """A committed transaction was applied; answer its client if it is ours."""
+    txn: Txn
+    result: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFailed:
+    session_id: int
+    cxid: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RoleChanged:
+    """The peer changed role or leader; requests in flight have an unknown outcome."""
+    role: Role
+    leader: int | None
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Disconnect:
+    """Drop the links with `peer` (it broke the protocol or fell too far behind)."""
+    peer: int
+    reason: str = field(default="")
+
+
+Action = (Send | PersistEpoch | LogAppend | LogSync | LogTruncate | InstallSnapshot | TakeSnapshot | Delivered
+          | RequestFailed | RoleChanged | Disconnect)

@@ -1,0 +1,289 @@
+"""The LEADING role: discovery, per-learner synchronization, and broadcast.
+
+Discovery: the prospective leader collects FOLLOWERINFO from a quorum and picks
+an epoch above every acceptedEpoch it saw (LEADERINFO); it leads only once a
+quorum answered ACKEPOCH, and abdicates if a learner's history is ahead of its
+own. Synchronization (per learner, ZooKeeper's LearnerHandler): DIFF, TRUNC or
+SNAP, the history after the sync point, then NEWLEADER; the learner joins the
+forwarding set at that moment, so it receives every later PROPOSAL and COMMIT
+(FAULTS.md, paper-level findings). On a quorum of NEWLEADER acks the leader is
+established: it commits its initial history and sends UPTODATE carrying its
+latest committed zxid. Broadcast: PROPOSAL to followers, COMMIT in zxid order
+on a quorum of ACKs (the leader's own counted after its fsync), INFORM to
+observers. A leader that stops hearing a quorum within sync_limit_ticks steps down.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from zab import zxid as Z
+from zab.actions import (Action, ClientRequest, Disconnect, LogAppend, LogSync, Phase, RequestFailed, Role, RoleChanged,
+                         Send)
+from zab.messages import (Ack, AckEpoch, AckNewLeader, Commit, FollowerInfo, Inform, LeaderInfo, Message, NewLeader,
+                          Notification, Ping, Proposal, Reject, Request, Sync, SyncMode, SyncTxns, UpToDate)
+from zab.sync_plan import plan_sync
+from zab.txn import Txn
+
+if TYPE_CHECKING:
+    from zab.peer import Peer
+
+SYNC_CHUNK_TXNS = 1000
+SYNC_CHUNK_BYTES = 1 << 20
+
+
+class LearnerState(enum.Enum):
+    INFO = "followerinfo received"
+    EPOCH_ACKED = "ackepoch received"
+    SYNCING = "newleader sent"
+    ACKED = "newleader acked"
+    UPTODATE = "uptodate sent"
+
+
+@dataclass(slots=True)
+class LearnerHandle:
+    observer: bool
+    attempt: int
+    state: LearnerState
+    last_heard: int
+    last_zxid: int = 0
+
+
+class LeaderRole:
+    def __init__(self, peer: "Peer") -> None:
+        self.peer = peer
+        self.cfg = peer.cfg
+        self.id = peer.id
+        self.started = peer.now
+        self.prior = (peer.current_epoch, peer.last_zxid)  # compared with ACKEPOCHs
+        self.epoch: int | None = None
+        self.established = False
+        self.learners: dict[int, LearnerHandle] = {}
+        self.connecting: dict[int, int] = {self.id: peer.accepted_epoch}
+        self.epoch_acked: set[int] = set()
+        self.epoch_quorum = False
+        self.newleader_acked: set[int] = set()
+        self.forwarding: set[int] = set()
+        self.outstanding: dict[int, set[int]] = {}  # zxid -> voters that acked, in zxid order
+        self.counter = 0
+
+    # -- discovery ------------------------------------------------------------
+    def begin(self) -> list[Action]:
+        self.peer.phase = Phase.DISCOVERY
+        # Our own log becomes the initial history: make all of it durable first.
+        return [RoleChanged(Role.LEADING, self.id, self.peer.current_epoch), LogSync()] + self._maybe_choose_epoch()
+
+    def _maybe_choose_epoch(self) -> list[Action]:
+        if self.epoch is not None or not self.cfg.is_quorum(set(self.connecting)):
+            return []
+        self.epoch = max(self.connecting.values()) + 1
+        out: list[Action] = [self.peer.set_accepted_epoch(self.epoch)]
+        out += [Send(f, LeaderInfo(self.epoch)) for f in self.learners]
+        self.epoch_acked.add(self.id)
+        return out + self._maybe_epoch_quorum()
+
+    def _on_follower_info(self, frm: int, fi: FollowerInfo) -> list[Action]:
+        h = self.learners.get(frm)
+        if h is not None and h.attempt == fi.attempt:  # a resend crossing our answer
+            if self.epoch is not None and h.state is LearnerState.INFO:
+                return [Send(frm, LeaderInfo(self.epoch))]
+            return []
+        self._drop(frm)
+        if fi.observer != (frm in self.cfg.observers):
+            return [Disconnect(frm, "FOLLOWERINFO role does not match the configuration")]
+        self.learners[frm] = LearnerHandle(fi.observer, fi.attempt, LearnerState.INFO, self.peer.now)
+        if self.epoch is None:
+            self.connecting[frm] = fi.accepted_epoch
+            return self._maybe_choose_epoch()
+        if fi.accepted_epoch >= self.epoch:
+            # It accepted a newer epoch from a leader that never got established; it can
+            # never follow us, so let a new election pick an epoch above its.
+            return self.peer.look()
+        return [Send(frm, LeaderInfo(self.epoch))]
+
+    def _on_ack_epoch(self, frm: int, ae: AckEpoch) -> list[Action]:
+        h = self.learners.get(frm)
+        if h is None or h.state is not LearnerState.INFO or self.epoch is None:
+            return []
+        if (ae.current_epoch, ae.last_zxid) > self.prior:
+            return self.peer.look()  # the learner's history is newer than ours: we must not lead
+        h.state, h.last_zxid = LearnerState.EPOCH_ACKED, ae.last_zxid
+        if not h.observer:
+            self.epoch_acked.add(frm)
+        if self.epoch_quorum:
+            return self._sync(frm)
+        return self._maybe_epoch_quorum()
+
+    def _maybe_epoch_quorum(self) -> list[Action]:
+        if self.epoch_quorum or not self.cfg.is_quorum(self.epoch_acked):
+            return []
+        self.epoch_quorum = True
+        self.peer.phase = Phase.SYNCHRONIZATION
+        assert self.epoch is not None
+        out: list[Action] = [LogSync(then=(self.peer.set_current_epoch(self.epoch),
+                                           Send(self.id, AckNewLeader(self.epoch))))]
+        for f, h in self.learners.items():
+            if h.state is LearnerState.EPOCH_ACKED:
+                out += self._sync(f)
+        return out
+
+    # -- synchronization --------------------------------------------------------
+    def _sync(self, f: int) -> list[Action]:
+        peer, h = self.peer, self.learners[f]
+        plan = plan_sync(peer.history, peer.last_committed, h.last_zxid)
+        if plan.mode is SyncMode.SNAP:
+            assert peer.sm.last_zxid == peer.last_committed
+            out: list[Action] = [Send(f, Sync(SyncMode.SNAP, plan.zxid, peer.sm.freeze().to_bytes()))]
+        else:
+            out = [Send(f, Sync(plan.mode, plan.zxid))]
+        out += [Send(f, SyncTxns(chunk)) for chunk in _chunks(peer.history.after(plan.zxid))]
+        assert self.epoch is not None
+        out.append(Send(f, NewLeader(self.epoch, peer.last_zxid)))
+        h.state = LearnerState.SYNCING
+        self.forwarding.add(f)
+        return out
+
+    def _on_ack_new_leader(self, frm: int, a: AckNewLeader) -> list[Action]:
+        if a.epoch != self.epoch:
+            return []
+        if frm == self.id:
+            self.newleader_acked.add(frm)
+        else:
+            h = self.learners.get(frm)
+            if h is None or h.state is not LearnerState.SYNCING:
+                return []
+            h.state = LearnerState.ACKED
+            if not h.observer:
+                self.newleader_acked.add(frm)
+            if self.established:
+                h.state = LearnerState.UPTODATE
+                return [Send(frm, UpToDate(self.peer.last_committed))]
+        if not self.established and self.id in self.newleader_acked and self.cfg.is_quorum(self.newleader_acked):
+            return self._establish()
+        return []
+
+    def _establish(self) -> list[Action]:
+        self.established = True
+        self.peer.phase = Phase.BROADCAST
+        out: list[Action] = self.peer.deliver_through(self.peer.last_zxid)
+        self.peer.sm.forget_prepared()
+        for f, h in self.learners.items():
+            if h.state is LearnerState.ACKED:
+                h.state = LearnerState.UPTODATE
+                out.append(Send(f, UpToDate(self.peer.last_committed)))
+        assert self.epoch is not None
+        return [RoleChanged(Role.LEADING, self.id, self.epoch)] + out
+
+    # -- broadcast --------------------------------------------------------------
+    def on_client_request(self, ev: ClientRequest) -> list[Action]:
+        if not self.established:
+            return [RequestFailed(ev.session_id, ev.cxid, "NoLeader")]
+        return self._propose(ev.session_id, ev.cxid, ev.data)
+
+    def _propose(self, session_id: int, cxid: int, data: bytes) -> list[Action]:
+        assert self.epoch is not None
+        if self.counter >= Z.COUNTER_MAX:
+            # zxid counter rollover: only a new epoch can continue the history.
+            return [RequestFailed(session_id, cxid, "NoLeader")] + self.peer.look()
+        self.counter += 1
+        txn = Txn(Z.make(self.epoch, self.counter), session_id, cxid, self.peer.sm.prepare(data))
+        self.peer.history.append(txn)
+        self.outstanding[txn.zxid] = set()
+        out: list[Action] = [Send(f, Proposal(txn)) for f in self.forwarding if f not in self.cfg.observers]
+        out += [LogAppend((txn,)), LogSync(then=(Send(self.id, Ack(txn.zxid)),))]
+        return out
+
+    def _on_ack(self, frm: int, a: Ack) -> list[Action]:
+        acks = self.outstanding.get(a.zxid)
+        if acks is None or (frm != self.id and (frm not in self.forwarding or frm in self.cfg.observers)):
+            return []
+        acks.add(frm)
+        if not self.cfg.is_quorum(acks):
+            return []
+        # A voter acks in log order, so a quorum for this zxid is a quorum for every earlier one.
+        committed: list[int] = []
+        for z in self.outstanding:
+            if z > a.zxid:
+                break
+            committed.append(z)
+        for z in committed:
+            del self.outstanding[z]
+        out: list[Action] = []
+        observers = [f for f in self.forwarding if f in self.cfg.observers]
+        for f in self.forwarding:
+            if f not in self.cfg.observers:
+                out.append(Send(f, Commit(a.zxid)))
+        if observers:
+            for txn in self.peer.history.between(committed[0] - 1, a.zxid):
+                out += [Send(f, Inform(txn)) for f in observers]
+        return out + self.peer.deliver_through(a.zxid)
+
+    # -- liveness ---------------------------------------------------------------
+    def on_tick(self) -> list[Action]:
+        now = self.peer.now
+        if not self.established:
+            if now - self.started > self.cfg.init_limit_ticks:
+                return self.peer.look()
+            return []
+        heard = {self.id} | {f for f in self.forwarding
+                             if f in self.cfg.voters and now - self.learners[f].last_heard <= self.cfg.sync_limit_ticks}
+        if not self.cfg.is_quorum(heard):
+            return self.peer.look()
+        out: list[Action] = []
+        for f, h in list(self.learners.items()):
+            if f not in self.forwarding and now - h.last_heard > self.cfg.init_limit_ticks:
+                self._drop(f)
+                out.append(Disconnect(f, "did not finish synchronization within init_limit_ticks"))
+        if now % self.cfg.ping_interval_ticks == 0:
+            out += [Send(f, Ping()) for f in self.learners]
+        return out
+
+    def on_disconnected(self, peer_id: int) -> list[Action]:
+        self._drop(peer_id)
+        return []
+
+    def _drop(self, f: int) -> None:
+        self.learners.pop(f, None)
+        self.forwarding.discard(f)
+        if self.epoch is None and f != self.id:
+            self.connecting.pop(f, None)
+
+    def on_notification(self, frm: int, n: Notification) -> list[Action]:
+        return []
+
+    def on_message(self, frm: int, msg: Message) -> list[Action]:
+        h = self.learners.get(frm)
+        if h is not None:
+            h.last_heard = self.peer.now
+        if isinstance(msg, Ack):
+            return self._on_ack(frm, msg)
+        if isinstance(msg, Request):
+            if not self.established:
+                return [Send(frm, Reject(msg.session_id, msg.cxid))]
+            return self._propose(msg.session_id, msg.cxid, msg.data)
+        if isinstance(msg, FollowerInfo):
+            return self._on_follower_info(frm, msg)
+        if isinstance(msg, AckEpoch):
+            return self._on_ack_epoch(frm, msg)
+        if isinstance(msg, AckNewLeader):
+            return self._on_ack_new_leader(frm, msg)
+        if isinstance(msg, Ping):
+            return []
+        return [Disconnect(frm, f"a leader does not expect {type(msg).__name__}")] if frm != self.id else []
+
+
+def _chunks(txns: list[Txn]) -> list[tuple[Txn, ...]]:
+    out: list[tuple[Txn, ...]] = []
+    chunk: list[Txn] = []
+    size = 0
+    for t in txns:
+        chunk.append(t)
+        size += len(t.data)
+        if len(chunk) >= SYNC_CHUNK_TXNS or size >= SYNC_CHUNK_BYTES:
+            out.append(tuple(chunk))
+            chunk, size = [], 0
+    if chunk:
+        out.append(tuple(chunk))
+    return out

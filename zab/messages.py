@@ -1,0 +1,134 @@
+"""Peer messages of Zab, named as in ZooKeeper's system spec and the Zab paper.
+
+Election: NOTIFICATION. Discovery: FOLLOWERINFO, LEADERINFO, ACKEPOCH.
+Synchronization: SYNC (DIFF / TRUNC / SNAP header), SYNCTXNS (the leader's
+history after the sync point), NEWLEADER, ACKNEWLEADER (ACKLD), UPTODATE.
+Broadcast: PROPOSAL, ACK, COMMIT, INFORM (committed txn, to observers),
+REQUEST (a write forwarded by a learner), REJECT, PING.
+The sender is not part of a message: the link it arrives on names it.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from zab.txn import Txn
+
+
+class ServerState(enum.IntEnum):
+    LOOKING = 0
+    FOLLOWING = 1
+    LEADING = 2
+    OBSERVING = 3
+
+
+class SyncMode(enum.IntEnum):
+    DIFF = 0   # the learner has a prefix of the leader's history: send what follows
+    TRUNC = 1  # the learner has proposals the leader never committed: drop those first
+    SNAP = 2   # the learner is behind the leader's in-memory history: send the whole state
+
+
+@dataclass(frozen=True, slots=True)
+class Notification:
+    """Fast leader election: the sender's current vote and state."""
+    leader: int
+    zxid: int
+    peer_epoch: int
+    election_epoch: int
+    state: ServerState
+
+
+@dataclass(frozen=True, slots=True)
+class FollowerInfo:
+    """Learner -> prospective leader. `attempt` tells a resend from a fresh join."""
+    accepted_epoch: int
+    last_zxid: int
+    observer: bool
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderInfo:
+    new_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class AckEpoch:
+    current_epoch: int
+    last_zxid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Sync:
+    """Start of synchronization. DIFF: `zxid` is the learner's last zxid; TRUNC:
+    drop everything after `zxid`; SNAP: `snapshot` is the state at `zxid`."""
+    mode: SyncMode
+    zxid: int
+    snapshot: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SyncTxns:
+    """A chunk of the leader's history following the sync point, in zxid order."""
+    txns: tuple[Txn, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NewLeader:
+    epoch: int
+    zxid: int
+
+
+@dataclass(frozen=True, slots=True)
+class AckNewLeader:
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class UpToDate:
+    """Ends synchronization: everything up to `committed_zxid` is committed."""
+    committed_zxid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Proposal:
+    txn: Txn
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    zxid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    zxid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Inform:
+    txn: Txn
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    session_id: int
+    cxid: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """The leader could not take a forwarded request (not established any more)."""
+    session_id: int
+    cxid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    pass
+
+
+Message = (Notification | FollowerInfo | LeaderInfo | AckEpoch | Sync | SyncTxns | NewLeader | AckNewLeader
+           | UpToDate | Proposal | Ack | Commit | Inform | Request | Reject | Ping)
