@@ -1,0 +1,164 @@
+"""The admin port: a deliberately tiny HTTP/1.1 server, and the client clusterctl uses.
+
+    GET /status   -> the node's status as JSON
+    GET /metrics  -> Prometheus text format
+
+One request per connection (the response says `Connection: close`). The request
+head is bounded in size and must arrive within a timeout, so a stuck or hostile
+client costs one small task for a few seconds; anything else gets 400, 404 or
+405 and the connection closes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+log = logging.getLogger(__name__)
+
+MAX_REQUEST_HEAD_BYTES = 8 << 10
+READ_TIMEOUT_S = 5.0
+MAX_RESPONSE_BYTES = 4 << 20
+ROLES = ("leader", "follower", "observer", "looking")
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout"}
+
+
+class HttpError(Exception):
+    """The request cannot be served; `status` is the HTTP status to answer with."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class AdminUnavailable(Exception):
+    """A node's admin port did not give a usable answer."""
+
+
+class AdminServer:
+    """Answers /status and /metrics from `status`, a function returning the node's status."""
+
+    def __init__(self, status: Callable[[], dict[str, Any]]) -> None:
+        self._status = status
+
+    async def handle_connection(self, stream: trio.abc.Stream) -> None:
+        try:
+            async with stream:
+                await stream.send_all(await self._respond(stream))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the client left before the answer; nothing to clean up
+
+    async def _respond(self, stream: trio.abc.Stream) -> bytes:
+        try:
+            with trio.fail_after(READ_TIMEOUT_S):
+                head = await _read_head(stream)
+            return self._route(*parse_request_head(head))
+        except trio.TooSlowError:
+            return _response(408, "text/plain", b"request head not received in time\n")
+        except HttpError as e:
+            return _response(e.status, "text/plain", f"{e}\n".encode())
+
+    def _route(self, method: str, target: str) -> bytes:
+        path = target.split("?", 1)[0]
+        if path not in ("/status", "/metrics"):
+            raise HttpError(404, f"no such path {path!r}: try /status or /metrics")
+        if method != "GET":
+            raise HttpError(405, f"method {method} not allowed: use GET")
+        status = self._status()
+        if path == "/status":
+            return _response(200, "application/json", json.dumps(status, default=str).encode() + b"\n")
+        return _response(200, "text/plain; version=0.0.4", render_metrics(status).encode())
+
+
+async def _read_head(stream: trio.abc.Stream) -> bytes:
+    head = b""
+    while b"\r\n\r\n" not in head:
+        if len(head) > MAX_REQUEST_HEAD_BYTES:
+            raise HttpError(400, f"request head larger than {MAX_REQUEST_HEAD_BYTES} bytes")
+        data = await stream.receive_some(MAX_REQUEST_HEAD_BYTES)
+        if not data:
+            raise HttpError(400, "connection closed inside the request head")
+        head += data
+    return head.split(b"\r\n\r\n", 1)[0]
+
+
+def parse_request_head(head: bytes) -> tuple[str, str]:
+    """(method, target) of an HTTP/1.x request head; HttpError(400) if malformed."""
+    request_line = head.split(b"\r\n", 1)[0]
+    parts = request_line.split(b" ")
+    if len(parts) != 3 or not parts[2].startswith(b"HTTP/1.") or not parts[1].startswith(b"/"):
+        raise HttpError(400, "malformed request line")
+    try:
+        return parts[0].decode("ascii"), parts[1].decode("ascii")
+    except UnicodeDecodeError:
+        raise HttpError(400, "request line is not ASCII") from None
+
+
+def _response(status: int, content_type: str, body: bytes) -> bytes:
+    head = (f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: {content_type}\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")
+    return head.encode() + body
+
+
+def render_metrics(status: dict[str, Any]) -> str:
+    """Prometheus text of the numbers in a node status: role, epochs, zxids, log and kv stats."""
+    lines = []
+
+    def gauge(name: str, value: Any, help_text: str) -> None:
+        value = int(value) if isinstance(value, bool) else value
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            lines.extend([f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name} {value}"])
+
+    lines += ["# HELP quire_role 1 for the node's current Zab role, 0 for the others", "# TYPE quire_role gauge"]
+    lines += [f'quire_role{{role="{r}"}} {int(status.get("role") == r)}' for r in ROLES]
+    gauge("quire_epoch", status.get("epoch"), "currentEpoch: epoch of the last NEWLEADER acknowledged")
+    gauge("quire_accepted_epoch", status.get("accepted_epoch"), "acceptedEpoch: last epoch proposal accepted")
+    gauge("quire_last_zxid", status.get("last_zxid"), "zxid of the last transaction in the log")
+    gauge("quire_last_committed_zxid", status.get("last_committed_zxid"), "zxid of the last committed transaction")
+    gauge("quire_connected_peers", len(status.get("peers") or ()), "peers currently connected")
+    for group in ("log", "kv"):
+        for key, value in sorted((status.get(group) or {}).items()):
+            gauge(f"quire_{group}_{_metric_name(key)}", value, f"{group} statistic {key}")
+    return "\n".join(lines) + "\n"
+
+
+def _metric_name(key: str) -> str:
+    return re.sub(r"[^a-zA-Z0-9_]", "_", str(key))
+
+
+async def fetch_status(host: str, port: int, *, timeout_s: float = 2.0) -> dict[str, Any]:
+    """GET /status from a node's admin port; AdminUnavailable if it does not answer well."""
+    try:
+        with trio.fail_after(timeout_s):
+            raw = await _http_get(host, port, "/status")
+    except (OSError, trio.BrokenResourceError, trio.TooSlowError) as e:
+        raise AdminUnavailable(f"{host}:{port}: {e or type(e).__name__}") from None
+    head, _, body = raw.partition(b"\r\n\r\n")
+    if not head.startswith(b"HTTP/1.1 200 "):
+        raise AdminUnavailable(f"{host}:{port}: unexpected answer {head[:80]!r}")
+    try:
+        status = json.loads(body)
+    except ValueError as e:
+        raise AdminUnavailable(f"{host}:{port}: status is not JSON: {e}") from None
+    if not isinstance(status, dict):
+        raise AdminUnavailable(f"{host}:{port}: status is not a JSON object")
+    return status
+
+
+async def _http_get(host: str, port: int, path: str) -> bytes:
+    stream = await trio.open_tcp_stream(host, port)
+    async with stream:
+        await stream.send_all(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+        chunks, size = [], 0
+        while data := await stream.receive_some(64 << 10):
+            size += len(data)
+            if size > MAX_RESPONSE_BYTES:
+                raise AdminUnavailable(f"{host}:{port}: response larger than {MAX_RESPONSE_BYTES} bytes")
+            chunks.append(data)
+    return b"".join(chunks)

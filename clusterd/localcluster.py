@@ -1,0 +1,196 @@
+"""Running the nodes of a cluster.toml as local processes: start, find, stop, observe.
+
+Each node keeps two files in its data directory: `clusterd.pid`, written by the
+daemon itself (so a node started by hand is found as well as one started by
+`clusterctl up`) and removed on a clean exit; and `clusterd.log`, where
+`clusterctl` sends the daemon's output.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+import clusterd
+from clusterd.admin import AdminUnavailable, fetch_status
+from clusterd.config import ClusterConfig, NodeConfig
+
+PID_FILE = "clusterd.pid"
+LOG_FILE = "clusterd.log"
+# The source tree that holds the clusterd package: children import from the same
+# place as this process, installed or not.
+_SOURCE_ROOT = Path(clusterd.__file__).resolve().parent.parent
+
+
+class ClusterError(Exception):
+    """A local cluster operation failed; the message says what and where to look."""
+
+
+def pid_path(node: NodeConfig) -> Path:
+    return node.data_dir / PID_FILE
+
+
+def log_path(node: NodeConfig) -> Path:
+    return node.data_dir / LOG_FILE
+
+
+def write_pid_file(node: NodeConfig, pid: int) -> None:
+    """Record `pid` as the node's daemon (tmp + rename, so readers never see half a file)."""
+    node.data_dir.mkdir(parents=True, exist_ok=True)
+    tmp = pid_path(node).with_suffix(".pid.tmp")
+    tmp.write_text(f"{pid}\n")
+    tmp.replace(pid_path(node))
+
+
+def remove_pid_file(node: NodeConfig, pid: int) -> None:
+    """Remove the pid file if it still names `pid` (a newer daemon may have replaced it)."""
+    if read_pid_file(node) == pid:
+        pid_path(node).unlink(missing_ok=True)
+
+
+def read_pid_file(node: NodeConfig) -> int | None:
+    try:
+        return int(pid_path(node).read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def running_pid(node: NodeConfig) -> int | None:
+    """The pid of the node's live daemon, or None (no pid file, or a stale one)."""
+    pid = read_pid_file(node)
+    return pid if pid is not None and is_clusterd(pid) else None
+
+
+def is_clusterd(pid: int) -> bool:
+    """True if `pid` is a live clusterd process (not a zombie, not a reused pid)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # alive, owned by someone else; we cannot tell more
+    cmdline = Path(f"/proc/{pid}/cmdline")
+    if not cmdline.parent.exists():
+        return True  # no procfs: trust the pid file
+    try:
+        # Zombies have an empty command line; a reused pid runs something else.
+        return b"clusterd" in cmdline.read_bytes()
+    except OSError:
+        return False
+
+
+def spawn(config: ClusterConfig, node: NodeConfig, *, log_level: str = "warning") -> subprocess.Popen[bytes]:
+    """Start `clusterd --id N` detached from this terminal, output appended to its log file."""
+    node.data_dir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_SOURCE_ROOT), env.get("PYTHONPATH")]))
+    command = [sys.executable, "-m", "clusterd.main", "--id", str(node.id),
+               "--config", str(config.path), "--log-level", log_level]
+    with open(log_path(node), "ab") as log:
+        # A new session: Ctrl-C in this terminal must not kill the cluster.
+        return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True)
+
+
+def signal_nodes(pids: dict[int, int], signum: int) -> None:
+    for pid in pids.values():
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+def stop(pids: dict[int, int], *, timeout_s: float = 10.0) -> dict[int, str]:
+    """SIGTERM every node in `pids` (id -> pid), SIGKILL those still alive after the timeout.
+
+    Returns id -> "stopped" or "killed". Polls because these processes need not be
+    our children: there is nothing to wait on but their pid.
+    """
+    signal_nodes(pids, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    alive = dict(pids)
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = {i: pid for i, pid in alive.items() if is_clusterd(pid)}
+    signal_nodes(alive, signal.SIGKILL)
+    return {i: "killed" if i in alive else "stopped" for i in pids}
+
+
+async def fetch_statuses(config: ClusterConfig, *, timeout_s: float = 2.0) -> dict[int, dict[str, Any] | None]:
+    """Every node's admin /status, None for a node that does not answer."""
+    statuses: dict[int, dict[str, Any] | None] = {}
+
+    async def one(node: NodeConfig) -> None:
+        try:
+            statuses[node.id] = await fetch_status(node.host, node.admin_port, timeout_s=timeout_s)
+        except AdminUnavailable:
+            statuses[node.id] = None
+
+    async with trio.open_nursery() as nursery:
+        for node in config.nodes:
+            nursery.start_soon(one, node)
+    return {n.id: statuses[n.id] for n in config.nodes}
+
+
+def is_settled(statuses: dict[int, dict[str, Any] | None]) -> bool:
+    """Every node answers, one leads, and no node is still looking for a leader."""
+    if any(s is None for s in statuses.values()):
+        return False
+    roles = [s["role"] for s in statuses.values() if s is not None]
+    return roles.count("leader") == 1 and "looking" not in roles
+
+
+async def wait_settled(config: ClusterConfig, nodes: list[NodeConfig], *, timeout_s: float,
+                       children: dict[int, subprocess.Popen[bytes]] | None = None) -> dict[int, dict[str, Any]]:
+    """Poll /status until `nodes` have settled (see `is_settled`); ClusterError after the timeout.
+
+    A child in `children` that exits meanwhile fails the wait at once, pointing at its log.
+    """
+    wanted = {n.id for n in nodes}
+    deadline = trio.current_time() + timeout_s
+    while True:
+        _check_children(config, children or {})
+        statuses = {i: s for i, s in (await fetch_statuses(config, timeout_s=1.0)).items() if i in wanted}
+        if is_settled(statuses):
+            return statuses  # type: ignore[return-value]
+        if trio.current_time() > deadline:
+            raise ClusterError(_not_settled_message(config, statuses, timeout_s))
+        await trio.sleep(0.1)
+
+
+def _check_children(config: ClusterConfig, children: dict[int, subprocess.Popen[bytes]]) -> None:
+    for node_id, child in children.items():
+        if child.poll() is not None:
+            node = config.node(node_id)
+            raise ClusterError(f"node {node_id} exited with status {child.returncode} while starting; "
+                               f"see {log_path(node)}:\n{tail(log_path(node))}")
+
+
+def _not_settled_message(config: ClusterConfig, statuses: dict[int, Any], timeout_s: float) -> str:
+    problems = []
+    for node_id, status in statuses.items():
+        node = config.node(node_id)
+        if status is None:
+            problems.append(f"node {node_id} does not answer on {node.host}:{node.admin_port} (see {log_path(node)})")
+        elif status["role"] == "looking":
+            problems.append(f"node {node_id} is still looking for a leader (see {log_path(node)})")
+    if not problems:
+        leaders = [i for i, s in statuses.items() if s and s["role"] == "leader"]
+        problems.append(f"leaders: {leaders or 'none'}")
+    return f"cluster not ready after {timeout_s:g} s: " + "; ".join(problems)
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    """The last lines of a log file, indented, for error messages."""
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return "    (no log file)"
+    return "\n".join("    " + line for line in text.splitlines()[-lines:])

@@ -1,0 +1,173 @@
+"""`clusterd --id N [--config cluster.toml]`: run one node of a Quire cluster.
+
+One trio nursery holds the node's services: the Zab peer driver, the client
+port (key-value protocol for now) and the admin HTTP port. SIGTERM or SIGINT
+cancels the nursery and the process exits 0. Exit status 2 means the
+configuration was refused, 1 that the node could not start (e.g. a port in use).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import random
+import signal
+import sys
+import time
+from typing import Any, NoReturn
+
+import trio
+
+from clusterd import localcluster
+from clusterd.admin import AdminServer
+from clusterd.config import BOOKIE, ClusterConfig, ConfigError, NodeConfig, load
+from clusterd.kvservice import INCARNATION_BITS, KVService
+from zab.driver import PeerDriver
+from zab.kv_state_machine import KVStateMachine
+
+log = logging.getLogger("clusterd")
+
+EXIT_STARTUP_FAILED = 1
+EXIT_BAD_CONFIG = 2
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class StartupError(Exception):
+    """The node cannot start; the message says why. Not a bug: the environment is at fault."""
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    args = _parse_args(argv)
+    try:
+        config = load(args.config)
+        node = _runnable_node(config, args.id)
+    except ConfigError as e:
+        _die(EXIT_BAD_CONFIG, str(e))
+    _setup_logging(args.log_level, node.id)
+    try:
+        _claim_data_dir(node)
+    except StartupError as e:
+        _die(EXIT_STARTUP_FAILED, str(e))
+    try:
+        trio.run(run_node, config, node)
+    except* StartupError as group:
+        _die(EXIT_STARTUP_FAILED, "; ".join(str(e) for e in group.exceptions))
+    finally:
+        localcluster.remove_pid_file(node, os.getpid())
+    sys.exit(0)
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="clusterd", description="Run one node of a Quire cluster.")
+    parser.add_argument("--id", type=int, required=True, help="this node's id in the config")
+    parser.add_argument("--config", default="cluster.toml", help="cluster config file (default: ./cluster.toml)")
+    parser.add_argument("--log-level", default="warning", choices=LOG_LEVELS, help="default: warning")
+    return parser.parse_args(argv)
+
+
+def _runnable_node(config: ClusterConfig, node_id: int) -> NodeConfig:
+    node = config.node(node_id)
+    if not node.in_ensemble:
+        assert node.roles == {BOOKIE}
+        raise ConfigError(f"{config.path}: node {node_id} is bookie-only; clusterd cannot run it yet: "
+                          "bookie-only nodes arrive with the bookie issue. Give it the voter or observer role.")
+    return node
+
+
+def _claim_data_dir(node: NodeConfig) -> None:
+    """Refuse to run twice on one data directory; then record our pid there."""
+    other = localcluster.running_pid(node)
+    if other is not None and other != os.getpid():
+        raise StartupError(f"node {node.id} is already running as pid {other} ({localcluster.pid_path(node)})")
+    try:
+        localcluster.write_pid_file(node, os.getpid())
+    except OSError as e:
+        raise StartupError(f"cannot use data directory {node.data_dir}: {e}") from None
+
+
+def _die(status: int, message: str) -> NoReturn:
+    print(f"clusterd: {message}", file=sys.stderr)
+    sys.exit(status)
+
+
+async def run_node(config: ClusterConfig, node: NodeConfig) -> None:
+    """Run every service of `node` until SIGTERM or SIGINT."""
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_cancel_on_signal, signals, nursery.cancel_scope)
+            await _start_services(nursery, config, node)
+            # Lifecycle events are warnings so that the quiet default still records them.
+            log.warning("node started", extra={"pid": os.getpid(), "client": f"{node.host}:{node.client_port}",
+                                               "admin": f"{node.host}:{node.admin_port}"})
+
+
+async def _cancel_on_signal(signals: Any, scope: trio.CancelScope) -> None:
+    async for signum in signals:
+        log.warning("stopping", extra={"signal": signal.Signals(signum).name})
+        scope.cancel()
+        return
+
+
+async def _start_services(nursery: trio.Nursery, config: ClusterConfig, node: NodeConfig) -> None:
+    driver = PeerDriver(config.zab_config(node.id), config.peer_addresses(), node.data_dir, KVStateMachine(),
+                        max_frame_bytes=config.max_frame_bytes, send_queue_max=config.send_queue_max,
+                        snapshots_retained=config.snapshots_retained)
+    await nursery.start(driver.run)
+    kv = KVService(node.id, driver, incarnation=random.SystemRandom().getrandbits(INCARNATION_BITS))
+    await nursery.start(trio.serve_listeners, kv.handle_connection,
+                        await _listen(node.host, node.client_port, "clients"))
+
+    def status() -> dict[str, Any]:
+        return {**driver.status(), "id": node.id, "pid": os.getpid(), "cluster": config.name,
+                "roles": sorted(node.roles), "kv": kv.statistics()}
+
+    await nursery.start(trio.serve_listeners, AdminServer(status).handle_connection,
+                        await _listen(node.host, node.admin_port, "admin"))
+
+
+async def _listen(host: str, port: int, what: str) -> list[trio.SocketListener]:
+    try:
+        return await trio.open_tcp_listeners(port, host=host)
+    except OSError as e:
+        raise StartupError(f"cannot listen for {what} on {host}:{port}: {e.strerror or e}") from None
+
+
+# -- logging: quiet, one key=value line per event, on stderr -------------------
+
+_STANDARD_ATTRS = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+
+
+class KeyValueFormatter(logging.Formatter):
+    """`ts=... level=... node=N logger=... msg="..." key=value ...`: grep- and parser-friendly."""
+
+    def __init__(self, node_id: int) -> None:
+        super().__init__()
+        self._node_id = node_id
+
+    def format(self, record: logging.LogRecord) -> str:
+        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
+        fields = {"ts": ts, "level": record.levelname.lower(), "node": self._node_id,
+                  "logger": record.name, "msg": record.getMessage()}
+        fields.update((k, v) for k, v in vars(record).items() if k not in _STANDARD_ATTRS)
+        line = " ".join(f"{key}={_quote(value)}" for key, value in fields.items())
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+def _quote(value: Any) -> str:
+    text = str(value)
+    if text and not any(c in text for c in ' "=\\\n'):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def _setup_logging(level: str, node_id: int) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(KeyValueFormatter(node_id))
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+
+
+if __name__ == "__main__":
+    main()
