@@ -52,7 +52,7 @@ class SimDisk:
         check_epochs(self.node, self.accepted_epoch, self.current_epoch)
 
     def recover(self):
-        from zab.peer import Recovered
+        from zab.peer import DiskState
         snap_zxid, state = self.snapshots[-1] if self.snapshots else (0, None)
-        return Recovered(self.accepted_epoch, self.current_epoch, snap_zxid, state,
+        return DiskState(self.accepted_epoch, self.current_epoch, snap_zxid, state,
                          tuple(t for t in self.log if t.zxid > snap_zxid))

@@ -26,7 +26,7 @@ from zab.txn import Txn
 
 
 @dataclass(frozen=True, slots=True)
-class Recovered:
+class DiskState:
     """What a node found on its disk at start (see zab/recovery.py)."""
     accepted_epoch: int = 0
     current_epoch: int = 0
@@ -38,7 +38,7 @@ class Recovered:
 class Peer:
     """One Zab node. Feed it events; execute the actions it returns, in order."""
 
-    def __init__(self, config: ZabConfig, state_machine: StateMachine, recovered: Recovered = Recovered()) -> None:
+    def __init__(self, config: ZabConfig, state_machine: StateMachine, recovered: DiskState = DiskState()) -> None:
         self.cfg = config
         self.id = config.my_id
         self.sm = state_machine

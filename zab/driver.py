@@ -1,0 +1,197 @@
+"""The trio driver of one Zab peer: recovery, the event loop, and the edges.
+
+It owns no protocol decision. It recovers the node from disk, feeds the pure
+core (zab.peer.Peer) ticks, peer messages, link losses and client requests,
+and executes the actions the core returns, in order: sends go to the peer
+transport, log actions to the single log writer (fsync off the event loop,
+group commit), epoch writes to disk before anything after them, deliveries
+to the clients waiting on them.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+
+from zab.actions import (Action, ClientRequest, Delivered, Disconnect, Event, InstallSnapshot, LogAppend, LogSync,
+                         LogTruncate, PersistEpoch, Received, RequestFailed, Role, RoleChanged, Send, TakeSnapshot,
+                         Tick)
+from zab.config import ZabConfig
+from zab.epochfile import write_epoch
+from zab.errors import NoLeader, OutcomeUnknown
+from zab.log_writer import LogWriter
+from zab.peer import DiskState, Peer
+from zab.recovery import recover
+from zab.statemachine import StateMachine
+from zab.transport import PeerTransport
+
+log = logging.getLogger("quire.zab.driver")
+
+EVENT_QUEUE_MAX = 10_000
+_LOG_ACTIONS = (LogAppend, LogSync, LogTruncate, InstallSnapshot, TakeSnapshot)
+
+
+@dataclass
+class _Waiter:
+    done: trio.Event = field(default_factory=trio.Event)
+    result: bytes | None = None
+    error: Exception | None = None
+
+
+class PeerDriver:
+    """Runs one Zab peer. `await nursery.start(driver.run)`, then `submit` writes."""
+
+    def __init__(self, config: ZabConfig, peer_addresses: dict[int, tuple[str, int]], data_dir: Path,
+                 state_machine: StateMachine, *, max_frame_bytes: int, send_queue_max: int,
+                 snapshots_retained: int, cluster_name: str = "quire") -> None:
+        self.cfg = config
+        self.data_dir = Path(data_dir)
+        self.state_machine = state_machine
+        self.snapshots_retained = snapshots_retained
+        self.transport = PeerTransport(cluster_name, config.my_id, peer_addresses, self._deliver_event,
+                                       max_frame_bytes=max_frame_bytes, send_queue_max=send_queue_max)
+        self.peer: Peer | None = None
+        self.writer: LogWriter | None = None
+        self._events_send, self._events_recv = trio.open_memory_channel(EVENT_QUEUE_MAX)
+        self._local: collections.deque[Event] = collections.deque()
+        self._waiters: dict[tuple[int, int], _Waiter] = {}
+
+    # -- running ---------------------------------------------------------------------
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        recovered = await trio.to_thread.run_sync(recover, self.data_dir)
+        await trio.to_thread.run_sync(recovered.log.sync)  # records read back may only be in the page cache
+        self.writer = LogWriter(recovered.log, recovered.snapshots, snapshots_retained=self.snapshots_retained,
+                                run_then=self._run_after_sync)
+        self.peer = Peer(self.cfg, self.state_machine,
+                         DiskState(recovered.accepted_epoch, recovered.current_epoch, recovered.snapshot_zxid,
+                                   recovered.snapshot_state, tuple(recovered.txns)))
+        log.info("event=recovered node=%s snapshot=%#x last_zxid=%#x accepted_epoch=%s current_epoch=%s",
+                 self.cfg.my_id, recovered.snapshot_zxid, self.peer.last_zxid, recovered.accepted_epoch,
+                 recovered.current_epoch)
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self.transport.run)
+                nursery.start_soon(self.writer.run)
+                nursery.start_soon(self._ticker)
+                await self._execute(self.peer.start())
+                task_status.started()
+                await self._loop()
+        finally:
+            recovered.log.close()
+            for w in self._waiters.values():
+                w.error = NoLeader("the node is shutting down")
+                w.done.set()
+
+    async def _ticker(self) -> None:
+        while True:
+            await trio.sleep(self.cfg.tick_ms / 1000)
+            await self._events_send.send(Tick())
+
+    async def _deliver_event(self, event: object) -> None:
+        await self._events_send.send(event)
+
+    async def _loop(self) -> None:
+        assert self.peer is not None
+        while True:
+            event = self._local.popleft() if self._local else await self._events_recv.receive()
+            await self._execute(self.peer.step(event))
+
+    # -- actions ---------------------------------------------------------------------------
+    async def _execute(self, actions: list[Action]) -> None:
+        assert self.writer is not None
+        for a in actions:
+            if isinstance(a, _LOG_ACTIONS):
+                self.writer.submit(a)
+            else:
+                await self._execute_now(a, from_writer=False)
+
+    async def _run_after_sync(self, actions: list[Action]) -> None:
+        for a in actions:
+            await self._execute_now(a, from_writer=True)
+
+    async def _execute_now(self, a: Action, *, from_writer: bool) -> None:
+        if isinstance(a, Send):
+            if a.to == self.cfg.my_id:
+                event = Received(a.to, a.msg)
+                if from_writer:
+                    await self._events_send.send(event)
+                else:
+                    self._local.append(event)
+            else:
+                self.transport.send(a.to, a.msg)
+        elif isinstance(a, PersistEpoch):
+            await trio.to_thread.run_sync(self._persist_epoch, a)
+        elif isinstance(a, Delivered):
+            self._answer(a.txn.session_id, a.txn.cxid, result=a.result)
+        elif isinstance(a, RequestFailed):
+            self._answer(a.session_id, a.cxid, error=NoLeader(f"no established leader ({a.reason}); retry shortly"))
+        elif isinstance(a, RoleChanged):
+            log.info("event=role node=%s role=%s leader=%s epoch=%s", self.cfg.my_id, a.role.value, a.leader, a.epoch)
+            self._fail_all(OutcomeUnknown(f"node {self.cfg.my_id} became {a.role.value}; the request may or may "
+                                          "not have committed"))
+        elif isinstance(a, Disconnect):
+            log.warning("event=disconnect node=%s peer=%s reason=%r", self.cfg.my_id, a.peer, a.reason)
+            self.transport.disconnect(a.peer)
+        else:
+            raise TypeError(f"unexpected action {a!r}")
+
+    def _persist_epoch(self, a: PersistEpoch) -> None:
+        # acceptedEpoch first: currentEpoch <= acceptedEpoch must hold on disk at every instant.
+        if a.accepted is not None:
+            write_epoch(self.data_dir, "acceptedEpoch", a.accepted)
+        if a.current is not None:
+            write_epoch(self.data_dir, "currentEpoch", a.current)
+
+    # -- clients -----------------------------------------------------------------------------
+    async def submit(self, session_id: int, cxid: int, request: bytes) -> bytes:
+        """Replicate one write; returns the state machine's result once delivered here.
+
+        Raises NoLeader (retry later) or OutcomeUnknown (the leader changed while
+        the request was in flight).
+        """
+        key = (session_id, cxid)
+        if key in self._waiters:
+            raise ValueError(f"request {key} is already in flight")
+        waiter = self._waiters[key] = _Waiter()
+        try:
+            await self._events_send.send(ClientRequest(session_id, cxid, request))
+            await waiter.done.wait()
+        finally:
+            self._waiters.pop(key, None)
+        if waiter.error is not None:
+            raise waiter.error
+        assert waiter.result is not None
+        return waiter.result
+
+    def _answer(self, session_id: int, cxid: int, *, result: bytes | None = None,
+                error: Exception | None = None) -> None:
+        waiter = self._waiters.pop((session_id, cxid), None)
+        if waiter is not None:
+            waiter.result, waiter.error = result, error
+            waiter.done.set()
+
+    def _fail_all(self, error: Exception) -> None:
+        waiters, self._waiters = self._waiters, {}
+        for w in waiters.values():
+            w.error = error
+            w.done.set()
+
+    # -- observation ----------------------------------------------------------------------------
+    def status(self) -> dict:
+        if self.peer is None:
+            return {"id": self.cfg.my_id, "role": "starting"}
+        s = self.peer.status()
+        s["pid"] = os.getpid()
+        s["peers"] = self.transport.connected_peers()
+        s["log"] = self.writer.statistics() if self.writer else {}
+        s["transport"] = {k: v for k, v in vars(self.transport.stats).items() if k != "queued"}
+        return s
+
+    @property
+    def role(self) -> Role:
+        return self.peer.role if self.peer else Role.LOOKING

@@ -1,0 +1,225 @@
+"""Peer links over TCP (trio edge): one dialed connection per direction and pair.
+
+Each node dials every other member to send to it and accepts connections to
+receive, so each TCP connection is a FIFO channel in one direction. Whatever
+breaks a link (EOF, reset, a corrupt or oversized frame, a full send queue)
+is reported to the core as PeerDisconnected before any message of a newer
+connection from that peer, because Zab must never see a gap in a channel.
+Send queues are bounded: a follower that cannot keep up is disconnected and
+resynchronizes instead of growing the leader's memory without limit.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import trio
+
+from zab.actions import PeerDisconnected, Received
+from zab.codec import FrameDecoder, decode_hello, decode_message, encode_frame, encode_hello
+from zab.errors import FrameError
+from zab.messages import Message
+
+log = logging.getLogger("quire.zab.transport")
+
+HELLO_TIMEOUT_S = 5.0
+RECONNECT_MIN_S = 0.02
+RECONNECT_MAX_S = 1.0
+SEND_BATCH_MAX = 256
+
+
+@dataclass
+class _Outgoing:
+    queue_send: trio.MemorySendChannel
+    queue_recv: trio.MemoryReceiveChannel
+    scope: trio.CancelScope | None = None
+    connected: bool = False
+    generation: int = 0
+
+
+@dataclass
+class TransportStats:
+    frames_sent: int = 0
+    frames_received: int = 0
+    bytes_sent: int = 0
+    disconnects: int = 0
+    overflows: int = 0
+    bad_frames: int = 0
+    queued: dict[int, int] = field(default_factory=dict)
+
+
+class PeerTransport:
+    """Dials and accepts peer links; calls `deliver(event)` for everything that arrives."""
+
+    def __init__(self, cluster: str, my_id: int, addresses: dict[int, tuple[str, int]],
+                 deliver: Callable[[object], Awaitable[None]], *, max_frame_bytes: int, send_queue_max: int) -> None:
+        self.cluster = cluster
+        self.my_id = my_id
+        self.addresses = addresses
+        self.deliver = deliver
+        self.max_frame_bytes = max_frame_bytes
+        self.send_queue_max = send_queue_max
+        self.stats = TransportStats()
+        self._out: dict[int, _Outgoing] = {}
+        self._incoming: dict[int, trio.CancelScope] = {}
+        self._lost: list[int] = []  # peers whose loss must reach the core
+        self._lost_event = trio.Event()
+
+    # -- running ---------------------------------------------------------------------
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        host, port = self.addresses[self.my_id]
+        listeners = await trio.open_tcp_listeners(port, host=host)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.serve_listeners, self._accept, listeners)
+            for peer in self.addresses:
+                if peer != self.my_id:
+                    s, r = trio.open_memory_channel(math.inf)
+                    self._out[peer] = _Outgoing(s, r)
+                    nursery.start_soon(self._dial_loop, peer)
+            nursery.start_soon(self._report_losses)
+            task_status.started()
+
+    def connected_peers(self) -> list[int]:
+        return sorted(p for p, o in self._out.items() if o.connected and p in self._incoming)
+
+    # -- sending -------------------------------------------------------------------------
+    def send(self, peer: int, msg: Message) -> None:
+        out = self._out.get(peer)
+        if out is None:
+            return
+        if out.queue_send.statistics().current_buffer_used >= self.send_queue_max:
+            self.stats.overflows += 1
+            log.warning("event=send_queue_full peer=%s limit=%s action=disconnect", peer, self.send_queue_max)
+            self.disconnect(peer, report=True)
+            return
+        out.queue_send.send_nowait((out.generation, msg))
+
+    def disconnect(self, peer: int, *, report: bool = False) -> None:
+        """Drop both links with `peer` and everything queued for it."""
+        out = self._out.get(peer)
+        if out is not None:
+            out.generation += 1  # queued messages of the old link are discarded
+            if out.scope is not None:
+                out.scope.cancel()
+        scope = self._incoming.pop(peer, None)
+        if scope is not None:
+            scope.cancel()
+        if report:
+            self._lose(peer)
+
+    def _lose(self, peer: int) -> None:
+        self.stats.disconnects += 1
+        self._lost.append(peer)
+        self._lost_event.set()
+
+    async def _report_losses(self) -> None:
+        while True:
+            await self._lost_event.wait()
+            self._lost_event = trio.Event()
+            lost, self._lost = self._lost, []
+            for peer in lost:
+                await self.deliver(PeerDisconnected(peer))
+
+    async def _dial_loop(self, peer: int) -> None:
+        out = self._out[peer]
+        delay = RECONNECT_MIN_S
+        while True:
+            host, port = self.addresses[peer]
+            generation = out.generation
+            try:
+                stream = await trio.open_tcp_stream(host, port)
+            except OSError:
+                await trio.sleep(delay)
+                delay = min(delay * 2, RECONNECT_MAX_S)
+                continue
+            delay = RECONNECT_MIN_S
+            with trio.CancelScope() as scope:
+                out.scope = scope
+                try:
+                    await self._pump(stream, out, generation)
+                except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as e:
+                    log.info("event=link_down peer=%s direction=out error=%r", peer, e)
+            out.scope, out.connected = None, False
+            await stream.aclose()
+            if out.generation == generation:  # not a deliberate disconnect(): the core must hear of it
+                out.generation += 1
+                self._lose(peer)
+            await trio.sleep(RECONNECT_MIN_S)
+
+    async def _pump(self, stream: trio.SocketStream, out: _Outgoing, generation: int) -> None:
+        await stream.send_all(encode_hello(self.cluster, self.my_id))
+        out.connected = True
+        while True:
+            gen, msg = await out.queue_recv.receive()
+            batch = [encode_frame(msg)] if gen == generation else []
+            while len(batch) < SEND_BATCH_MAX:
+                try:
+                    gen, msg = out.queue_recv.receive_nowait()
+                except trio.WouldBlock:
+                    break
+                if gen == generation:
+                    batch.append(encode_frame(msg))
+            if batch:
+                data = b"".join(batch)
+                await stream.send_all(data)
+                self.stats.frames_sent += len(batch)
+                self.stats.bytes_sent += len(data)
+            if out.generation != generation:
+                return
+
+    # -- receiving ----------------------------------------------------------------------
+    async def _accept(self, stream: trio.SocketStream) -> None:
+        decoder = FrameDecoder(self.max_frame_bytes)
+        try:
+            with trio.fail_after(HELLO_TIMEOUT_S):
+                peer, early = await self._read_hello(stream, decoder)
+        except (FrameError, trio.TooSlowError, OSError, trio.BrokenResourceError) as e:
+            self.stats.bad_frames += 1
+            log.warning("event=peer_rejected error=%r", e)
+            await stream.aclose()
+            return
+        old = self._incoming.pop(peer, None)
+        if old is not None:
+            old.cancel()
+            # The old connection's tail may be lost: the core hears of it before the new link's first message.
+            await self.deliver(PeerDisconnected(peer))
+        with trio.CancelScope() as scope:
+            self._incoming[peer] = scope
+            try:
+                await self._read_loop(stream, decoder, peer, early)
+            except (FrameError, OSError, trio.BrokenResourceError, trio.ClosedResourceError) as e:
+                self.stats.bad_frames += isinstance(e, FrameError)
+                log.warning("event=link_down peer=%s direction=in error=%r", peer, e)
+        await stream.aclose()
+        if self._incoming.get(peer) is scope:
+            del self._incoming[peer]
+            self._lose(peer)
+
+    async def _read_hello(self, stream: trio.SocketStream, decoder: FrameDecoder) -> tuple[int, list[bytes]]:
+        while True:
+            data = await stream.receive_some(65536)
+            if not data:
+                raise FrameError("connection closed before HELLO")
+            payloads = list(decoder.feed(data))
+            if payloads:
+                cluster, peer = decode_hello(payloads[0])
+                if cluster != self.cluster:
+                    raise FrameError(f"peer belongs to cluster {cluster!r}, we are {self.cluster!r}")
+                if peer not in self.addresses or peer == self.my_id:
+                    raise FrameError(f"peer id {peer} is not a member of this ensemble")
+                return peer, payloads[1:]
+
+    async def _read_loop(self, stream: trio.SocketStream, decoder: FrameDecoder, peer: int,
+                         early: list[bytes]) -> None:
+        for payload in early:
+            await self.deliver(Received(peer, decode_message(payload)))
+        while True:
+            data = await stream.receive_some(65536)
+            if not data:
+                return
+            for payload in decoder.feed(data):
+                self.stats.frames_received += 1
+                await self.deliver(Received(peer, decode_message(payload)))
