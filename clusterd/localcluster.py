@@ -21,9 +21,12 @@ import trio
 import clusterd
 from clusterd.admin import AdminUnavailable, fetch_status
 from clusterd.config import ClusterConfig, NodeConfig
+from zab.zxid import fmt
 
 PID_FILE = "clusterd.pid"
 LOG_FILE = "clusterd.log"
+# The fields of `clusterctl status --json`, one object per node.
+STATUS_FIELDS = ("id", "pid", "role", "epoch", "last_zxid", "last_committed_zxid", "peers")
 # The source tree that holds the clusterd package: children import from the same
 # place as this process, installed or not.
 _SOURCE_ROOT = Path(clusterd.__file__).resolve().parent.parent
@@ -145,6 +148,34 @@ def is_settled(statuses: dict[int, dict[str, Any] | None]) -> bool:
         return False
     roles = [s["role"] for s in statuses.values() if s is not None]
     return roles.count("leader") == 1 and "looking" not in roles
+
+
+def status_row(node_id: int, status: dict[str, Any] | None) -> dict[str, Any]:
+    """The STATUS_FIELDS of one node; a node that does not answer is "down" with no pid."""
+    if status is None:
+        return {"id": node_id, "pid": None, "role": "down", "epoch": None, "last_zxid": None,
+                "last_committed_zxid": None, "peers": []}
+    return {field: status.get(field) for field in STATUS_FIELDS} | {"id": node_id}
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """The status rows as an aligned text table, zxids as 0x<epoch>_<counter>."""
+    header = ["node", "pid", "role", "epoch", "last_zxid", "last_committed", "peers"]
+    lines = [header]
+    for row in rows:
+        lines.append([str(row["id"]), _show(row["pid"]), row["role"], _show(row["epoch"]),
+                      _show_zxid(row["last_zxid"]), _show_zxid(row["last_committed_zxid"]),
+                      ",".join(map(str, row["peers"] or [])) or "-"])
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines)
+
+
+def _show(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def _show_zxid(value: Any) -> str:
+    return fmt(value) if isinstance(value, int) else "-"
 
 
 async def wait_settled(config: ClusterConfig, nodes: list[NodeConfig], *, timeout_s: float,

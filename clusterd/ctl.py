@@ -1,0 +1,158 @@
+"""`clusterctl`: start, stop, inspect and use a local cluster described by a cluster.toml.
+
+    clusterctl [--config FILE] up | down | status [--json] | put KEY VALUE [--version N] | get KEY | demo
+
+Exit status: 0 done, 1 the operation failed, 2 the command line or the config was refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import trio
+
+from clusterd import demo, localcluster
+from clusterd.config import ClusterConfig, ConfigError, NodeConfig, load
+from clusterd.kvclient import KVError, SyncKVClient
+from clusterd.localcluster import ClusterError
+from zab.zxid import fmt
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    try:
+        config = load(args.config)
+    except ConfigError as e:
+        _fail(EXIT_USAGE, str(e))
+    try:
+        sys.exit(args.command(config, args))
+    except (ClusterError, KVError) as e:
+        _fail(EXIT_FAILED, f"{type(e).__name__}: {e}" if isinstance(e, KVError) else str(e))
+
+
+def _fail(status: int, message: str) -> None:
+    print(f"clusterctl: {message}", file=sys.stderr)
+    sys.exit(status)
+
+
+def _parser() -> argparse.ArgumentParser:
+    # --config is accepted before and after the command; the later one wins.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", default=argparse.SUPPRESS, help="cluster config (default: ./cluster.toml)")
+    parser = argparse.ArgumentParser(prog="clusterctl", description="Run and use a local Quire cluster.")
+    parser.add_argument("--config", default="cluster.toml", help="cluster config (default: ./cluster.toml)")
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    def command(name: str, func: Any, help_text: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, parents=[common], help=help_text, description=help_text)
+        sub.set_defaults(command=func)
+        return sub
+
+    up = command("up", cmd_up, "start every node that is not running, wait until a leader serves")
+    up.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a leader (default 30)")
+    down = command("down", cmd_down, "stop every running node (SIGTERM, then SIGKILL after a timeout)")
+    down.add_argument("--timeout", type=float, default=10.0, help="seconds before SIGKILL (default 10)")
+    status = command("status", cmd_status, "one line per node: pid, role, epoch, zxids, peers")
+    status.add_argument("--json", action="store_true", help="a JSON list, one object per node")
+    put = command("put", cmd_put, "set KEY to VALUE through the cluster")
+    put.add_argument("key")
+    put.add_argument("value")
+    put.add_argument("--version", type=int, default=None, help="only if KEY is at this version (0: absent)")
+    get = command("get", cmd_get, "print KEY's value as a node sees it (version and zxid on stderr)")
+    get.add_argument("key")
+    demo = command("demo", cmd_demo, "a fresh cluster under load, its leader SIGKILLed, every write checked")
+    demo.add_argument("--writes", type=int, default=2000, help="acknowledged writes to aim for (default 2000)")
+    demo.add_argument("--clients", type=int, default=4, help="concurrent clients (default 4)")
+    demo.add_argument("--kill", choices=("leader", "follower", "all"), default="leader",
+                      help="what to SIGKILL a third of the way in (default: leader)")
+    return parser
+
+
+# -- up / down ----------------------------------------------------------------
+
+def cmd_up(config: ClusterConfig, args: argparse.Namespace) -> int:
+    nodes = _ensemble(config)
+    children = {}
+    for node in nodes:
+        pid = localcluster.running_pid(node)
+        if pid is not None:
+            print(f"node {node.id}: already running (pid {pid})")
+            continue
+        children[node.id] = localcluster.spawn(config, node)
+        print(f"node {node.id}: started (pid {children[node.id].pid}), log {localcluster.log_path(node)}")
+    statuses = trio.run(_wait_settled, config, nodes, args.timeout, children)
+    leader = next(i for i, s in statuses.items() if s["role"] == "leader")
+    print(f"cluster {config.name!r} is up; node {leader} leads epoch {statuses[leader].get('epoch')}")
+    return 0
+
+
+async def _wait_settled(config: ClusterConfig, nodes: list[NodeConfig], timeout_s: float,
+                        children: dict[int, Any]) -> dict[int, dict[str, Any]]:
+    return await localcluster.wait_settled(config, nodes, timeout_s=timeout_s, children=children)
+
+
+def _ensemble(config: ClusterConfig) -> list[NodeConfig]:
+    """The nodes clusterd can run; bookie-only nodes arrive with the bookie service."""
+    for node in config.nodes:
+        if not node.in_ensemble:
+            print(f"node {node.id}: bookie-only, not started (bookie-only nodes arrive with the bookie issue)")
+    return [n for n in config.nodes if n.in_ensemble]
+
+
+def cmd_down(config: ClusterConfig, args: argparse.Namespace) -> int:
+    pids = {n.id: pid for n in config.nodes if (pid := localcluster.running_pid(n)) is not None}
+    if not pids:
+        print("no node is running")
+    outcomes = localcluster.stop(pids, timeout_s=args.timeout)
+    for node in config.nodes:
+        if node.id in pids:
+            # A node killed with SIGKILL could not remove its own pid file.
+            localcluster.remove_pid_file(node, pids[node.id])
+            print(f"node {node.id}: {outcomes[node.id]} (pid {pids[node.id]})")
+    return 0
+
+
+# -- status -------------------------------------------------------------------
+
+def cmd_status(config: ClusterConfig, args: argparse.Namespace) -> int:
+    statuses = trio.run(localcluster.fetch_statuses, config)
+    rows = [localcluster.status_row(node_id, status) for node_id, status in statuses.items()]
+    print(json.dumps(rows, indent=2) if args.json else localcluster.format_table(rows))
+    return 0
+
+
+# -- put / get ----------------------------------------------------------------
+
+def client_addresses(config: ClusterConfig) -> list[tuple[str, int]]:
+    """Client ports of the nodes that serve the key-value protocol."""
+    return [(n.host, n.client_port) for n in config.nodes if n.in_ensemble]
+
+
+def cmd_put(config: ClusterConfig, args: argparse.Namespace) -> int:
+    written = SyncKVClient(client_addresses(config), retry_for_s=10.0).put(args.key, args.value, args.version)
+    print(f"ok version={written.version} zxid={fmt(written.zxid)}")
+    return 0
+
+
+def cmd_get(config: ClusterConfig, args: argparse.Namespace) -> int:
+    item = SyncKVClient(client_addresses(config), retry_for_s=10.0).get(args.key)
+    if item is None:
+        print(f"clusterctl: no key {args.key!r}", file=sys.stderr)
+        return EXIT_FAILED
+    print(item.value)
+    print(f"version={item.version} zxid={fmt(item.zxid)}", file=sys.stderr)
+    return 0
+
+
+def cmd_demo(config: ClusterConfig, args: argparse.Namespace) -> int:
+    return demo.run(config, writes=args.writes, clients=args.clients, kill=args.kill)
+
+
+if __name__ == "__main__":
+    main()
