@@ -125,6 +125,9 @@ class TxnLog:
     def open(cls, directory: Path, *, segment_max_bytes: int = DEFAULT_SEGMENT_MAX_BYTES) -> TxnLog:
         """Open (creating if needed) the log in `directory`, repairing a torn tail.
 
+        Every record found is durable when this returns (it may have been
+        written, but not synced, by a process that crashed).
+
         Raises LogCorruptError when anything but the newest segment's tail is
         damaged, or zxids do not strictly increase across the whole log.
         """
@@ -139,6 +142,7 @@ class TxnLog:
             if segment is not None:
                 _check_follows(segments[-1] if segments else None, segment)
                 segments.append(segment)
+        _make_durable(directory, segments)
         return cls(directory, segments, segment_max_bytes)
 
     # --- queries -----------------------------------------------------------------
@@ -529,6 +533,23 @@ def _truncate_file(path: Path, size: int) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _make_durable(directory: Path, segments: list[_Segment]) -> None:
+    """Fsync what a crashed writer may have left only in the page cache.
+
+    A process killed between write and fsync leaves records that this process
+    can read but a power loss would still erase; the node must not claim them
+    (in an election, in an ACK) before they are durable. Older segments were
+    fsynced before the next one was created.
+    """
+    if segments:
+        fd = os.open(segments[-1].path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    fsync_directory(directory)
 
 
 def _remove(path: Path) -> None:
