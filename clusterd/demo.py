@@ -148,8 +148,9 @@ async def _main(demo: Demo, writes: int, clients: int, kill: str) -> int:
 
 async def _write_through_a_crash(demo: Demo, addresses: list[tuple[str, int]], writes: int,
                                  clients: int, kill: str) -> None:
+    victims = {"leader": "the leader", "follower": "a follower", "all": "every node"}[kill]
     demo.say(f"writing {writes} times from {clients} clients through different nodes; "
-             f"SIGKILL of the {kill} after {writes // 3}")
+             f"SIGKILL of {victims} after {writes // 3}")
     started = time.monotonic()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_nemesis, demo, writes, kill)
@@ -207,8 +208,8 @@ async def _nemesis(demo: Demo, writes: int, kill: str) -> None:
                "follower": [next(n.id for n in demo.nodes if n.id != leader)]}[kill]
     await demo.kill(victims)
     killed_at = time.monotonic()
-    demo.say(f"SIGKILL node {', '.join(map(str, victims))} ({kill}; node {leader} was leading) "
-             f"after {demo.record.done} writes")
+    what = {"leader": "the leader", "follower": f"a follower of node {leader}", "all": "every node"}[kill]
+    demo.say(f"SIGKILL node {', '.join(map(str, victims))} ({what}) after {demo.record.done} writes")
     if kill == "leader":
         new_leader = await _wait_new_leader(demo, leader)
         demo.say(f"node {new_leader} leads after {time.monotonic() - killed_at:.2f} s")
@@ -297,4 +298,5 @@ def _verdict(record: Record, views: dict[int, dict[str, str | None]], problems: 
     counter = next(iter(views.values()))[COUNTER]
     return (f"verdict: OK: all {acked} acknowledged writes ({len(record.acked)} puts, {record.counter_acked} "
             f"counter increments) read back on all {len(views)} nodes; counter = {counter}; "
-            f"{len(record.unknown) + record.counter_unknown} outcome-unknown writes ({landed} puts of them landed)")
+            f"{len(record.unknown) + record.counter_unknown} writes had an unknown outcome "
+            f"({landed} of the {len(record.unknown)} such puts landed)")

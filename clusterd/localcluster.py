@@ -143,11 +143,11 @@ async def fetch_statuses(config: ClusterConfig, *, timeout_s: float = 2.0) -> di
 
 
 def is_settled(statuses: dict[int, dict[str, Any] | None]) -> bool:
-    """Every node answers, one leads, and no node is still looking for a leader."""
+    """Every node answers, one leads, and every other one follows or observes it."""
     if any(s is None for s in statuses.values()):
         return False
     roles = [s["role"] for s in statuses.values() if s is not None]
-    return roles.count("leader") == 1 and "looking" not in roles
+    return roles.count("leader") == 1 and all(r in ("leader", "follower", "observer") for r in roles)
 
 
 def status_row(node_id: int, status: dict[str, Any] | None) -> dict[str, Any]:
