@@ -1,0 +1,333 @@
+"""Random fault schedules over the whole simulated ensemble (sim.cluster.SimCluster).
+
+A scenario is one seed, an ensemble shape, a few configuration knobs and a
+list of steps: client puts through any node, crashes (never more than a
+minority of voters down at once, except "crash_all" which takes every node
+down and restarts every node at once), restarts, partitions (random halves or
+one node isolated), heals and runs of simulated time. The invariant oracles of
+replay.invariants watch the whole run. Afterwards the network heals, every node
+restarts, and the ensemble must converge (liveness), answer every request,
+keep taking writes, and pass check_final() plus the extra oracles below.
+
+A failing scenario prints itself as a Python literal: paste it into
+`run_scenario(...)` (or into REGRESSIONS) and it replays exactly. Scenarios
+drawn from a plain seed (`scenario_from_seed`) replay with
+`QUIRE_SIM_SEED=<seed> pytest tests/test_sim_random.py -k replay`.
+See docs/testing.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import HealthCheck, given, note, settings
+from hypothesis import strategies as st
+
+from replay.invariants import InvariantViolation
+from sim.cluster import SimCluster
+from zab.actions import InstallSnapshot
+from zab.kv_state_machine import KVStateMachine, encode_put
+
+SOAK = os.environ.get("QUIRE_SOAK") == "1"
+KEYS = ("k0", "k1", "k2", "k3", "k4")
+CONVERGE_TIMEOUT_MS = 120_000
+SETTLE_MS = 2_000
+
+# Knobs passed to SimCluster as ZabConfig fields. Small windows force SNAP syncs
+# and frequent local snapshots; the defaults exercise DIFF and TRUNC only.
+OPTION_SETS: tuple[tuple[tuple[str, int], ...], ...] = (
+    (),
+    (("sync_window_txns", 4), ("snapshot_every_txns", 5)),
+    (("sync_window_txns", 2), ("snapshot_every_txns", 3)),
+    (("snapshot_every_txns", 7),),
+)
+
+
+# -- scenarios ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Scenario:
+    """Everything a run depends on; its repr is a Python literal that replays it."""
+    seed: int
+    voters: int
+    observers: int
+    crash_keeps_unsynced: bool
+    options: tuple[tuple[str, int], ...]
+    steps: tuple[tuple, ...]
+
+
+class _Chooser:
+    """The choices a schedule makes, from hypothesis (shrinkable) or from a seeded Random."""
+
+    def __init__(self, integer: Callable[[int, int], int]) -> None:
+        self.integer = integer
+
+    def pick(self, items):
+        items = list(items)
+        return items[self.integer(0, len(items) - 1)]
+
+
+# Step kinds, weighted by repetition. Hypothesis shrinks towards the first.
+_KINDS = ("put",) * 8 + ("run",) * 6 + ("crash",) * 3 + ("restart",) * 3 + ("partition", "isolate", "heal", "heal",
+                                                                         "crash_all")
+
+
+def _build_scenario(seed: int, c: _Chooser, max_steps: int) -> Scenario:
+    voters = c.pick((3, 5))
+    observers = c.pick((0, 0, 1))
+    ids = list(range(1, voters + observers + 1))
+    max_voters_down = (voters - 1) // 2
+    down: set[int] = set()
+    steps: list[tuple] = []
+    n_steps = c.integer(0, max_steps)
+    for n in range(n_steps):
+        kind = c.pick(_KINDS)
+        alive = [i for i in ids if i not in down]
+        voters_down = len([i for i in down if i <= voters])
+        if kind == "put":
+            version = c.pick((None,) * 4 + (0, 1, 2))
+            steps.append(("put", c.pick(alive), c.pick(KEYS), f"v{n}", version))
+        elif kind == "crash":
+            eligible = [i for i in alive if i > voters or voters_down < max_voters_down]
+            if eligible:
+                victim = c.pick(eligible)
+                down.add(victim)
+                steps.append(("crash", victim))
+        elif kind == "restart":
+            if down:
+                back = c.pick(sorted(down))
+                down.discard(back)
+                steps.append(("restart", back))
+        elif kind == "crash_all":
+            steps += [("crash_all",), ("restart_all",)]
+            down.clear()
+        elif kind == "partition":
+            side = frozenset(i for i in ids if c.integer(0, 1))
+            if side and len(side) < len(ids):
+                steps.append(("partition", tuple(sorted(side)), tuple(i for i in ids if i not in side)))
+        elif kind == "isolate":
+            steps.append(("isolate", c.pick(ids)))
+        elif kind == "heal":
+            steps.append(("heal",))
+        else:
+            steps.append(("run", c.pick((5, 20, 100, 300, 700, 1500, 3000))))
+    return Scenario(seed, voters, observers, bool(c.integer(0, 3)), c.pick(OPTION_SETS), tuple(steps))
+
+
+def scenario_from_seed(seed: int, max_steps: int = 40) -> Scenario:
+    """A scenario determined by one integer (for replay, soak and CI seeds)."""
+    rng = random.Random(seed)
+    return _build_scenario(seed, _Chooser(rng.randint), max_steps)
+
+
+@st.composite
+def scenarios(draw, max_steps: int = 30) -> Scenario:
+    seed = draw(st.integers(min_value=0, max_value=2**32 - 1))
+    chooser = _Chooser(lambda lo, hi: draw(st.integers(min_value=lo, max_value=hi)))
+    return _build_scenario(seed, chooser, max_steps)
+
+
+# -- running ------------------------------------------------------------------------------
+class _SnapAwareCluster(SimCluster):
+    """SimCluster with one bookkeeping fix: after a SNAP sync the node's delivered
+    prefix restarts at the snapshot's zxid. Plain SimCluster keeps the old
+    `prev_delivered`, and the DeliveryOracle then reports a false TotalOrder or
+    PrefixConsistency violation on the next delivery. That sim bug is pinned by
+    test_sim_tracks_delivered_prefix_across_snap_sync below; once it is fixed,
+    that test XPASSes (strict) and this subclass should go."""
+
+    def _execute(self, node, actions):
+        for a in actions:
+            if isinstance(a, InstallSnapshot) and node.alive:
+                node.prev_delivered = a.zxid
+        super()._execute(node, actions)
+
+
+def _apply(c: SimCluster, step: tuple) -> None:
+    kind = step[0]
+    if kind == "put":
+        _, node, key, value, version = step
+        c.put(node, key, value, version)
+    elif kind == "crash":
+        c.crash(step[1])
+    elif kind == "restart":
+        if not c.nodes[step[1]].alive:
+            c.restart(step[1])
+    elif kind == "crash_all":
+        for i in c.nodes:
+            c.crash(i)
+    elif kind == "restart_all":
+        _restart_all(c)
+    elif kind == "partition":
+        c.partition(set(step[1]), set(step[2]))
+    elif kind == "isolate":
+        c.partition({step[1]}, set(c.nodes) - {step[1]})
+    elif kind == "heal":
+        c.heal()
+    elif kind == "run":
+        c.run(step[1])
+    else:
+        raise ValueError(f"unknown step {step!r}")
+
+
+def _restart_all(c: SimCluster) -> None:
+    for i in c.nodes:
+        if not c.nodes[i].alive:
+            c.restart(i)
+
+
+def run_scenario(sc: Scenario, cluster_class: type[SimCluster] = _SnapAwareCluster) -> SimCluster:
+    """Play `sc`, recover everything, and check liveness and every oracle.
+
+    Any failure carries the scenario and the end of the cluster trace as exception notes.
+    """
+    c = cluster_class(sc.voters, sc.observers, seed=sc.seed, crash_keeps_unsynced=sc.crash_keeps_unsynced,
+                      **dict(sc.options))
+    try:
+        for step in sc.steps:
+            _apply(c, step)
+        c.heal()
+        _restart_all(c)
+        _check_recovered(c)
+    except BaseException as e:  # noqa: BLE001 - re-raised unchanged, with the replay recipe attached
+        e.add_note(f"replay: run_scenario({sc!r})")
+        e.add_note(c.describe_failure())
+        raise
+    return c
+
+
+def _check_recovered(c: SimCluster) -> None:
+    assert c.run_until(c.converged, CONVERGE_TIMEOUT_MS), (
+        f"liveness: no convergence {CONVERGE_TIMEOUT_MS} ms after heal and restart of all nodes: "
+        f"{[c.peer(i).describe() for i in c.alive()]}")
+    # Requests still in flight at the moment of convergence get their answer now.
+    c.run(SETTLE_MS)
+    assert c.converged(), f"the ensemble did not stay converged: {[c.peer(i).describe() for i in c.alive()]}"
+    pending = [op for op in c.ops if op.status == "pending"]
+    assert not pending, f"liveness: requests never answered after convergence: {pending}"
+    c.check_final()
+    _check_history(c)
+    _check_writes_resume(c)
+
+
+def _check_history(c: SimCluster) -> None:
+    """Oracles beyond check_final(), over the global committed history."""
+    order = [c.deliveries.data[z] for z in c.deliveries.order]
+    final = c.peer(c.alive()[0]).last_committed
+    if order and order[-1].zxid > final:
+        raise InvariantViolation(f"a delivered transaction {order[-1].zxid:#x} is beyond the converged {final:#x}")
+    seen: set[tuple[int, int]] = set()
+    for t in order:
+        if t.session_id == 0:
+            continue
+        if (t.session_id, t.cxid) in seen:
+            raise InvariantViolation(f"request {(t.session_id, t.cxid)} committed twice (again at {t.zxid:#x})")
+        seen.add((t.session_id, t.cxid))
+    for op in c.ops:
+        if op.status == "failed" and (op.session_id, op.cxid) in seen:
+            raise InvariantViolation(f"request {op.key}={op.value} cxid={op.cxid} was failed (NoLeader) "
+                                     "to its client but committed")
+    # The transactions carry the versions the leader predicted; replayed in order
+    # from the empty state they must agree with themselves and with every node.
+    replayed = KVStateMachine()
+    for t in order:
+        doc = json.loads(t.data)
+        if doc["t"] == "set":
+            expected = (replayed.get(doc["k"]) or (None, 0))[1] + 1
+            if doc["ver"] != expected:
+                raise InvariantViolation(f"txn {t.zxid:#x} sets {doc['k']} to version {doc['ver']}, "
+                                         f"but the committed history before it implies {expected}")
+        replayed.apply(t.zxid, t.data)
+    digests = {c.peer(i).sm.digest() for i in c.alive()}
+    if digests != {replayed.digest()}:
+        raise InvariantViolation(f"replaying the committed history gives digest {replayed.digest()}, "
+                                 f"the nodes have {digests}")
+
+
+def _check_writes_resume(c: SimCluster) -> None:
+    ops = [c.put(i, f"after-{i}", "x") for i in c.alive()]
+    assert c.run_until(lambda: all(op.status == "acked" for op in ops), 30_000), (
+        f"liveness: writes after recovery not acknowledged: {[(op.node, op.status) for op in ops]}")
+    assert c.run_until(c.converged, 30_000)
+    c.check_final()
+
+
+# -- tests ----------------------------------------------------------------------------------
+@settings(max_examples=1000 if SOAK else 120, derandomize=True, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(scenarios())
+def test_random_schedules_keep_every_invariant(sc: Scenario) -> None:
+    note(f"replay: run_scenario({sc!r})")
+    run_scenario(sc)
+
+
+@pytest.mark.soak
+@settings(max_examples=int(os.environ.get("QUIRE_SOAK_EXAMPLES", "5000")), derandomize=False, deadline=None,
+          database=None, suppress_health_check=list(HealthCheck))
+@given(scenarios(max_steps=80))
+def test_soak_random_schedules(sc: Scenario) -> None:
+    """Not derandomized: every soak run explores new schedules."""
+    note(f"replay: run_scenario({sc!r})")
+    run_scenario(sc)
+
+
+@pytest.mark.soak
+def test_soak_seeds() -> None:
+    """Plain seeds, fast to replay: QUIRE_SIM_SEED=<seed> pytest tests/test_sim_random.py -k replay."""
+    first = int(os.environ.get("QUIRE_SOAK_SEED", str(time.time_ns() % 2**32)))
+    count = int(os.environ.get("QUIRE_SOAK_SEEDS", "3000"))
+    print(f"soak: seeds {first}..{first + count - 1}")
+    for seed in range(first, first + count):
+        try:
+            run_scenario(scenario_from_seed(seed, max_steps=80))
+        except BaseException as e:
+            e.add_note(f"soak seed {seed}: QUIRE_SIM_SEED={seed} QUIRE_SIM_MAX_STEPS=80 "
+                       "pytest tests/test_sim_random.py -k replay")
+            raise
+
+
+REPLAY_SEEDS = [int(s) for s in os.environ["QUIRE_SIM_SEED"].split(",")] if "QUIRE_SIM_SEED" in os.environ else [
+    0, 1, 2, 3, 7, 42, 1154, 1732, 2355, 2845, 3911, 4643]
+
+
+@pytest.mark.parametrize("seed", REPLAY_SEEDS)
+def test_replay_seed(seed: int) -> None:
+    run_scenario(scenario_from_seed(seed, max_steps=int(os.environ.get("QUIRE_SIM_MAX_STEPS", "40"))))
+
+
+# Scenarios that once failed, kept as exact literals.
+REGRESSIONS: list[Scenario] = []
+
+
+@pytest.mark.parametrize("sc", REGRESSIONS, ids=lambda sc: f"seed{sc.seed}")
+def test_regression(sc: Scenario) -> None:
+    run_scenario(sc)
+
+
+# -- the simulator itself -------------------------------------------------------------------
+@pytest.mark.xfail(strict=True, raises=InvariantViolation,
+                   reason="sim bug: SimCluster does not reset SimNode.prev_delivered when a peer installs a SNAP, "
+                          "so the DeliveryOracle reports a false TotalOrder/PrefixConsistency violation")
+def test_sim_tracks_delivered_prefix_across_snap_sync() -> None:
+    """Story: 3 voters with a 2-transaction sync window. Node 3 is down while 10 writes
+    commit, so when it returns the leader has trimmed the history it would need for a
+    DIFF and sends a SNAP. Node 3's next delivery follows the snapshot's zxid, not the
+    zxid it had delivered before; the oracle must see it that way."""
+    c = SimCluster(3, seed=5, sync_window_txns=2, snapshot_every_txns=1_000)
+    assert c.run_until(c.converged, 10_000)
+    c.put(1, "a", "1")
+    assert c.run_until(lambda: c.peer(3).last_committed > 0, 5_000)
+    victim = 3 if c.leader() != 3 else 2
+    c.crash(victim)
+    ops = [c.put(c.leader(), f"k{i}", "v") for i in range(10)]
+    assert c.run_until(lambda: all(op.status == "acked" for op in ops), 10_000)
+    c.restart(victim)
+    assert c.run_until(c.converged, 10_000)
+    c.put(c.leader(), "after", "snap")  # the first delivery after the SNAP trips the oracle
+    assert c.run_until(lambda: c.peer(victim).sm.get("after") is not None, 10_000)
+    c.check_final()
