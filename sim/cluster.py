@@ -56,13 +56,15 @@ class SimNode:
 
 class SimCluster:
     def __init__(self, voters: int = 3, observers: int = 0, seed: int = 0, *, tick_ms: int = 50,
-                 crash_keeps_unsynced: bool = True, **config: int) -> None:
+                 crash_keeps_unsynced: bool = True, disk_latency_ms: dict[int, int] | None = None,
+                 **config: int) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.net = SimNetwork(self.rng)
         self.now = 0
         self.tick_ms = tick_ms
         self.crash_keeps_unsynced = crash_keeps_unsynced
+        self.disk_latency_ms = dict(disk_latency_ms or {})
         ids = list(range(1, voters + observers + 1))
         self.voters = frozenset(ids[:voters])
         self.observers = frozenset(ids[voters:])
@@ -203,7 +205,8 @@ class SimCluster:
                 node.queue.append(a)
                 if not node.flush_scheduled:
                     node.flush_scheduled = True
-                    self._at(self.now + self.rng.randint(1, 4), "flush", node.id, node.incarnation)
+                    latency = self.disk_latency_ms.get(node.id) or self.rng.randint(1, 4)
+                    self._at(self.now + latency, "flush", node.id, node.incarnation)
             elif isinstance(a, Send):
                 self._send(node, a)
             elif isinstance(a, PersistEpoch):

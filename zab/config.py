@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from zab import zxid as Z
+
 
 class ZabConfigError(ValueError):
     """The ensemble description is unusable; the message says what to fix."""
@@ -37,6 +39,9 @@ class ZabConfig:
     sync_window_txns: int = 100_000
     # Take a local snapshot after this many delivered transactions.
     snapshot_every_txns: int = 50_000
+    # The last zxid counter a leader may use before it must step down for a new
+    # epoch. Only tests lower it, to reach the rollover without 2**32 proposals.
+    zxid_counter_limit: int = Z.COUNTER_MAX
 
     def __post_init__(self) -> None:
         if not self.voters:
@@ -50,9 +55,12 @@ class ZabConfig:
         if self.my_id not in self.voters | self.observers:
             raise ZabConfigError(f"node {self.my_id} is neither a voter nor an observer of the ensemble")
         for name in ("tick_ms", "election_finalize_ticks", "election_resend_ticks", "init_limit_ticks",
-                     "sync_limit_ticks", "ping_interval_ticks", "sync_window_txns", "snapshot_every_txns"):
+                     "sync_limit_ticks", "ping_interval_ticks", "sync_window_txns", "snapshot_every_txns",
+                     "zxid_counter_limit"):
             if getattr(self, name) <= 0:
                 raise ZabConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.zxid_counter_limit > Z.COUNTER_MAX:
+            raise ZabConfigError(f"zxid_counter_limit cannot exceed {Z.COUNTER_MAX}")
         if self.ping_interval_ticks >= self.sync_limit_ticks:
             raise ZabConfigError("ping_interval_ticks must be smaller than sync_limit_ticks")
 

@@ -80,6 +80,8 @@ class FastLeaderElection:
         self.decided = None
         if not self.cfg.is_observer:
             self._recv[self.cfg.my_id] = _Seen(self.proposal, self.logical_clock, ServerState.LOOKING)
+            if self._agreeing(self._recv, self.proposal):  # an ensemble of one
+                self._finalize_at = now + self.cfg.election_finalize_ticks
         return self._broadcast(now)
 
     def settle(self, state: ServerState) -> None:
@@ -126,12 +128,12 @@ class FastLeaderElection:
     def _on_established(self, frm: int, seen: _Seen) -> list[tuple[int, Notification]]:
         if seen.election_epoch == self.logical_clock:
             self._recv[frm] = seen
-            if self._agreeing(self._recv, seen.vote) and self._leader_confirmed(self._recv, seen.vote.leader):
+            if self._agreeing(self._recv, seen.vote) and self._leader_confirmed(self._recv, seen):
                 self._decide(seen.vote, seen.election_epoch)
                 return []
         self._out_of_election[frm] = seen
         if (self._agreeing(self._out_of_election, seen.vote)
-                and self._leader_confirmed(self._out_of_election, seen.vote.leader)):
+                and self._leader_confirmed(self._out_of_election, seen)):
             self.logical_clock = seen.election_epoch
             self._decide(seen.vote, seen.election_epoch)
         return []
@@ -139,10 +141,12 @@ class FastLeaderElection:
     def _agreeing(self, votes: dict[int, _Seen], vote: Vote) -> bool:
         return self.cfg.is_quorum({p for p, s in votes.items() if s.vote == vote})
 
-    def _leader_confirmed(self, votes: dict[int, _Seen], leader: int) -> bool:
-        """ZooKeeper's checkLeader: follow someone else only if it says it is LEADING."""
+    def _leader_confirmed(self, votes: dict[int, _Seen], n: _Seen) -> bool:
+        """ZooKeeper's checkLeader: follow someone else only if it says it is LEADING;
+        lead on others' word only if they voted in our current round."""
+        leader = n.vote.leader
         if leader == self.cfg.my_id:
-            return not self.cfg.is_observer
+            return not self.cfg.is_observer and n.election_epoch == self.logical_clock
         seen = votes.get(leader)
         return seen is not None and seen.state == ServerState.LEADING
 

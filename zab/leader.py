@@ -97,7 +97,7 @@ class LeaderRole:
         if self.epoch is None:
             self.connecting[frm] = fi.accepted_epoch
             return self._maybe_choose_epoch()
-        if fi.accepted_epoch >= self.epoch:
+        if fi.accepted_epoch > self.epoch:
             # It accepted a newer epoch from a leader that never got established; it can
             # never follow us, so let a new election pick an epoch above its.
             return self.peer.look()
@@ -107,7 +107,7 @@ class LeaderRole:
         h = self.learners.get(frm)
         if h is None or h.state is not LearnerState.INFO or self.epoch is None:
             return []
-        if (ae.current_epoch, ae.last_zxid) > self.prior:
+        if not self.epoch_quorum and (ae.current_epoch, ae.last_zxid) > self.prior:
             return self.peer.look()  # the learner's history is newer than ours: we must not lead
         h.state, h.last_zxid = LearnerState.EPOCH_ACKED, ae.last_zxid
         if not h.observer:
@@ -184,7 +184,7 @@ class LeaderRole:
 
     def _propose(self, session_id: int, cxid: int, data: bytes) -> list[Action]:
         assert self.epoch is not None
-        if self.counter >= Z.COUNTER_MAX:
+        if self.counter >= self.cfg.zxid_counter_limit:
             # zxid counter rollover: only a new epoch can continue the history.
             return [RequestFailed(session_id, cxid, "NoLeader")] + self.peer.look()
         self.counter += 1
