@@ -7,6 +7,10 @@ connection breaks or times out after it was sent may or may not have
 committed: that is OutcomeUnknown, surfaced to the caller, never retried
 blindly (a retried compare-and-set could fail against its own first attempt).
 Reads are always safe to retry.
+
+Like a ZooKeeper client, a KVClient never goes back in time: it remembers the
+highest zxid it has seen (in any answer) and retries a read that a lagging
+node answers from older state.
 """
 
 from __future__ import annotations
@@ -96,6 +100,7 @@ class KVClient:
         self._decoder = kvwire.FrameDecoder()
         self._retries = 0
         self._no_leader = 0
+        self._last_zxid_seen = 0
 
     async def __aenter__(self) -> KVClient:
         return self
@@ -142,6 +147,8 @@ class KVClient:
             except _Retry as e:
                 if trio.current_time() + backoff > deadline:
                     raise Unavailable(f"no node took the request within {self._retry_for_s:g} s; last: {e}") from None
+            # Whatever failed, another node may do better: NoLeader, a lagging node, a dead one.
+            await self.aclose()
             self._retries += 1
             self._index = (self._index + 1) % len(self._addresses)
             await trio.sleep(backoff * self._rng.uniform(0.5, 1.0))
@@ -149,11 +156,21 @@ class KVClient:
 
     async def _attempt(self, request: kvwire.Request) -> dict[str, Any]:
         """One exchange with the current node. _Retry if it certainly did not take effect."""
-        stream = await self._connect()
+        response = await self._exchange(await self._connect(), request)
+        error = response.get("error")
+        if error == kvwire.BAD_REQUEST:
+            await self.aclose()  # the node may have closed its end: it does after a protocol error
+        if error == kvwire.NO_LEADER:
+            self._no_leader += 1
+            raise _Retry(f"{_fmt(self.address)}: NoLeader: {response['message']}")
+        self._check_not_older(request, response.get("zxid"))
+        return response
+
+    async def _exchange(self, stream: trio.SocketStream, request: kvwire.Request) -> dict[str, Any]:
         try:
             with trio.fail_after(self._request_timeout_s):
                 await stream.send_all(kvwire.encode_frame(kvwire.request_message(request)))
-                response = await self._receive(stream)
+                return await self._receive(stream)
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError,
                 kvwire.WireError) as e:
             await self.aclose()
@@ -161,13 +178,14 @@ class KVClient:
             if isinstance(request, kvwire.Get):
                 raise _Retry(problem) from None
             raise OutcomeUnknown(f"connection lost with a write in flight ({problem})") from None
-        if response.get("error") == kvwire.BAD_REQUEST:
-            await self.aclose()  # the node may have closed its end: it does after a protocol error
-        if response.get("error") == kvwire.NO_LEADER:
-            self._no_leader += 1
-            await self.aclose()  # another node may see a leader this one does not
-            raise _Retry(f"{_fmt(self.address)}: NoLeader: {response['message']}")
-        return response
+
+    def _check_not_older(self, request: kvwire.Request, zxid: int | None) -> None:
+        if zxid is None:
+            return
+        if isinstance(request, kvwire.Get) and zxid < self._last_zxid_seen:
+            # Not a protocol error: this node lags. Another one (or this one, later) will do.
+            raise _Retry(f"{_fmt(self.address)} answered from zxid {zxid:#x}, older than {self._last_zxid_seen:#x}")
+        self._last_zxid_seen = max(self._last_zxid_seen, zxid)
 
     async def _connect(self) -> trio.SocketStream:
         if self._stream is None:

@@ -1,7 +1,8 @@
 """The node's client port for the temporary key-value protocol (format in clusterd.kvwire).
 
 Writes go through Zab (`driver.submit`); reads are answered from this node's
-own state machine, so they are sequentially consistent, not linearizable.
+own state machine, so they are sequentially consistent, not linearizable, and
+only while the node follows (or is) an established leader.
 Requests on one connection are executed one at a time, in order: submitting
 them concurrently could let the scheduler reorder two writes of one client,
 and ZooKeeper promises FIFO client order. Clients may still pipeline; their
@@ -24,12 +25,15 @@ log = logging.getLogger(__name__)
 RECEIVE_BYTES = 64 << 10
 CONNECTION_BITS = 32
 INCARNATION_BITS = 16
+SERVING_ROLES = ("leader", "follower", "observer")
 
 
 class Submitter(Protocol):
     """What the service needs from the Zab peer driver."""
 
     state_machine: KVStateMachine
+
+    def status(self) -> dict[str, Any]: ...
 
     async def submit(self, session_id: int, cxid: int, request: bytes) -> bytes: ...
 
@@ -115,6 +119,10 @@ class KVService:
                 kvwire.OUTCOME_UNKNOWN, str(e) or "leadership changed; the write may or may not have committed")
 
     def _get(self, key: str) -> dict[str, Any]:
+        # Like a ZooKeeper server, serve reads only while in a quorum's broadcast
+        # phase: a node looking for a leader may hold arbitrarily old state.
+        if self._driver.status()["role"] not in SERVING_ROLES:
+            return kvwire.error_response(kvwire.NO_LEADER, "this node is not following a leader; retry elsewhere")
         # `zxid` is the state the read saw: the last transaction this node applied.
         machine = self._driver.state_machine
         item, zxid = machine.get(key), machine.last_zxid

@@ -1,0 +1,193 @@
+"""Real `clusterd` processes on loopback, driven through `clusterctl` like an operator would.
+
+Each test runs its own cluster from a copy of cluster.toml with free ports and
+data directories under tmp_path, so it can run beside a developer's cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from clusterd import config as cfg
+from clusterd import kvwire, localcluster
+from clusterd.kvclient import SyncKVClient
+
+pytestmark = pytest.mark.multiprocess
+
+REPO = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports the kernel just handed out, released again (all held at once, so distinct)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def copy_config(folder: Path, text_edit: str = "") -> Path:
+    """The shipped cluster.toml with fresh ports; its relative data dirs land in `folder`."""
+    shipped = cfg.load(REPO / "cluster.toml")
+    ports = iter(free_ports(3 * len(shipped.nodes)))
+    text = (REPO / "cluster.toml").read_text()
+    for node in shipped.nodes:
+        for key in cfg.PORT_KEYS:
+            text = text.replace(f"{key} = {getattr(node, key)}\n", f"{key} = {next(ports)}\n")
+    path = folder / "cluster.toml"
+    path.write_text(text + text_edit)
+    return path
+
+
+def run(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=ENV, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+class Cluster:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.config = cfg.load(path)
+
+    def ctl(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return run("-m", "clusterd.ctl", "--config", str(self.path), *args, cwd=self.path.parent, timeout=timeout)
+
+    def status(self) -> list[dict]:
+        done = self.ctl("status", "--json")
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(copy_config(tmp_path))
+    yield c
+    c.ctl("down", "--timeout", "5")  # whatever the test did, leave no process behind
+
+
+@pytest.fixture
+def running(cluster: Cluster) -> Cluster:
+    up = cluster.ctl("up")
+    assert up.returncode == 0, up.stdout + up.stderr
+    return cluster
+
+
+def test_up_status_down(running: Cluster) -> None:
+    rows = running.status()
+    assert [row["id"] for row in rows] == [1, 2, 3]
+    assert all(set(row) == set(localcluster.STATUS_FIELDS) for row in rows)
+    assert sorted(row["role"] for row in rows) == ["follower", "follower", "leader"]
+    assert len({row["epoch"] for row in rows}) == 1
+    for row, node in zip(rows, running.config.nodes):
+        assert row["pid"] == localcluster.read_pid_file(node) and localcluster.is_clusterd(row["pid"])
+        assert sorted(row["peers"]) == sorted({1, 2, 3} - {row["id"]})
+
+    table = running.ctl("status").stdout
+    assert table.splitlines()[0].split() == ["node", "pid", "role", "epoch", "last_zxid", "last_committed", "peers"]
+
+    down = running.ctl("down")
+    assert down.returncode == 0 and down.stdout.count("stopped") == 3, down.stdout
+    assert not any(localcluster.is_clusterd(row["pid"]) for row in rows)
+    assert not any(localcluster.pid_path(n).exists() for n in running.config.nodes)
+    assert [(r["role"], r["pid"]) for r in running.status()] == [("down", None)] * 3
+
+
+def test_put_and_get_through_clusterctl_and_a_second_up_is_harmless(running: Cluster) -> None:
+    put = running.ctl("put", "color", "blue")
+    assert put.returncode == 0 and put.stdout.startswith("ok version=1 "), put.stdout + put.stderr
+    cas = running.ctl("put", "color", "red", "--version", "7")
+    assert cas.returncode == 1 and "BadVersion" in cas.stderr
+    got = running.ctl("get", "color")
+    assert (got.returncode, got.stdout, got.stderr.split()[0]) == (0, "blue\n", "version=1")
+    again = running.ctl("up")
+    assert again.returncode == 0 and again.stdout.count("already running") == 3
+
+
+def test_a_client_breaking_the_protocol_loses_only_its_own_connection(running: Cluster) -> None:
+    node = running.config.nodes[0]
+    bad_frames = [struct.pack(">I", 4) + b"nope", struct.pack(">I", 1 << 30), kvwire.encode_frame({"op": "x"})]
+    for frame in bad_frames:
+        with socket.create_connection((node.host, node.client_port), timeout=10) as s:
+            s.sendall(frame)
+            response = read_until_closed(s)
+        decoder = kvwire.FrameDecoder()
+        decoder.feed(response)
+        assert decoder.next_message()["error"] == "BadRequest"
+        assert decoder.next_message() is None and decoder.buffered == 0  # one answer, then closed
+    client = SyncKVClient([(node.host, node.client_port)], retry_for_s=10)
+    assert client.put("still", "serving").version == 1
+    assert client.get("still").value == "serving"
+
+
+def test_the_admin_port_answers_only_what_it_knows(running: Cluster) -> None:
+    node = running.config.nodes[0]
+    for request, status in [(b"GET /nope HTTP/1.1\r\n\r\n", b"404"), (b"POST /status HTTP/1.1\r\n\r\n", b"405"),
+                            (b"garbage\r\n\r\n", b"400"), (b"GET /metrics HTTP/1.1\r\n\r\n", b"200")]:
+        with socket.create_connection((node.host, node.admin_port), timeout=10) as s:
+            s.sendall(request)
+            assert read_until_closed(s).split(b" ")[1] == status
+
+
+def read_until_closed(s: socket.socket) -> bytes:
+    chunks = []
+    while chunk := s.recv(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+@pytest.mark.parametrize("victim", ["leader", "follower", "all"])
+def test_demo_loses_no_acknowledged_write_when_nodes_are_sigkilled(cluster: Cluster, victim: str) -> None:
+    demo = cluster.ctl("demo", "--writes", "300", "--clients", "3", "--kill", victim, timeout=240)
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    assert "verdict: OK: all" in demo.stdout
+    assert "SIGKILL node" in demo.stdout and "restarted node" in demo.stdout
+    [demo_config] = cluster.path.parent.glob("data/demo/*/cluster.toml")
+    assert not any(localcluster.running_pid(n) for n in cfg.load(demo_config).nodes)
+
+
+def test_clusterd_refuses_a_bad_config_with_exit_status_2(tmp_path: Path) -> None:
+    path = copy_config(tmp_path)
+    path.write_text(path.read_text().replace("id = 3", "id = 2"))
+    for command in (["-m", "clusterd.main", "--id", "1"], ["-m", "clusterd.ctl", "up"]):
+        done = run(*command, "--config", str(path), cwd=tmp_path)
+        assert done.returncode == 2
+        assert str(path) in done.stderr and "duplicate id 2" in done.stderr, done.stderr
+
+
+def test_clusterd_refuses_to_run_a_bookie_only_node(tmp_path: Path) -> None:
+    ports = free_ports(3)
+    path = copy_config(tmp_path, f"""
+[[node]]
+id = 4
+host = "127.0.0.1"
+peer_port = {ports[0]}
+client_port = {ports[1]}
+admin_port = {ports[2]}
+roles = ["bookie"]
+data_dir = "data/node4"
+""")
+    done = run("-m", "clusterd.main", "--id", "4", "--config", str(path), cwd=tmp_path)
+    assert done.returncode == 2 and "bookie-only nodes arrive with the bookie issue" in done.stderr
+
+
+def test_clusterd_exits_1_when_its_port_is_taken(cluster: Cluster) -> None:
+    node = cluster.config.nodes[0]
+    with socket.socket() as squatter:
+        squatter.bind((node.host, node.admin_port))
+        squatter.listen()
+        done = run("-m", "clusterd.main", "--id", "1", "--config", str(cluster.path), cwd=cluster.path.parent)
+    assert done.returncode == 1 and f"cannot listen for admin on {node.host}:{node.admin_port}" in done.stderr
+    assert not localcluster.pid_path(node).exists()
