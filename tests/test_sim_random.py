@@ -73,8 +73,8 @@ class _Chooser:
 
 
 # Step kinds, weighted by repetition. Hypothesis shrinks towards the first.
-_KINDS = ("put",) * 8 + ("run",) * 6 + ("crash",) * 3 + ("restart",) * 3 + ("partition", "isolate", "heal", "heal",
-                                                                         "crash_all")
+_KINDS = (("put",) * 6 + ("run",) * 6 + ("burst",) * 2 + ("crash",) * 2 + ("crash_leader",) * 2 + ("restart",) * 3
+          + ("partition", "isolate", "isolate_leader", "heal", "heal", "crash_all"))
 
 
 def _build_scenario(seed: int, c: _Chooser, max_steps: int) -> Scenario:
@@ -92,6 +92,14 @@ def _build_scenario(seed: int, c: _Chooser, max_steps: int) -> Scenario:
         if kind == "put":
             version = c.pick((None,) * 4 + (0, 1, 2))
             steps.append(("put", c.pick(alive), c.pick(KEYS), f"v{n}", version))
+        elif kind == "burst":
+            steps.append(("burst", c.pick(alive), c.integer(2, 12)))
+        elif kind == "crash_leader":
+            # Resolved when it runs (the leader is not known here); skipped there if no
+            # voter may go down, so the schedule's own bookkeeping cannot tell.
+            steps.append(("crash_leader",))
+        elif kind == "isolate_leader":
+            steps.append(("isolate_leader",))
         elif kind == "crash":
             eligible = [i for i in alive if i > voters or voters_down < max_voters_down]
             if eligible:
@@ -103,6 +111,8 @@ def _build_scenario(seed: int, c: _Chooser, max_steps: int) -> Scenario:
                 back = c.pick(sorted(down))
                 down.discard(back)
                 steps.append(("restart", back))
+            else:
+                steps.append(("restart_any",))
         elif kind == "crash_all":
             steps += [("crash_all",), ("restart_all",)]
             down.clear()
@@ -153,11 +163,27 @@ def _apply(c: SimCluster, step: tuple) -> None:
     if kind == "put":
         _, node, key, value, version = step
         c.put(node, key, value, version)
+    elif kind == "burst":
+        _, node, count = step
+        for k in range(count):
+            c.put(node, KEYS[k % len(KEYS)], f"b{len(c.ops)}")
     elif kind == "crash":
-        c.crash(step[1])
+        _crash_within_minority(c, step[1])
+    elif kind == "crash_leader":
+        leader = c.leader()
+        if leader is not None:
+            _crash_within_minority(c, leader)
+    elif kind == "isolate_leader":
+        leader = c.leader()
+        if leader is not None:
+            c.partition({leader}, set(c.nodes) - {leader})
     elif kind == "restart":
         if not c.nodes[step[1]].alive:
             c.restart(step[1])
+    elif kind == "restart_any":
+        down = [i for i in c.nodes if not c.nodes[i].alive]
+        if down:
+            c.restart(down[0])
     elif kind == "crash_all":
         for i in c.nodes:
             c.crash(i)
@@ -173,6 +199,13 @@ def _apply(c: SimCluster, step: tuple) -> None:
         c.run(step[1])
     else:
         raise ValueError(f"unknown step {step!r}")
+
+
+def _crash_within_minority(c: SimCluster, node: int) -> None:
+    """Crash `node` unless that would take a majority of the voters down."""
+    voters_down = len([i for i in c.voters if not c.nodes[i].alive])
+    if node in c.observers or voters_down < (len(c.voters) - 1) // 2:
+        c.crash(node)
 
 
 def _restart_all(c: SimCluster) -> None:

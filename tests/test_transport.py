@@ -1,0 +1,306 @@
+"""Three PeerDrivers in one process over real loopback TCP (zab/transport.py, zab/driver.py).
+
+Story (a): hostile bytes on a node's peer port (garbage, a truncated frame, an
+oversized length header, a HELLO of another cluster or of an unknown id, a
+valid HELLO followed by a corrupt frame): each such connection is closed and
+the ensemble keeps committing. Story (b): writes commit through every node;
+one node is stopped, the other two keep committing; the node restarts from its
+data directory with a fresh driver and catches up to the same zxid and state.
+
+Every wait is bounded by trio.fail_after. Where the driver offers no event to
+wait on (roles, zxids), the test polls driver.status() every few milliseconds.
+"""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import struct
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import trio
+
+from zab import transport
+from zab.codec import encode_frame, encode_hello, frame
+from zab.config import ZabConfig
+from zab.driver import PeerDriver
+from zab.errors import NoLeader, OutcomeUnknown
+from zab.kv_state_machine import KVStateMachine, decode_result, encode_put
+from zab.messages import Ping
+
+CLUSTER = "quire-test"
+IDS = (1, 2, 3)
+MAX_FRAME_BYTES = 1 << 20
+ELECTION_TIMEOUT_S = 20
+WRITE_TIMEOUT_S = 20
+POLL_S = 0.01
+
+
+def free_ports(n: int) -> list[int]:
+    """Ports the kernel just handed out (all bound at once, so distinct), released for the drivers."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+class Ensemble:
+    """Three drivers in one trio nursery; each runs in its own cancel scope so it can be stopped."""
+
+    def __init__(self, nursery: trio.Nursery, base: Path) -> None:
+        self.nursery = nursery
+        self.base = base
+        self.addresses = {i: ("127.0.0.1", p) for i, p in zip(IDS, free_ports(len(IDS)))}
+        self.drivers: dict[int, PeerDriver] = {}
+        self.scopes: dict[int, trio.CancelScope] = {}
+        self.stopped: dict[int, trio.Event] = {}
+        self._cxid = itertools.count(1)
+
+    def config(self, i: int) -> ZabConfig:
+        return ZabConfig(my_id=i, voters=frozenset(IDS), tick_ms=20, sync_limit_ticks=25, init_limit_ticks=150,
+                         election_resend_ticks=5)
+
+    async def start(self, i: int) -> PeerDriver:
+        driver = PeerDriver(self.config(i), self.addresses, self.base / f"node{i}", KVStateMachine(),
+                            max_frame_bytes=MAX_FRAME_BYTES, send_queue_max=10_000, snapshots_retained=3,
+                            cluster_name=CLUSTER)
+        self.drivers[i] = driver
+        self.stopped[i] = trio.Event()
+        await self.nursery.start(self._run, i, driver)
+        return driver
+
+    async def _run(self, i: int, driver: PeerDriver, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            with trio.CancelScope() as scope:
+                self.scopes[i] = scope
+                await driver.run(task_status=task_status)
+        finally:
+            self.stopped[i].set()
+
+    async def stop(self, i: int) -> None:
+        self.scopes[i].cancel()
+        with trio.fail_after(10):
+            await self.stopped[i].wait()
+        del self.drivers[i]
+
+    # -- waiting --------------------------------------------------------------------
+    async def wait_until(self, what: str, predicate: Callable[[], bool], timeout_s: float) -> None:
+        try:
+            with trio.fail_after(timeout_s):
+                while not predicate():
+                    await trio.sleep(POLL_S)
+        except trio.TooSlowError:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}: {self.statuses()}") from None
+
+    def statuses(self) -> dict[int, dict]:
+        return {i: {k: d.status().get(k) for k in ("role", "phase", "epoch", "leader", "last_zxid",
+                                                    "last_committed_zxid")}
+                for i, d in self.drivers.items()}
+
+    def leader(self) -> int | None:
+        s = self.statuses()
+        leaders = [i for i, st in s.items() if st["role"] == "leader" and st["phase"] == "broadcast"]
+        if len(leaders) != 1:
+            return None
+        settled = [i for i, st in s.items() if st["phase"] == "broadcast" and st["leader"] == leaders[0]]
+        return leaders[0] if len(settled) * 2 > len(IDS) else None
+
+    def all_in_broadcast(self) -> bool:
+        s = self.statuses()
+        return self.leader() is not None and all(st["phase"] == "broadcast" for st in s.values())
+
+    async def wait_leader(self) -> int:
+        await self.wait_until("an established leader followed by a quorum", lambda: self.leader() is not None,
+                              ELECTION_TIMEOUT_S)
+        leader = self.leader()
+        assert leader is not None
+        return leader
+
+    # -- writing --------------------------------------------------------------------
+    async def put(self, via: int, key: str, value: str) -> dict:
+        """A write through node `via`, retried while there is no leader; returns the result."""
+        with trio.fail_after(WRITE_TIMEOUT_S):
+            while True:
+                cxid = next(self._cxid)
+                try:
+                    result = decode_result(await self.drivers[via].submit(via << 48 | 1, cxid,
+                                                                         encode_put(key, value)))
+                except (NoLeader, OutcomeUnknown):
+                    await trio.sleep(0.05)
+                    continue
+                assert result["ok"], result
+                return result
+
+    def converged(self, ids) -> bool:
+        s = [self.drivers[i].status() for i in ids]
+        digests = {self.drivers[i].state_machine.digest() for i in ids}
+        return (all(x["phase"] == "broadcast" for x in s) and len(digests) == 1
+                and len({(x["last_zxid"], x["last_committed_zxid"]) for x in s}) == 1)
+
+
+def run_ensemble(tmp_path: Path, story) -> None:
+    async def main() -> None:
+        with trio.fail_after(90):
+            async with trio.open_nursery() as nursery:
+                ens = Ensemble(nursery, tmp_path)
+                for i in IDS:
+                    await ens.start(i)
+                await story(ens)
+                nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+# -- (a) hostile connections ------------------------------------------------------------------
+async def expect_closed(ens: Ensemble, node: int, payload: bytes, *, then_eof: bool = False) -> None:
+    """Connect to `node`'s peer port, send `payload`, and expect the node to close the connection."""
+    host, port = ens.addresses[node]
+    stream = await trio.open_tcp_stream(host, port)
+    try:
+        await stream.send_all(payload)
+        if then_eof:
+            await stream.send_eof()
+        with trio.fail_after(transport.HELLO_TIMEOUT_S + 5):
+            while True:
+                try:
+                    data = await stream.receive_some(4096)
+                except trio.BrokenResourceError:
+                    return  # reset: closed
+                if not data:
+                    return  # EOF: closed
+                raise AssertionError(f"a peer port answered hostile input with {data!r}")
+    finally:
+        await stream.aclose()
+
+
+HOSTILE = {
+    "garbage": b"GET / HTTP/1.1\r\nHost: quire\r\n\r\n",
+    "zeros": b"\0" * 64,
+    "oversized-length": struct.pack(">II", 2**32 - 1, 0) + b"x" * 16,
+    "just-over-max": struct.pack(">II", MAX_FRAME_BYTES + 1, 0),
+    "bad-crc-hello": struct.pack(">II", 4, 12345) + b"QZAB",
+    "wrong-cluster": encode_hello("another-cluster", 2),
+    "unknown-id": encode_hello(CLUSTER, 99),
+    "own-id": encode_hello(CLUSTER, 1),  # sent to node 1: a node never dials itself
+    "hello-bad-magic": frame(b"ZZZZ" + b"\0" * 12),
+    "message-instead-of-hello": encode_frame(Ping()),
+}
+
+
+def test_hostile_connections_are_closed_and_the_ensemble_keeps_committing(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(transport, "HELLO_TIMEOUT_S", 1.0)
+
+    async def story(ens: Ensemble) -> None:
+        await ens.wait_leader()
+        await ens.put(1, "before", "1")
+        async with trio.open_nursery() as n:  # all at once: none may delay the others
+            for name, payload in HOSTILE.items():
+                n.start_soon(expect_closed, ens, 1, payload)
+            # A truncated frame followed by EOF, and one left hanging (closed by the HELLO timeout).
+            hello = encode_hello(CLUSTER, 2)
+            n.start_soon(lambda: expect_closed(ens, 1, hello[:len(hello) - 3], then_eof=True))
+            n.start_soon(expect_closed, ens, 1, hello[:len(hello) - 3])
+            n.start_soon(expect_closed, ens, 1, struct.pack(">II", 100, 0) + b"y" * 10)
+        # Garbage in every node, then writes through every node.
+        for i in IDS:
+            await expect_closed(ens, i, HOSTILE["garbage"])
+        for i in IDS:
+            await ens.put(i, f"after-garbage-{i}", "ok")
+        await ens.wait_until("all three converged", lambda: ens.converged(IDS), WRITE_TIMEOUT_S)
+        assert sum(d.transport.stats.bad_frames for d in ens.drivers.values()) >= len(HOSTILE)
+
+    run_ensemble(tmp_path, story)
+
+
+def pick_pair(ens: Ensemble, leader: int, relation: str) -> tuple[int, int]:
+    """(target, impersonated): whose peer port gets the fake HELLO, and which member it claims to be."""
+    followers = [i for i in IDS if i != leader]
+    return {"follower-into-leader": (leader, followers[0]),
+            "leader-into-follower": (followers[0], leader),
+            "follower-into-follower": (followers[0], followers[1])}[relation]
+
+
+CORRUPTIONS = {
+    "crc-mismatch": lambda good: good[:8] + bytes([good[8] ^ 0xFF]) + good[9:],
+    "unknown-type": lambda good: frame(b"\x01\xee"),
+    "unknown-version": lambda good: frame(b"\x09\x10"),
+    "synctxns-4g": lambda good: frame(b"\x01\x06\xff\xff\xff\xff"),
+    "oversized-length": lambda good: struct.pack(">II", 2**31, 0),
+    "trailing-bytes": lambda good: frame(b"\x01\x10\x00"),
+}
+
+
+@pytest.mark.parametrize("relation", ["follower-into-leader", "leader-into-follower", "follower-into-follower"])
+def test_valid_hello_then_corrupt_frame_is_closed_and_the_ensemble_keeps_committing(tmp_path: Path,
+                                                                                     relation: str) -> None:
+    """A connection that says HELLO as a real member displaces that member's link into
+    the target (HELLO is not authenticated; the newest connection wins). The corrupt
+    frame that follows must close it, and the ensemble must go on committing."""
+
+    async def story(ens: Ensemble) -> None:
+        leader = await ens.wait_leader()
+        await ens.put(1, "before", "1")
+        target, impersonated = pick_pair(ens, leader, relation)
+        good = encode_frame(Ping())
+        for corrupt in CORRUPTIONS.values():
+            await expect_closed(ens, target, encode_hello(CLUSTER, impersonated) + corrupt(good))
+        for i in IDS:
+            await ens.put(i, f"after-corrupt-{i}", "ok")
+        await ens.wait_until("all three converged", lambda: ens.converged(IDS), WRITE_TIMEOUT_S)
+
+    run_ensemble(tmp_path, story)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "transport bug: a dialed (send-only) link that the remote end closed is noticed only on the next send. "
+    "Followers never send to each other in BROADCAST, so the link stays half-open: the dialer never hears "
+    "PeerDisconnected, its connected_peers() keeps listing the peer while the peer's omits it, and the first "
+    "message sent later (an election notification) is lost"))
+def test_a_link_closed_by_the_remote_end_is_redialed_without_waiting_for_traffic(tmp_path: Path) -> None:
+    async def story(ens: Ensemble) -> None:
+        leader = await ens.wait_leader()
+        target, impersonated = pick_pair(ens, leader, "follower-into-follower")
+        await ens.wait_until("full mesh", lambda: all(
+            set(d.status()["peers"]) == set(IDS) - {i} for i, d in ens.drivers.items()), WRITE_TIMEOUT_S)
+        await expect_closed(ens, target, encode_hello(CLUSTER, impersonated) + frame(b"\x01\xee"))
+        await ens.wait_until(f"node {impersonated} redialing node {target}",
+                             lambda: impersonated in ens.drivers[target].status()["peers"], 5)
+
+    run_ensemble(tmp_path, story)
+
+
+# -- (b) a node stops, the others go on, it restarts and catches up ------------------------------
+@pytest.mark.parametrize("victim_role", ["follower", "leader"])
+def test_stopped_node_restarts_from_its_data_dir_and_catches_up(tmp_path: Path, victim_role: str) -> None:
+    async def story(ens: Ensemble) -> None:
+        leader = await ens.wait_leader()
+        for n, i in enumerate(IDS * 3):
+            await ens.put(i, f"k{n % 4}", f"round1-{n}")
+        await ens.wait_until("all three converged", lambda: ens.converged(IDS), WRITE_TIMEOUT_S)
+        before = ens.drivers[1].status()["last_committed_zxid"]
+
+        victim = leader if victim_role == "leader" else next(i for i in IDS if i != leader)
+        await ens.stop(victim)
+        rest = [i for i in IDS if i != victim]
+        await ens.wait_leader()
+        for n in range(10):
+            await ens.put(rest[n % 2], f"k{n % 4}", f"round2-{n}")
+        await ens.wait_until("the two survivors converged", lambda: ens.converged(rest), WRITE_TIMEOUT_S)
+        assert ens.drivers[rest[0]].status()["last_committed_zxid"] > before
+
+        await ens.start(victim)  # a fresh driver and state machine on the same data dir
+        await ens.wait_until(f"node {victim} caught up", lambda: ens.converged(IDS), WRITE_TIMEOUT_S)
+        target = ens.drivers[rest[0]].status()["last_committed_zxid"]
+        assert ens.drivers[victim].status()["last_committed_zxid"] == target
+        assert ens.drivers[victim].state_machine.get("k1") == ens.drivers[rest[0]].state_machine.get("k1")
+        await ens.put(victim, "after-restart", "ok")  # and it takes writes again
+        await ens.wait_until("all three converged", lambda: ens.converged(IDS), WRITE_TIMEOUT_S)
+
+    run_ensemble(tmp_path, story)
