@@ -112,7 +112,7 @@ async def _cancel_on_signal(signals: Any, scope: trio.CancelScope) -> None:
 async def _start_services(nursery: trio.Nursery, config: ClusterConfig, node: NodeConfig) -> None:
     driver = PeerDriver(config.zab_config(node.id), config.peer_addresses(), node.data_dir, KVStateMachine(),
                         max_frame_bytes=config.max_frame_bytes, send_queue_max=config.send_queue_max,
-                        snapshots_retained=config.snapshots_retained)
+                        snapshots_retained=config.snapshots_retained, cluster_name=config.name)
     await nursery.start(driver.run)
     kv = KVService(node.id, driver, incarnation=random.SystemRandom().getrandbits(INCARNATION_BITS))
     await nursery.start(trio.serve_listeners, kv.handle_connection,
