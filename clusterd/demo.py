@@ -31,6 +31,7 @@ from clusterd import localcluster
 from clusterd.config import ClusterConfig, NodeConfig
 from clusterd.kvclient import BadVersion, KVClient, KVError, OutcomeUnknown
 from clusterd.localcluster import ClusterError
+from zab.zxid import fmt
 
 COUNTER = "demo/counter"
 COUNTER_EVERY = 5  # one write in five is a counter increment
@@ -242,7 +243,9 @@ async def _wait_converged(demo: Demo) -> None:
     deadline = trio.current_time() + CONVERGE_TIMEOUT_S
     while True:
         statuses = await localcluster.fetch_statuses(demo.config, timeout_s=1.0)
-        if localcluster.is_settled(statuses) and len({s["last_committed_zxid"] for s in statuses.values()}) == 1:
+        committed = {s["last_committed_zxid"] for s in statuses.values() if s}
+        if localcluster.is_settled(statuses) and len(committed) == 1:
+            demo.say(f"every node has committed {fmt(committed.pop())}; reading every write back from every node")
             return
         if trio.current_time() > deadline:
             raise ClusterError(f"nodes did not converge within {CONVERGE_TIMEOUT_S:g} s: {statuses}")
@@ -296,9 +299,9 @@ def _verdict(record: Record, views: dict[int, dict[str, str | None]], problems: 
     acked = len(record.acked) + record.counter_acked
     if problems:
         return f"verdict: FAIL: {len(problems)} problems with {acked} acknowledged writes on {len(views)} nodes"
-    landed = sum(1 for key in record.unknown if next(iter(views.values()))[key] is not None)
-    counter = next(iter(views.values()))[COUNTER]
+    view = next(iter(views.values()))  # all views are equal, or there would be problems
+    counter = int(view[COUNTER] or 0)
+    landed = sum(1 for key in record.unknown if view[key] is not None) + counter - record.counter_acked
     return (f"verdict: OK: all {acked} acknowledged writes ({len(record.acked)} puts, {record.counter_acked} "
             f"counter increments) read back on all {len(views)} nodes; counter = {counter}; "
-            f"{len(record.unknown) + record.counter_unknown} writes had an unknown outcome "
-            f"({landed} of the {len(record.unknown)} such puts landed)")
+            f"{len(record.unknown) + record.counter_unknown} writes had an unknown outcome, {landed} of them landed")
