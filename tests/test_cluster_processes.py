@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import struct
 import subprocess
 import sys
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
+import trio
 
 from clusterd import config as cfg
 from clusterd import kvwire, localcluster
@@ -191,3 +194,22 @@ def test_clusterd_exits_1_when_its_port_is_taken(cluster: Cluster) -> None:
         done = run("-m", "clusterd.main", "--id", "1", "--config", str(cluster.path), cwd=cluster.path.parent)
     assert done.returncode == 1 and f"cannot listen for admin on {node.host}:{node.admin_port}" in done.stderr
     assert not localcluster.pid_path(node).exists()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_foreground_clusterd_stops_cleanly_on_sigint_and_sigterm(tmp_path: Path, signum: int) -> None:
+    peer, client, admin = free_ports(3)
+    path = tmp_path / "one.toml"
+    path.write_text(f'[[node]]\nid = 7\nhost = "127.0.0.1"\npeer_port = {peer}\nclient_port = {client}\n'
+                    f'admin_port = {admin}\nroles = ["voter"]\ndata_dir = "solo"\n')
+    config = cfg.load(path)
+    daemon = subprocess.Popen([sys.executable, "-m", "clusterd.main", "--id", "7", "--config", str(path)],
+                              cwd=tmp_path, env=ENV, stderr=subprocess.PIPE, text=True)
+    try:
+        trio.run(partial(localcluster.wait_settled, config, list(config.nodes), timeout_s=30))
+        assert localcluster.read_pid_file(config.node(7)) == daemon.pid
+        daemon.send_signal(signum)
+        assert daemon.wait(timeout=30) == 0
+    finally:
+        daemon.kill()
+    assert "stopping" in daemon.stderr.read() and not localcluster.pid_path(config.node(7)).exists()
