@@ -97,6 +97,11 @@ class ClusterConfig:
     def observers(self) -> frozenset[int]:
         return frozenset(n.id for n in self.nodes if n.is_observer)
 
+    @property
+    def ensemble(self) -> tuple[NodeConfig, ...]:
+        """The nodes that run a Zab peer (voters and observers), the ones clusterd can run today."""
+        return tuple(n for n in self.nodes if n.in_ensemble)
+
     def node(self, node_id: int) -> NodeConfig:
         """The node with this id; ConfigError if the file has none."""
         for n in self.nodes:
@@ -107,7 +112,11 @@ class ClusterConfig:
 
     def peer_addresses(self) -> dict[int, tuple[str, int]]:
         """Zab peer address of every ensemble member (voters and observers)."""
-        return {n.id: (n.host, n.peer_port) for n in self.nodes if n.in_ensemble}
+        return {n.id: (n.host, n.peer_port) for n in self.ensemble}
+
+    def client_addresses(self) -> list[tuple[str, int]]:
+        """Client port of every node that serves clients (the ensemble)."""
+        return [(n.host, n.client_port) for n in self.ensemble]
 
     def zab_config(self, node_id: int) -> ZabConfig:
         """The Zab peer configuration of `node_id`, which must be a voter or an observer."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from functools import partial
 from typing import Any
 
 import trio
@@ -86,15 +87,10 @@ def cmd_up(config: ClusterConfig, args: argparse.Namespace) -> int:
             continue
         children[node.id] = localcluster.spawn(config, node)
         print(f"node {node.id}: started (pid {children[node.id].pid}), log {localcluster.log_path(node)}")
-    statuses = trio.run(_wait_settled, config, nodes, args.timeout, children)
+    statuses = trio.run(partial(localcluster.wait_settled, config, nodes, timeout_s=args.timeout, children=children))
     leader = next(i for i, s in statuses.items() if s["role"] == "leader")
     print(f"cluster {config.name!r} is up; node {leader} leads epoch {statuses[leader].get('epoch')}")
     return 0
-
-
-async def _wait_settled(config: ClusterConfig, nodes: list[NodeConfig], timeout_s: float,
-                        children: dict[int, Any]) -> dict[int, dict[str, Any]]:
-    return await localcluster.wait_settled(config, nodes, timeout_s=timeout_s, children=children)
 
 
 def _ensemble(config: ClusterConfig) -> list[NodeConfig]:
@@ -102,7 +98,7 @@ def _ensemble(config: ClusterConfig) -> list[NodeConfig]:
     for node in config.nodes:
         if not node.in_ensemble:
             print(f"node {node.id}: bookie-only, not started (bookie-only nodes arrive with the bookie issue)")
-    return [n for n in config.nodes if n.in_ensemble]
+    return list(config.ensemble)
 
 
 def cmd_down(config: ClusterConfig, args: argparse.Namespace) -> int:
@@ -129,19 +125,14 @@ def cmd_status(config: ClusterConfig, args: argparse.Namespace) -> int:
 
 # -- put / get ----------------------------------------------------------------
 
-def client_addresses(config: ClusterConfig) -> list[tuple[str, int]]:
-    """Client ports of the nodes that serve the key-value protocol."""
-    return [(n.host, n.client_port) for n in config.nodes if n.in_ensemble]
-
-
 def cmd_put(config: ClusterConfig, args: argparse.Namespace) -> int:
-    written = SyncKVClient(client_addresses(config), retry_for_s=10.0).put(args.key, args.value, args.version)
+    written = SyncKVClient(config.client_addresses(), retry_for_s=10.0).put(args.key, args.value, args.version)
     print(f"ok version={written.version} zxid={fmt(written.zxid)}")
     return 0
 
 
 def cmd_get(config: ClusterConfig, args: argparse.Namespace) -> int:
-    item = SyncKVClient(client_addresses(config), retry_for_s=10.0).get(args.key)
+    item = SyncKVClient(config.client_addresses(), retry_for_s=10.0).get(args.key)
     if item is None:
         print(f"clusterctl: no key {args.key!r}", file=sys.stderr)
         return EXIT_FAILED

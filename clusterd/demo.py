@@ -21,7 +21,6 @@ import subprocess
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import trio
@@ -73,7 +72,7 @@ class Demo:
 
     def __init__(self, config: ClusterConfig) -> None:
         self.config = config
-        self.nodes = [n for n in config.nodes if n.in_ensemble]
+        self.nodes = list(config.ensemble)
         self.children: dict[int, subprocess.Popen[bytes]] = {}
         self.record = Record()
         self._started = time.monotonic()
@@ -102,6 +101,8 @@ class Demo:
 
 def run(config: ClusterConfig, *, writes: int, clients: int, kill: str) -> int:
     """Run the demo on a copy of `config` with fresh data; the process exit status."""
+    if len(config.voters) < 3 or writes < 3 or clients < 1:
+        raise ClusterError("the demo needs at least 3 voters (a quorum survives a SIGKILL), 3 writes and 1 client")
     _refuse_if_running(config)
     demo = Demo(_fresh_copy(config))
     demo.say(f"demo cluster: {len(demo.nodes)} nodes, data and logs in {demo.config.path.parent}")
@@ -135,7 +136,7 @@ async def _main(demo: Demo, writes: int, clients: int, kill: str) -> int:
     statuses = await localcluster.wait_settled(demo.config, demo.nodes, timeout_s=START_TIMEOUT_S,
                                                children=demo.children)
     demo.say(f"cluster is up; node {_leader(statuses)} leads")
-    addresses = [(n.host, n.client_port) for n in demo.nodes]
+    addresses = demo.config.client_addresses()
     async with KVClient(addresses, retry_for_s=CLIENT_RETRY_S) as client:
         await client.put(COUNTER, "0", version=0)
     try:
