@@ -46,6 +46,9 @@ OPTION_SETS: tuple[tuple[tuple[str, int], ...], ...] = (
     (("sync_window_txns", 4), ("snapshot_every_txns", 5)),
     (("sync_window_txns", 2), ("snapshot_every_txns", 3)),
     (("snapshot_every_txns", 7),),
+    # Ticks as short as network delays, and tight limits: timeouts fire mid-sync.
+    (("tick_ms", 5), ("sync_limit_ticks", 3), ("ping_interval_ticks", 1), ("init_limit_ticks", 6)),
+    (("tick_ms", 10), ("init_limit_ticks", 4), ("sync_window_txns", 3), ("snapshot_every_txns", 4)),
 )
 
 
@@ -224,6 +227,7 @@ def run_scenario(sc: Scenario, cluster_class: type[SimCluster] = _SnapAwareClust
     try:
         for step in sc.steps:
             _apply(c, step)
+            _check_nodes(c)
         c.heal()
         _restart_all(c)
         _check_recovered(c)
@@ -234,12 +238,26 @@ def run_scenario(sc: Scenario, cluster_class: type[SimCluster] = _SnapAwareClust
     return c
 
 
+def _check_nodes(c: SimCluster) -> None:
+    """Per-node invariants, between steps: a node never claims what it has not applied."""
+    for i in c.alive():
+        p = c.peer(i)
+        if p.sm.last_zxid != p.last_committed:
+            raise InvariantViolation(f"node {i}: state machine at {p.sm.last_zxid:#x} but last committed "
+                                     f"zxid {p.last_committed:#x} (ZOOKEEPER-2355)")
+        if not p.last_committed <= p.last_zxid:
+            raise InvariantViolation(f"node {i}: committed {p.last_committed:#x} beyond logged {p.last_zxid:#x}")
+        if p.current_epoch > p.accepted_epoch:
+            raise InvariantViolation(f"node {i}: currentEpoch {p.current_epoch} > acceptedEpoch {p.accepted_epoch}")
+
+
 def _check_recovered(c: SimCluster) -> None:
     assert c.run_until(c.converged, CONVERGE_TIMEOUT_MS), (
         f"liveness: no convergence {CONVERGE_TIMEOUT_MS} ms after heal and restart of all nodes: "
         f"{[c.peer(i).describe() for i in c.alive()]}")
     # Requests still in flight at the moment of convergence get their answer now.
     c.run(SETTLE_MS)
+    _check_nodes(c)
     assert c.converged(), f"the ensemble did not stay converged: {[c.peer(i).describe() for i in c.alive()]}"
     pending = [op for op in c.ops if op.status == "pending"]
     assert not pending, f"liveness: requests never answered after convergence: {pending}"
@@ -291,7 +309,7 @@ def _check_writes_resume(c: SimCluster) -> None:
 
 
 # -- tests ----------------------------------------------------------------------------------
-@settings(max_examples=1000 if SOAK else 120, derandomize=True, deadline=None, database=None,
+@settings(max_examples=1000 if SOAK else 300, derandomize=True, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(scenarios())
 def test_random_schedules_keep_every_invariant(sc: Scenario) -> None:
@@ -364,3 +382,81 @@ def test_sim_tracks_delivered_prefix_across_snap_sync() -> None:
     c.put(c.leader(), "after", "snap")  # the first delivery after the SNAP trips the oracle
     assert c.run_until(lambda: c.peer(victim).sm.get("after") is not None, 10_000)
     c.check_final()
+
+
+# -- bugs found by the random schedules ------------------------------------------------------
+# Found by scenario_from_seed(200819, max_steps=60) with the tight-tick option set; shrunk by
+# deleting steps while the failure persisted (the crash_all/restart_all pairs only steer the RNG).
+STALLED_PROPOSALS = Scenario(
+    seed=200819, voters=3, observers=0, crash_keeps_unsynced=True, options=(),
+    steps=(("crash_all",), ("restart_all",), ("crash_all",), ("restart_all",), ("crash_all",), ("restart_all",),
+           ("run", 700), ("run", 300), ("burst", 2, 11), ("crash", 1), ("put", 3, "k3", "v47", 0),
+           ("put", 2, "k1", "v49", None), ("restart", 1), ("run", 5), ("isolate", 2)))
+
+_STALLED_REASON = (
+    "zab bug (leader.py): proposals outstanding when a learner synchronizes with an ESTABLISHED leader are never "
+    "committed. The learner logs them from SYNCTXNS and acks only NEWLEADER; _on_ack_new_leader does not count that "
+    "ack for the outstanding zxids, and the follower that would have acked them was dropped. They stay "
+    "uncommitted (clients wait forever) until a later proposal reaches a quorum; an idle ensemble never commits them")
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=_STALLED_REASON)
+def test_regression_stalled_proposals_after_resync() -> None:
+    """Story (seed 200819): node 3 leads, node 2 follows, node 1 is down. Node 3 proposes
+    writes (its own v47 among them); node 2 is cut off before its ACKs arrive. Node 1
+    restarts and syncs with the still-established leader 3, receiving the proposals in
+    SYNCTXNS: they are now logged on a quorum {1, 3}. Node 2 rejoins the same way. The
+    ensemble is 'converged' (equal last zxid and last committed everywhere), yet the
+    writes are never committed and v47's client is never answered."""
+    run_scenario(STALLED_PROPOSALS)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=_STALLED_REASON)
+def test_leader_commits_outstanding_proposals_acked_through_newleader() -> None:
+    """The same bug, step by step on one leader Peer (no simulator, no randomness)."""
+    from zab.actions import ClientRequest, Delivered, LogSync, PeerDisconnected, Received, Role, Send, Tick
+    from zab.config import ZabConfig
+    from zab.messages import (Ack, AckEpoch, AckNewLeader, FollowerInfo, NewLeader, Notification, Ping,
+                              ServerState, SyncTxns, UpToDate)
+    from zab.peer import Peer
+
+    leader = Peer(ZabConfig(my_id=1, voters=frozenset({1, 2, 3})), KVStateMachine())
+    leader.start()
+    clock = leader.election.logical_clock
+    for frm in (2, 3):  # both vote for node 1
+        leader.step(Received(frm, Notification(1, 0, 0, clock, ServerState.LOOKING)))
+    for _ in range(leader.cfg.election_finalize_ticks + 1):
+        leader.step(Tick())
+    assert leader.role is Role.LEADING
+
+    def run_then(actions):  # the log writer's part: after the fsync, run what the LogSync carries
+        for a in actions:
+            if isinstance(a, LogSync):
+                for t in a.then:
+                    if isinstance(t, Send) and t.to == 1:
+                        run_then(leader.step(Received(1, t.msg)))
+        return actions
+
+    # Discovery and synchronization with node 2: the leader is established with {1, 2}.
+    run_then(leader.step(Received(2, FollowerInfo(0, 0, False, 1))))
+    run_then(leader.step(Received(2, AckEpoch(0, 0))))
+    out = run_then(leader.step(Received(2, AckNewLeader(1))))
+    assert any(isinstance(a, Send) and isinstance(a.msg, UpToDate) for a in out)
+
+    # A write is proposed and logged by the leader; node 2's link breaks before its ACK.
+    run_then(leader.step(ClientRequest(7, 1, encode_put("k", "v"))))
+    z = leader.last_zxid
+    leader.step(PeerDisconnected(2))
+
+    # Node 3 joins the established leader: the proposal reaches it inside the sync.
+    run_then(leader.step(Received(3, FollowerInfo(0, 0, False, 1))))
+    out = run_then(leader.step(Received(3, AckEpoch(0, 0))))
+    assert [t.zxid for a in out if isinstance(a, Send) and isinstance(a.msg, SyncTxns) for t in a.msg.txns] == [z]
+    assert [a.msg for a in out if isinstance(a, Send) and isinstance(a.msg, NewLeader)] == [NewLeader(1, z)]
+    # Node 3 made it durable before acking NEWLEADER: {1, 3} is a quorum that logged z.
+    delivered = [a for a in run_then(leader.step(Received(3, AckNewLeader(1)))) if isinstance(a, Delivered)]
+    for _ in range(20):  # time passes; node 3 answers pings
+        delivered += [a for a in run_then(leader.step(Tick())) if isinstance(a, Delivered)]
+        leader.step(Received(3, Ping()))
+    assert leader.role is Role.LEADING
+    assert [d.txn.zxid for d in delivered] == [z], f"{z:#x} logged on a quorum but never committed"
