@@ -41,6 +41,7 @@ class _Waiter:
     done: trio.Event = field(default_factory=trio.Event)
     result: bytes | None = None
     error: Exception | None = None
+    in_core: bool = False  # the core has seen the request; a role change now makes its outcome unknown
 
 
 class PeerDriver:
@@ -99,6 +100,10 @@ class PeerDriver:
         assert self.peer is not None
         while True:
             event = self._local.popleft() if self._local else await self._events_recv.receive()
+            if isinstance(event, ClientRequest):
+                waiter = self._waiters.get((event.session_id, event.cxid))
+                if waiter is not None:
+                    waiter.in_core = True
             await self._execute(self.peer.step(event))
 
     # -- actions ---------------------------------------------------------------------------
@@ -176,10 +181,11 @@ class PeerDriver:
             waiter.done.set()
 
     def _fail_all(self, error: Exception) -> None:
-        waiters, self._waiters = self._waiters, {}
-        for w in waiters.values():
-            w.error = error
-            w.done.set()
+        for key, w in list(self._waiters.items()):
+            if w.in_core:
+                del self._waiters[key]
+                w.error = error
+                w.done.set()
 
     # -- observation ----------------------------------------------------------------------------
     def status(self) -> dict:
