@@ -28,7 +28,7 @@ from zab.config import ZabConfig
 from zab.driver import PeerDriver
 from zab.errors import NoLeader, OutcomeUnknown
 from zab.kv_state_machine import KVStateMachine, decode_result, encode_put
-from zab.messages import Ping
+from zab.messages import Commit, Ping
 
 CLUSTER = "quire-test"
 IDS = (1, 2, 3)
@@ -253,6 +253,23 @@ def test_valid_hello_then_corrupt_frame_is_closed_and_the_ensemble_keeps_committ
             await expect_closed(ens, target, encode_hello(CLUSTER, impersonated) + corrupt(good))
         for i in IDS:
             await ens.put(i, f"after-corrupt-{i}", "ok")
+        await ens.wait_until("all three converged", lambda: ens.converged(IDS), WRITE_TIMEOUT_S)
+
+    run_ensemble(tmp_path, story)
+
+
+def test_a_protocol_violation_from_the_leaders_link_sends_the_follower_back_to_election(tmp_path: Path) -> None:
+    """Well-formed bytes, illegal protocol: a COMMIT far beyond the follower's log, on a
+    link that says it is the leader. The follower drops its links with the leader (the
+    Disconnect action closes this connection too), returns to election and rejoins."""
+
+    async def story(ens: Ensemble) -> None:
+        leader = await ens.wait_leader()
+        await ens.put(1, "before", "1")
+        target, impersonated = pick_pair(ens, leader, "leader-into-follower")
+        await expect_closed(ens, target, encode_hello(CLUSTER, impersonated) + encode_frame(Commit(2**60)))
+        for i in IDS:
+            await ens.put(i, f"after-violation-{i}", "ok")
         await ens.wait_until("all three converged", lambda: ens.converged(IDS), WRITE_TIMEOUT_S)
 
     run_ensemble(tmp_path, story)
