@@ -201,14 +201,15 @@ class SimCluster:
         for a in actions:
             if not node.alive:
                 return
-            if isinstance(a, (LogAppend, LogSync, LogTruncate, InstallSnapshot, TakeSnapshot)):
-                node.queue.append(a)
-                if not node.flush_scheduled:
-                    node.flush_scheduled = True
-                    latency = self.disk_latency_ms.get(node.id) or self.rng.randint(1, 4)
-                    self._at(self.now + latency, "flush", node.id, node.incarnation)
+            if isinstance(a, (LogAppend, LogSync, LogTruncate, TakeSnapshot)):
+                self._queue_write(node, a)
             elif isinstance(a, Send):
                 self._send(node, a)
+            elif isinstance(a, InstallSnapshot):
+                # The core restored its state machine to the leader's snapshot: deliveries
+                # continue from there (the writer makes it durable later).
+                node.prev_delivered = a.zxid
+                self._queue_write(node, a)
             elif isinstance(a, PersistEpoch):
                 node.disk.persist_epoch(a.accepted, a.current)
             elif isinstance(a, Delivered):
@@ -232,6 +233,13 @@ class SimCluster:
                 self._break(node.id, a.peer)
             else:
                 raise TypeError(f"unknown action {a!r}")
+
+    def _queue_write(self, node: SimNode, a: Action) -> None:
+        node.queue.append(a)
+        if not node.flush_scheduled:
+            node.flush_scheduled = True
+            latency = self.disk_latency_ms.get(node.id) or self.rng.randint(1, 4)
+            self._at(self.now + latency, "flush", node.id, node.incarnation)
 
     def _send(self, node: SimNode, a: Send) -> None:
         if a.to == node.id:

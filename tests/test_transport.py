@@ -275,11 +275,6 @@ def test_a_protocol_violation_from_the_leaders_link_sends_the_follower_back_to_e
     run_ensemble(tmp_path, story)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "transport bug: a dialed (send-only) link that the remote end closed is noticed only on the next send. "
-    "Followers never send to each other in BROADCAST, so the link stays half-open: the dialer never hears "
-    "PeerDisconnected, its connected_peers() keeps listing the peer while the peer's omits it, and the first "
-    "message sent later (an election notification) is lost"))
 def test_a_link_closed_by_the_remote_end_is_redialed_without_waiting_for_traffic(tmp_path: Path) -> None:
     async def story(ens: Ensemble) -> None:
         leader = await ens.wait_leader()

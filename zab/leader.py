@@ -49,6 +49,7 @@ class LearnerHandle:
     state: LearnerState
     last_heard: int
     last_zxid: int = 0
+    sync_zxid: int = 0  # the last zxid of the history we sent it (NEWLEADER's zxid)
 
 
 class LeaderRole:
@@ -66,7 +67,9 @@ class LeaderRole:
         self.epoch_quorum = False
         self.newleader_acked: set[int] = set()
         self.forwarding: set[int] = set()
-        self.outstanding: dict[int, set[int]] = {}  # zxid -> voters that acked, in zxid order
+        # Per voter, the highest zxid it has durably logged in our history (an ACK of z
+        # covers everything before z: learners log in order). Like Raft's matchIndex.
+        self.acked_through: dict[int, int] = {}
         self.counter = 0
 
     # -- discovery ------------------------------------------------------------
@@ -141,7 +144,7 @@ class LeaderRole:
         out += [Send(f, SyncTxns(chunk)) for chunk in _chunks(peer.history.after(plan.zxid))]
         assert self.epoch is not None
         out.append(Send(f, NewLeader(self.epoch, peer.last_zxid)))
-        h.state = LearnerState.SYNCING
+        h.state, h.sync_zxid = LearnerState.SYNCING, peer.last_zxid
         self.forwarding.add(f)
         return out
 
@@ -158,8 +161,11 @@ class LeaderRole:
             if not h.observer:
                 self.newleader_acked.add(frm)
             if self.established:
+                # Its NEWLEADER ack also says it logged every proposal we sent in the sync:
+                # count it, or proposals outstanding at that moment might never commit.
+                out = self._on_ack(frm, Ack(h.sync_zxid)) if not h.observer else []
                 h.state = LearnerState.UPTODATE
-                return [Send(frm, UpToDate(self.peer.last_committed))]
+                return out + [Send(frm, UpToDate(self.peer.last_committed))]
         if not self.established and self.id in self.newleader_acked and self.cfg.is_quorum(self.newleader_acked):
             return self._establish()
         return []
@@ -190,35 +196,29 @@ class LeaderRole:
         self.counter += 1
         txn = Txn(Z.make(self.epoch, self.counter), session_id, cxid, self.peer.sm.prepare(data))
         self.peer.history.append(txn)
-        self.outstanding[txn.zxid] = set()
         out: list[Action] = [Send(f, Proposal(txn)) for f in self.forwarding if f not in self.cfg.observers]
         out += [LogAppend((txn,)), LogSync(then=(Send(self.id, Ack(txn.zxid)),))]
         return out
 
     def _on_ack(self, frm: int, a: Ack) -> list[Action]:
-        acks = self.outstanding.get(a.zxid)
-        if acks is None or (frm != self.id and (frm not in self.forwarding or frm in self.cfg.observers)):
+        if frm != self.id and (frm not in self.forwarding or frm in self.cfg.observers):
             return []
-        acks.add(frm)
-        if not self.cfg.is_quorum(acks):
+        self.acked_through[frm] = max(self.acked_through.get(frm, 0), a.zxid)
+        target = min(self._quorum_acked(), self.peer.last_zxid)
+        if not self.established or target <= self.peer.last_committed:
             return []
-        # A voter acks in log order, so a quorum for this zxid is a quorum for every earlier one.
-        committed: list[int] = []
-        for z in self.outstanding:
-            if z > a.zxid:
-                break
-            committed.append(z)
-        for z in committed:
-            del self.outstanding[z]
-        out: list[Action] = []
+        # COMMIT covers every proposal up to it; observers get the committed transactions.
+        out: list[Action] = [Send(f, Commit(target)) for f in self.forwarding if f not in self.cfg.observers]
         observers = [f for f in self.forwarding if f in self.cfg.observers]
-        for f in self.forwarding:
-            if f not in self.cfg.observers:
-                out.append(Send(f, Commit(a.zxid)))
         if observers:
-            for txn in self.peer.history.between(committed[0] - 1, a.zxid):
+            for txn in self.peer.history.between(self.peer.last_committed, target):
                 out += [Send(f, Inform(txn)) for f in observers]
-        return out + self.peer.deliver_through(a.zxid)
+        return out + self.peer.deliver_through(target)
+
+    def _quorum_acked(self) -> int:
+        """The highest zxid that a quorum of voters has logged."""
+        acked = sorted((self.acked_through.get(v, 0) for v in self.cfg.voters), reverse=True)
+        return acked[len(self.cfg.voters) // 2]
 
     # -- liveness ---------------------------------------------------------------
     def on_tick(self) -> list[Action]:
@@ -246,6 +246,7 @@ class LeaderRole:
 
     def _drop(self, f: int) -> None:
         self.learners.pop(f, None)
+        self.acked_through.pop(f, None)
         self.forwarding.discard(f)
         if self.epoch is None and f != self.id:
             self.connecting.pop(f, None)

@@ -142,6 +142,7 @@ class PeerTransport:
                     await self._pump(stream, out, generation)
                 except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as e:
                     log.info("event=link_down peer=%s direction=out error=%r", peer, e)
+            log.info("event=link_down peer=%s direction=out", peer)
             out.scope, out.connected = None, False
             await stream.aclose()
             if out.generation == generation:  # not a deliberate disconnect(): the core must hear of it
@@ -150,8 +151,30 @@ class PeerTransport:
             await trio.sleep(RECONNECT_MIN_S)
 
     async def _pump(self, stream: trio.SocketStream, out: _Outgoing, generation: int) -> None:
+        """Send until the link fails or is replaced; returns when it is over.
+
+        The acceptor never writes on this connection, so a read that completes means
+        it closed: watching for that notices a dead link even when nothing is sent
+        (followers rarely send to each other), instead of losing the next message.
+        """
         await stream.send_all(encode_hello(self.cluster, self.my_id))
         out.connected = True
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._watch_remote_close, stream, nursery.cancel_scope)
+            try:
+                await self._send_loop(stream, out, generation)
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as e:
+                log.info("event=link_down peer=%s direction=out error=%r", stream, e)
+            nursery.cancel_scope.cancel()
+
+    async def _watch_remote_close(self, stream: trio.SocketStream, scope: trio.CancelScope) -> None:
+        try:
+            await stream.receive_some(1)
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        scope.cancel()
+
+    async def _send_loop(self, stream: trio.SocketStream, out: _Outgoing, generation: int) -> None:
         while True:
             gen, msg = await out.queue_recv.receive()
             batch = [encode_frame(msg)] if gen == generation else []
