@@ -82,6 +82,16 @@ class PeerTransport:
             nursery.start_soon(self._report_losses)
             task_status.started()
 
+    def sending_to(self, peer: int) -> bool:
+        """True while our dialed link to `peer` is established."""
+        out = self._out.get(peer)
+        return out is not None and out.connected
+
+    def queued(self, peer: int) -> int:
+        """Messages waiting for `peer` (bounded by send_queue_max)."""
+        out = self._out.get(peer)
+        return 0 if out is None else out.queue_send.statistics().current_buffer_used
+
     def connected_peers(self) -> list[int]:
         return sorted(p for p, o in self._out.items() if o.connected and p in self._incoming)
 
@@ -90,7 +100,7 @@ class PeerTransport:
         out = self._out.get(peer)
         if out is None:
             return
-        if out.queue_send.statistics().current_buffer_used >= self.send_queue_max:
+        if self.queued(peer) >= self.send_queue_max:
             self.stats.overflows += 1
             log.warning("event=send_queue_full peer=%s limit=%s action=disconnect", peer, self.send_queue_max)
             self.disconnect(peer, report=True)
