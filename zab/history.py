@@ -72,9 +72,13 @@ class History:
         self._zxids.clear()
 
     def trim(self, committed_zxid: int, keep: int) -> None:
-        """Drop the oldest committed transactions beyond the newest `keep`."""
+        """Drop the oldest committed transactions beyond the newest `keep`.
+
+        Trims in batches of at least keep/8: deleting from the front of a list costs
+        the whole list, so doing it per delivery would be quadratic.
+        """
         excess = len(self._txns) - keep
-        if excess <= 0:
+        if excess < max(1, keep // 8):
             return
         limit = min(excess, bisect.bisect_right(self._zxids, committed_zxid))
         if limit <= 0:
