@@ -63,7 +63,7 @@ class Peer:
 
     # -- the interface --------------------------------------------------------
     def start(self) -> list[Action]:
-        return self._look()
+        return self.look()
 
     def step(self, event: Event) -> list[Action]:
         if isinstance(event, Tick):
@@ -114,7 +114,7 @@ class Peer:
         return [Send(to, n) for to, n in sends]
 
     # -- role changes ---------------------------------------------------------
-    def _look(self) -> list[Action]:
+    def look(self) -> list[Action]:
         """Return to ELECTION (leader lost, quorum lost, protocol error, or start)."""
         self.role, self.phase, self.leader_id, self.role_state = Role.LOOKING, Phase.ELECTION, None, None
         self.sm.forget_prepared()
@@ -122,9 +122,6 @@ class Peer:
         out: list[Action] = [RoleChanged(Role.LOOKING, None, self.current_epoch)]
         out += self._election_sends(self.election.start(self.current_epoch, self.last_zxid, self.now))
         return out + self._maybe_decided()
-
-    def look(self) -> list[Action]:
-        return self._look()
 
     def _maybe_decided(self) -> list[Action]:
         decided = self.election.decided
