@@ -31,7 +31,6 @@ from hypothesis import strategies as st
 
 from replay.invariants import InvariantViolation
 from sim.cluster import SimCluster
-from zab.actions import InstallSnapshot
 from zab.kv_state_machine import KVStateMachine, encode_put
 
 SOAK = os.environ.get("QUIRE_SOAK") == "1"
@@ -146,21 +145,6 @@ def scenarios(draw, max_steps: int = 30) -> Scenario:
 
 
 # -- running ------------------------------------------------------------------------------
-class _SnapAwareCluster(SimCluster):
-    """SimCluster with one bookkeeping fix: after a SNAP sync the node's delivered
-    prefix restarts at the snapshot's zxid. Plain SimCluster keeps the old
-    `prev_delivered`, and the DeliveryOracle then reports a false TotalOrder or
-    PrefixConsistency violation on the next delivery. That sim bug is pinned by
-    test_sim_tracks_delivered_prefix_across_snap_sync below; once it is fixed,
-    that test XPASSes (strict) and this subclass should go."""
-
-    def _execute(self, node, actions):
-        for a in actions:
-            if isinstance(a, InstallSnapshot) and node.alive:
-                node.prev_delivered = a.zxid
-        super()._execute(node, actions)
-
-
 def _apply(c: SimCluster, step: tuple) -> None:
     kind = step[0]
     if kind == "put":
@@ -217,12 +201,12 @@ def _restart_all(c: SimCluster) -> None:
             c.restart(i)
 
 
-def run_scenario(sc: Scenario, cluster_class: type[SimCluster] = _SnapAwareCluster) -> SimCluster:
+def run_scenario(sc: Scenario) -> SimCluster:
     """Play `sc`, recover everything, and check liveness and every oracle.
 
     Any failure carries the scenario and the end of the cluster trace as exception notes.
     """
-    c = cluster_class(sc.voters, sc.observers, seed=sc.seed, crash_keeps_unsynced=sc.crash_keeps_unsynced,
+    c = SimCluster(sc.voters, sc.observers, seed=sc.seed, crash_keeps_unsynced=sc.crash_keeps_unsynced,
                       **dict(sc.options))
     try:
         for step in sc.steps:
@@ -362,6 +346,8 @@ def test_regression(sc: Scenario) -> None:
 
 # -- the simulator itself -------------------------------------------------------------------
 def test_sim_tracks_delivered_prefix_across_snap_sync() -> None:
+    # Regression: SimCluster once kept SimNode.prev_delivered across a SNAP install, and the
+    # DeliveryOracle then reported a false TotalOrder/PrefixConsistency violation.
     """Story: 3 voters with a 2-transaction sync window. Node 3 is down while 10 writes
     commit, so when it returns the leader has trimmed the history it would need for a
     DIFF and sends a SNAP. Node 3's next delivery follows the snapshot's zxid, not the
@@ -382,21 +368,14 @@ def test_sim_tracks_delivered_prefix_across_snap_sync() -> None:
     c.check_final()
 
 
-# -- bugs found by the random schedules ------------------------------------------------------
-# Found by scenario_from_seed(200819, max_steps=60) with the tight-tick option set; shrunk by
+# -- bugs found by the random schedules (fixed in 890a86d; kept as regressions) --------------
+# Found by scenario_from_seed(200819, max_steps=60); shrunk by
 # deleting steps while the failure persisted (the crash_all/restart_all pairs only steer the RNG).
 STALLED_PROPOSALS = Scenario(
     seed=200819, voters=3, observers=0, crash_keeps_unsynced=True, options=(),
     steps=(("crash_all",), ("restart_all",), ("crash_all",), ("restart_all",), ("crash_all",), ("restart_all",),
            ("run", 700), ("run", 300), ("burst", 2, 11), ("crash", 1), ("put", 3, "k3", "v47", 0),
            ("put", 2, "k1", "v49", None), ("restart", 1), ("run", 5), ("isolate", 2)))
-
-_STALLED_REASON = (
-    "zab bug (leader.py): proposals outstanding when a learner synchronizes with an ESTABLISHED leader are never "
-    "committed. The learner logs them from SYNCTXNS and acks only NEWLEADER; _on_ack_new_leader does not count that "
-    "ack for the outstanding zxids, and the follower that would have acked them was dropped. They stay "
-    "uncommitted (clients wait forever) until a later proposal reaches a quorum; an idle ensemble never commits them")
-
 
 def test_regression_stalled_proposals_after_resync() -> None:
     """Story (seed 200819): node 3 leads, node 2 follows, node 1 is down. Node 3 proposes
@@ -409,7 +388,8 @@ def test_regression_stalled_proposals_after_resync() -> None:
 
 
 def test_leader_commits_outstanding_proposals_acked_through_newleader() -> None:
-    """The same bug, step by step on one leader Peer (no simulator, no randomness)."""
+    """The same bug, step by step on one leader Peer (no simulator, no randomness): a
+    learner's NEWLEADER ack counts for the proposals it received in the sync."""
     from zab.actions import ClientRequest, Delivered, LogSync, PeerDisconnected, Received, Role, Send, Tick
     from zab.config import ZabConfig
     from zab.messages import (Ack, AckEpoch, AckNewLeader, FollowerInfo, NewLeader, Notification, Ping,

@@ -276,6 +276,10 @@ def test_a_protocol_violation_from_the_leaders_link_sends_the_follower_back_to_e
 
 
 def test_a_link_closed_by_the_remote_end_is_redialed_without_waiting_for_traffic(tmp_path: Path) -> None:
+    """Regression: a dialed (send-only) link closed by the remote end used to be noticed
+    only on the next send. Followers never send to each other in BROADCAST, so the link
+    stayed half-open, and the first messages sent on it later were lost."""
+
     async def story(ens: Ensemble) -> None:
         leader = await ens.wait_leader()
         target, impersonated = pick_pair(ens, leader, "follower-into-follower")
