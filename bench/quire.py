@@ -1,0 +1,172 @@
+"""A throw-away Quire cluster for one benchmark: its own cluster.toml, free ports, temp data dirs.
+
+The shipped cluster.toml is copied into the benchmark's folder with fresh
+ports; its relative data directories then resolve inside that folder. Nodes
+are started with clusterd's own `localcluster.spawn` (their output goes to
+`<data_dir>/clusterd.log`) and are children of this process, so a SIGKILLed
+node is reaped at once.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from clusterd import config as cfg
+from clusterd import localcluster
+from clusterd.admin import AdminUnavailable, fetch_status
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports the kernel just handed out on 127.0.0.1, released again (held at once, so distinct)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def write_config(folder: Path) -> Path:
+    """Copy the shipped cluster.toml into `folder` with fresh ports; every host stays 127.0.0.1."""
+    shipped_path = REPO / "cluster.toml"
+    shipped = cfg.load(shipped_path)
+    text = shipped_path.read_text()
+    ports = iter(free_ports(len(cfg.PORT_KEYS) * len(shipped.nodes)))
+    for node in shipped.nodes:
+        assert node.host == "127.0.0.1", f"benchmarks listen on loopback only, not {node.host}"
+        for key in cfg.PORT_KEYS:
+            text, n = re.subn(rf"(?m)^{key} = {getattr(node, key)}$", f"{key} = {next(ports)}", text)
+            assert n == 1, f"{key} of node {node.id} not found exactly once in {shipped_path}"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "cluster.toml"
+    path.write_text(text)
+    return path
+
+
+class QuireCluster:
+    """Three clusterd processes of one config; `stop()` (or the context manager) ends them all."""
+
+    def __init__(self, folder: Path, *, log_level: str = "info") -> None:
+        self.folder = folder
+        self.config = cfg.load(write_config(folder))
+        self.nodes = {n.id: n for n in self.config.nodes if n.in_ensemble}
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.log_level = log_level
+
+    def __enter__(self) -> QuireCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- processes ---------------------------------------------------------------
+    def start(self, node_id: int | None = None) -> None:
+        """Start one node, or every node that is not running."""
+        for nid in [node_id] if node_id is not None else list(self.nodes):
+            proc = self.procs.get(nid)
+            if proc is None or proc.poll() is not None:
+                self.procs[nid] = localcluster.spawn(self.config, self.nodes[nid], log_level=self.log_level)
+
+    def pid(self, node_id: int) -> int:
+        return self.procs[node_id].pid
+
+    def pids(self) -> dict[str, int]:
+        return {f"node{nid}": p.pid for nid, p in self.procs.items() if p.poll() is None}
+
+    def kill(self, node_id: int) -> None:
+        """SIGKILL one node and reap it."""
+        proc = self.procs[node_id]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+    def stop(self, timeout_s: float = 10.0) -> dict[int, int | None]:
+        """SIGTERM every node, SIGKILL after the timeout; returns id -> exit status."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        return {nid: p.returncode for nid, p in self.procs.items()}
+
+    def crashed(self) -> dict[int, int]:
+        """Nodes that exited by themselves (not through kill/stop): id -> exit status."""
+        return {nid: p.returncode for nid, p in self.procs.items() if p.returncode is not None}
+
+    # -- addresses -----------------------------------------------------------------
+    def client_address(self, node_id: int) -> tuple[str, int]:
+        node = self.nodes[node_id]
+        return node.host, node.client_port
+
+    def client_addresses(self) -> list[tuple[str, int]]:
+        return [self.client_address(nid) for nid in sorted(self.nodes)]
+
+    def log_path(self, node_id: int) -> Path:
+        return localcluster.log_path(self.nodes[node_id])
+
+    # -- observation -----------------------------------------------------------------
+    async def status(self, node_id: int, *, timeout_s: float = 1.0) -> dict[str, Any] | None:
+        node = self.nodes[node_id]
+        try:
+            return await fetch_status(node.host, node.admin_port, timeout_s=timeout_s)
+        except AdminUnavailable:
+            return None
+
+    async def statuses(self, *, timeout_s: float = 1.0) -> dict[int, dict[str, Any] | None]:
+        result: dict[int, dict[str, Any] | None] = {}
+
+        async def one(nid: int) -> None:
+            result[nid] = await self.status(nid, timeout_s=timeout_s)
+
+        async with trio.open_nursery() as nursery:
+            for nid in self.nodes:
+                nursery.start_soon(one, nid)
+        return result
+
+    async def wait_all_broadcast(self, *, timeout_s: float = 30.0) -> dict[int, dict[str, Any]]:
+        """Until every node is in phase broadcast under one leader of one epoch; returns the statuses."""
+        with trio.fail_after(timeout_s):
+            while True:
+                self._check_alive()
+                statuses = await self.statuses()
+                if all_in_broadcast(statuses):
+                    return statuses  # type: ignore[return-value]
+                await trio.sleep(0.02)
+
+    async def leader(self) -> int:
+        statuses = await self.wait_all_broadcast()
+        return next(nid for nid, s in statuses.items() if s["role"] == "leader")
+
+    def _check_alive(self) -> None:
+        for nid, proc in self.procs.items():
+            if proc.poll() is not None:
+                raise RuntimeError(f"node {nid} exited with status {proc.returncode}; "
+                                   f"see {self.log_path(nid)}:\n{localcluster.tail(self.log_path(nid))}")
+
+
+def all_in_broadcast(statuses: dict[int, dict[str, Any] | None]) -> bool:
+    """Every node answers, is in phase broadcast, and all agree on one leader and epoch."""
+    if any(s is None for s in statuses.values()):
+        return False
+    live = [s for s in statuses.values() if s is not None]
+    leaders = [s["id"] for s in live if s["role"] == "leader"]
+    return (len(leaders) == 1 and all(s.get("phase") == "broadcast" for s in live)
+            and len({s.get("epoch") for s in live}) == 1
+            and all(s["role"] == "leader" or s.get("leader") == leaders[0] for s in live))

@@ -1,0 +1,200 @@
+"""A throw-away 3-node Apache ZooKeeper ensemble from Debian's `zookeeper` package, on 127.0.0.1.
+
+Debian ships jars, not a ready server. Each node runs
+
+    java -cp <jars> org.apache.zookeeper.server.quorum.QuorumPeerMain zoo.cfg
+
+The class path names the netty codec and resolver jars explicitly: the
+zookeeper.jar manifest does not, and without them clients hang. Every port
+binds to 127.0.0.1 (clientPortAddress, server.N=127.0.0.1:quorum:election),
+the data dir lives in the benchmark's temp folder, forceSync=yes, and the
+four-letter words the benchmark uses are whitelisted.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from bench.quire import free_ports
+
+JAVA_DIR = Path("/usr/share/java")
+# Order matters only for readability; every jar must exist.
+JARS = ("zookeeper.jar", "zookeeper-jute.jar",
+        "netty-buffer.jar", "netty-codec.jar", "netty-common.jar", "netty-handler.jar", "netty-resolver.jar",
+        "netty-transport.jar", "netty-transport-native-epoll.jar", "netty-transport-native-unix-common.jar",
+        "slf4j-api.jar", "slf4j-log4j12.jar", "log4j-1.2.jar",
+        "metrics-core.jar", "commons-cli.jar", "commons-io.jar", "snappy-java.jar")
+MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
+FOUR_LETTER_WORDS = "srvr,mntr,stat,ruok,conf"
+# ZooKeeper's shipped defaults (conf/zoo_sample.cfg), so the reference is a stock server.
+TICK_TIME_MS = 2000
+INIT_LIMIT = 10
+SYNC_LIMIT = 5
+JVM_OPTIONS = ("-Xms256m", "-Xmx1g", "-Dzookeeper.admin.enableServer=false", "-Djava.net.preferIPv4Stack=true")
+
+LOG4J = """\
+log4j.rootLogger=INFO, FILE
+log4j.appender.FILE=org.apache.log4j.FileAppender
+log4j.appender.FILE.File=${zookeeper.log.dir}/zookeeper.log
+log4j.appender.FILE.layout=org.apache.log4j.PatternLayout
+log4j.appender.FILE.layout.ConversionPattern=%d{ISO8601} %-5p [%t:%C{1}@%L] - %m%n
+"""
+
+
+class ZkUnavailable(Exception):
+    """ZooKeeper cannot be run here; the message says exactly why."""
+
+
+def classpath() -> str:
+    """The class path of a server; ZkUnavailable naming what is missing."""
+    if not (JAVA_DIR / "zookeeper.jar").exists():
+        raise ZkUnavailable(f"{JAVA_DIR / 'zookeeper.jar'} not found: install Debian's package "
+                            "with `apt-get install -y zookeeper`")
+    missing = [jar for jar in JARS if not (JAVA_DIR / jar).exists()]
+    if missing:
+        raise ZkUnavailable(f"jars missing from {JAVA_DIR}: {', '.join(missing)}")
+    if subprocess.run(["which", "java"], capture_output=True).returncode != 0:
+        raise ZkUnavailable("no `java` on PATH (Debian's zookeeper package depends on a JRE)")
+    return ":".join(str(JAVA_DIR / jar) for jar in JARS)
+
+
+def version() -> str:
+    """The installed Debian package version of zookeeper, e.g. '3.8.0-11+deb12u2'."""
+    done = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", "zookeeper"], capture_output=True, text=True)
+    return done.stdout.strip() or "unknown"
+
+
+def four_letter_word(port: int, word: str, *, timeout_s: float = 1.0) -> str | None:
+    """The answer of a 4lw command on 127.0.0.1:port, or None if the server does not answer."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as s:
+            s.sendall(word.encode())
+            chunks = []
+            while data := s.recv(65536):
+                chunks.append(data)
+    except OSError:
+        return None
+    return b"".join(chunks).decode(errors="replace")
+
+
+def mode(port: int, *, timeout_s: float = 1.0) -> str | None:
+    """'leader', 'follower', ... per `srvr`; None while not serving (looking) or down."""
+    answer = four_letter_word(port, "srvr", timeout_s=timeout_s)
+    for line in (answer or "").splitlines():
+        if line.startswith("Mode:"):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
+def mntr(port: int) -> dict[str, str]:
+    """`mntr` as a dict of its key/value lines (empty if the server does not answer)."""
+    answer = four_letter_word(port, "mntr") or ""
+    return dict(line.split("\t", 1) for line in answer.splitlines() if "\t" in line)
+
+
+class ZkEnsemble:
+    """Three ZooKeeper servers; `stop()` (or the context manager) ends them all."""
+
+    def __init__(self, folder: Path, size: int = 3) -> None:
+        self.folder = folder
+        self.cp = classpath()
+        self.ids = list(range(1, size + 1))
+        ports = iter(free_ports(3 * size))
+        self.client_ports = {i: next(ports) for i in self.ids}
+        self.quorum_ports = {i: next(ports) for i in self.ids}
+        self.election_ports = {i: next(ports) for i in self.ids}
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        for i in self.ids:
+            self._write_config(i)
+
+    def __enter__(self) -> ZkEnsemble:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def node_dir(self, i: int) -> Path:
+        return self.folder / f"zk{i}"
+
+    def data_dir(self, i: int) -> Path:
+        return self.node_dir(i) / "data"
+
+    def log_path(self, i: int) -> Path:
+        return self.node_dir(i) / "zookeeper.log"
+
+    def _write_config(self, i: int) -> None:
+        self.data_dir(i).mkdir(parents=True, exist_ok=True)
+        (self.data_dir(i) / "myid").write_text(f"{i}\n")
+        lines = [f"tickTime={TICK_TIME_MS}", f"initLimit={INIT_LIMIT}", f"syncLimit={SYNC_LIMIT}",
+                 f"dataDir={self.data_dir(i)}", f"clientPort={self.client_ports[i]}", "clientPortAddress=127.0.0.1",
+                 "forceSync=yes", f"4lw.commands.whitelist={FOUR_LETTER_WORDS}", "admin.enableServer=false",
+                 "maxClientCnxns=0", "autopurge.purgeInterval=0"]
+        lines += [f"server.{j}=127.0.0.1:{self.quorum_ports[j]}:{self.election_ports[j]}" for j in self.ids]
+        (self.node_dir(i) / "zoo.cfg").write_text("\n".join(lines) + "\n")
+        (self.node_dir(i) / "log4j.properties").write_text(LOG4J)
+
+    # -- processes -------------------------------------------------------------------
+    def start(self, i: int | None = None) -> None:
+        for j in [i] if i is not None else self.ids:
+            proc = self.procs.get(j)
+            if proc is None or proc.poll() is not None:
+                self.procs[j] = self._spawn(j)
+
+    def _spawn(self, i: int) -> subprocess.Popen[bytes]:
+        node = self.node_dir(i)
+        command = ["java", *JVM_OPTIONS, f"-Dzookeeper.log.dir={node}",
+                   f"-Dlog4j.configuration=file:{node / 'log4j.properties'}",
+                   "-cp", self.cp, MAIN_CLASS, str(node / "zoo.cfg")]
+        with open(node / "zookeeper.out", "ab") as out:
+            return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    cwd=node, start_new_session=True)
+
+    def pids(self) -> dict[str, int]:
+        return {f"zk{i}": p.pid for i, p in self.procs.items() if p.poll() is None}
+
+    def kill(self, i: int) -> None:
+        proc = self.procs[i]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    # -- observation -------------------------------------------------------------------
+    def hosts(self, i: int | None = None) -> str:
+        """A kazoo `hosts` string: one server, or all."""
+        return ",".join(f"127.0.0.1:{self.client_ports[j]}" for j in ([i] if i is not None else self.ids))
+
+    def modes(self) -> dict[int, str | None]:
+        return {i: mode(self.client_ports[i]) for i in self.ids}
+
+    def wait_serving(self, *, timeout_s: float = 60.0) -> int:
+        """Until one server leads and the others follow; returns the leader's id."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for i, proc in self.procs.items():
+                if proc.poll() is not None:
+                    raise ZkUnavailable(f"ZooKeeper server {i} exited with status {proc.returncode}; "
+                                        f"see {self.log_path(i)} and {self.node_dir(i) / 'zookeeper.out'}")
+            modes = self.modes()
+            values = list(modes.values())
+            if values.count("leader") == 1 and values.count("follower") == len(values) - 1:
+                return next(i for i, m in modes.items() if m == "leader")
+            if time.monotonic() > deadline:
+                raise ZkUnavailable(f"ensemble not serving after {timeout_s:g} s: modes {modes}; "
+                                    f"see {self.folder}/zk*/zookeeper.log")
+            time.sleep(0.05)
