@@ -79,7 +79,7 @@ class ClusterConfig:
     name: str = "quire"
     tick_ms: int = 50
     election_finalize_ticks: int = 3
-    election_resend_ticks: int = 10
+    election_resend_ticks: int = 4
     init_limit_ticks: int = 100
     sync_limit_ticks: int = 10
     ping_interval_ticks: int = 2

@@ -296,3 +296,22 @@ def test_all_nodes_crash_at_once_and_come_back():
 def test_phase_is_broadcast_everywhere_after_election():
     c = settled(SimCluster(3, seed=59))
     assert {c.peer(i).phase for i in c.nodes} == {Phase.BROADCAST}
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_failover_does_not_wait_for_a_resend(seed):
+    """A survivor that goes LOOKING while the other still follows the dead leader must
+    not wait for the resend timer: the worse-voting peer is answered at once (bench found
+    failovers of ~650 ms from exactly that)."""
+    c = settled(SimCluster(3, seed=100 + seed, election_resend_ticks=20))
+    old = c.leader()
+    survivors = [i for i in c.nodes if i != old]
+    # The survivor with the better vote (same history, higher id) notices the loss 30 ms
+    # before the other (a timeout versus a reset).
+    c.partition({old}, {max(survivors)})
+    c.run(30)
+    c.crash(old)
+    c.heal()
+    start = c.now
+    assert c.run_until(lambda: c.leader() in survivors and c.converged(), SETTLE_MS), c.describe_failure()
+    assert c.now - start < 20 * 50, f"failover took {c.now - start} ms\n{c.describe_failure()}"

@@ -27,7 +27,7 @@ class ZabConfig:
     # better vote before deciding (ZooKeeper's finalizeWait, 200 ms there).
     election_finalize_ticks: int = 3
     # How often a LOOKING peer re-sends its notification when nothing decides.
-    election_resend_ticks: int = 10
+    election_resend_ticks: int = 4
     # Discovery + synchronization must finish within this (ZooKeeper's initLimit).
     init_limit_ticks: int = 100
     # A leader without a quorum heard from within this steps down; a follower

@@ -120,6 +120,10 @@ class FastLeaderElection:
             self._recv[self.cfg.my_id] = _Seen(self.proposal, self.logical_clock, ServerState.LOOKING)
             self._finalize_at = None
             out = self._broadcast(now)
+        elif seen.vote != self.proposal:
+            # The sender backs a worse vote in our round: it may have missed ours (it was
+            # still following when we sent it). Answer now rather than at the next resend.
+            out = [(frm, self._notification())]
         self._recv[frm] = seen
         if self._finalize_at is None and self._agreeing(self._recv, self.proposal):
             self._finalize_at = now + self.cfg.election_finalize_ticks
