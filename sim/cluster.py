@@ -19,7 +19,7 @@ from sim.disk import SimDisk
 from sim.network import SimNetwork
 from zab.actions import (Action, ClientRequest, Delivered, Disconnect, InstallSnapshot, LogAppend, LogSync,
                          LogTruncate, PeerDisconnected, PersistEpoch, Received, RequestFailed, Role, RoleChanged, Send,
-                         TakeSnapshot, Tick)
+                         SessionsTouched, Synced, TakeSnapshot, Tick)
 from zab.config import ZabConfig
 from zab.kv_state_machine import KVStateMachine, decode_result, encode_put
 from zab.leader import LeaderRole
@@ -73,6 +73,8 @@ class SimCluster:
         self.deliveries = DeliveryOracle()
         self.leadership = LeadershipOracle()
         self.ops: list[ClientOp] = []
+        self.synced: list[tuple[int, Synced]] = []
+        self.touched: list[tuple[int, SessionsTouched]] = []
         self.trace: list[str] = []
         self._events: list[tuple[int, int, tuple]] = []
         self._seq = 0
@@ -149,6 +151,12 @@ class SimCluster:
         self._at(self.now, "request", node, n.incarnation, op.session_id, op.cxid, encode_put(key, value, version))
         return op
 
+    def inject(self, node: int, event) -> None:
+        """Hand any core event (ClientSync, TouchSessions, ...) to a live node now."""
+        n = self.nodes[node]
+        if n.alive:
+            self._at(self.now, "event", node, n.incarnation, event)
+
     # -- running --------------------------------------------------------------------
     def run(self, ms: int) -> None:
         self.run_until(lambda: False, ms)
@@ -187,6 +195,8 @@ class SimCluster:
             self._apply_writes(node, queue, run_then=True)
         elif kind == "request":
             self._step(node, ClientRequest(event[3], event[4], event[5]))
+        elif kind == "event":
+            self._step(node, event[3])
 
     def _step(self, node: SimNode, event) -> None:
         assert node.peer is not None
@@ -228,6 +238,10 @@ class SimCluster:
                 for op in node.pending.values():
                     op.status = "unknown"
                 node.pending.clear()
+            elif isinstance(a, Synced):
+                self.synced.append((node.id, a))
+            elif isinstance(a, SessionsTouched):
+                self.touched.append((node.id, a))
             elif isinstance(a, Disconnect):
                 self._log(f"node {node.id} disconnects {a.peer}: {a.reason}")
                 self._break(node.id, a.peer)

@@ -315,3 +315,29 @@ def test_failover_does_not_wait_for_a_resend(seed):
     start = c.now
     assert c.run_until(lambda: c.leader() in survivors and c.converged(), SETTLE_MS), c.describe_failure()
     assert c.now - start < 20 * 50, f"failover took {c.now - start} ms\n{c.describe_failure()}"
+
+
+def test_sync_on_a_follower_returns_after_every_earlier_commit_is_delivered_there():
+    from zab.actions import ClientSync
+    c = settled(SimCluster(3, seed=61))
+    leader = c.leader()
+    follower = min(i for i in c.nodes if i != leader)
+    op = c.put(leader, "fresh", "value")
+    c.run_until(lambda: op.status == "acked", SETTLE_MS)
+    c.inject(follower, ClientSync(77, 1))
+    assert c.run_until(lambda: any(n == follower for n, _ in c.synced), SETTLE_MS)
+    [(_, synced)] = [(n, s) for n, s in c.synced if n == follower]
+    assert synced.zxid >= op.zxid
+    assert c.peer(follower).sm.get("fresh") == ("value", 1)
+
+
+def test_session_touches_on_any_node_reach_the_leader():
+    from zab.actions import TouchSessions
+    c = settled(SimCluster(3, seed=67))
+    leader = c.leader()
+    follower = min(i for i in c.nodes if i != leader)
+    c.inject(follower, TouchSessions((101, 102)))
+    c.inject(leader, TouchSessions((103,)))
+    assert c.run_until(lambda: {s for n, t in c.touched for s in t.session_ids} == {101, 102, 103}, 1000)
+    assert all(n == leader for n, _ in c.touched), "only the leader reports touches"
+    assert {t.frm for _, t in c.touched} == {leader, follower}

@@ -40,7 +40,20 @@ class ClientRequest:
     data: bytes
 
 
-Event = Tick | Received | PeerDisconnected | ClientRequest
+@dataclass(frozen=True, slots=True)
+class ClientSync:
+    """A client's `sync`: answer once this node has every write committed before it."""
+    session_id: int
+    cxid: int
+
+
+@dataclass(frozen=True, slots=True)
+class TouchSessions:
+    """Client sessions active on this node; they reach the leader with the next ping."""
+    session_ids: tuple[int, ...]
+
+
+Event = Tick | Received | PeerDisconnected | ClientRequest | ClientSync | TouchSessions
 
 
 # -- actions ----------------------------------------------------------------
@@ -109,6 +122,21 @@ class Delivered:
 
 
 @dataclass(frozen=True, slots=True)
+class Synced:
+    """A client's `sync` is done: this node has delivered everything up to `zxid`."""
+    session_id: int
+    cxid: int
+    zxid: int
+
+
+@dataclass(frozen=True, slots=True)
+class SessionsTouched:
+    """Leader only: these sessions are alive (seen on node `frm`, possibly ourselves)."""
+    frm: int
+    session_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class RequestFailed:
     session_id: int
     cxid: int
@@ -131,4 +159,4 @@ class Disconnect:
 
 
 Action = (Send | PersistEpoch | LogAppend | LogSync | LogTruncate | InstallSnapshot | TakeSnapshot | Delivered
-          | RequestFailed | RoleChanged | Disconnect)
+          | Synced | SessionsTouched | RequestFailed | RoleChanged | Disconnect)

@@ -17,7 +17,8 @@ from crc32c import crc32c
 
 from zab.errors import FrameError
 from zab.messages import (Ack, AckEpoch, AckNewLeader, Commit, FollowerInfo, Inform, LeaderInfo, Message, NewLeader,
-                          Notification, Ping, Proposal, Reject, Request, ServerState, Sync, SyncMode, SyncTxns,
+                          Notification, Ping, Proposal, Reject, Request, ServerState, Sync, SyncMode, SyncReply,
+                          SyncRequest, SyncTxns,
                           UpToDate)
 from zab.txn import Txn
 
@@ -32,6 +33,7 @@ DEFAULT_MAX_FRAME_BYTES = 64 << 20
 _TYPES: dict[type, int] = {
     Notification: 1, FollowerInfo: 2, LeaderInfo: 3, AckEpoch: 4, Sync: 5, SyncTxns: 6, NewLeader: 7,
     AckNewLeader: 8, UpToDate: 9, Proposal: 10, Ack: 11, Commit: 12, Inform: 13, Request: 14, Reject: 15, Ping: 16,
+    SyncRequest: 17, SyncReply: 18,
 }
 
 
@@ -105,7 +107,11 @@ def encode_message(msg: Message) -> bytes:
         case Reject():
             body = _U64x2.pack(msg.session_id, msg.cxid)
         case Ping():
-            body = b""
+            body = struct.pack(">I", len(msg.touches)) + b"".join(_U64.pack(t) for t in msg.touches)
+        case SyncRequest():
+            body = _U64x2.pack(msg.session_id, msg.cxid)
+        case SyncReply():
+            body = struct.pack(">QQQ", msg.session_id, msg.cxid, msg.zxid)
         case _:
             raise TypeError(f"not a Zab message: {msg!r}")
     return head + body
@@ -135,6 +141,13 @@ def _d_sync_txns(r: _Reader) -> Message:
     return SyncTxns(tuple(r.txn() for _ in range(n)))
 
 
+def _d_ping(r: _Reader) -> Message:
+    (n,) = struct.unpack(">I", r.take(4))
+    if n * 8 > len(r.buf) - r.pos:
+        raise FrameError(f"PING claims {n} session touches, more than the frame holds")
+    return Ping(tuple(r.u64() for _ in range(n)))
+
+
 _DECODERS: dict[int, Callable[[_Reader], Message]] = {
     1: _d_notification,
     2: lambda r: FollowerInfo(*r.unpack(struct.Struct(">QQ?Q"))),
@@ -151,7 +164,9 @@ _DECODERS: dict[int, Callable[[_Reader], Message]] = {
     13: lambda r: Inform(r.txn()),
     14: lambda r: Request(*r.unpack(_U64x2), r.blob()),
     15: lambda r: Reject(*r.unpack(_U64x2)),
-    16: lambda r: Ping(),
+    16: _d_ping,
+    17: lambda r: SyncRequest(*r.unpack(_U64x2)),
+    18: lambda r: SyncReply(*r.unpack(struct.Struct(">QQQ"))),
 }
 
 

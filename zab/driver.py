@@ -18,9 +18,9 @@ from pathlib import Path
 
 import trio
 
-from zab.actions import (Action, ClientRequest, Delivered, Disconnect, Event, InstallSnapshot, LogAppend, LogSync,
-                         LogTruncate, PersistEpoch, Received, RequestFailed, Role, RoleChanged, Send, TakeSnapshot,
-                         Tick)
+from zab.actions import (Action, ClientRequest, ClientSync, Delivered, Disconnect, Event, InstallSnapshot, LogAppend,
+                         LogSync, LogTruncate, PersistEpoch, Received, RequestFailed, Role, RoleChanged, Send,
+                         SessionsTouched, Synced, TakeSnapshot, Tick, TouchSessions)
 from zab.config import ZabConfig
 from zab.epochfile import write_epoch
 from zab.errors import NoLeader, OutcomeUnknown
@@ -39,7 +39,7 @@ _LOG_ACTIONS = (LogAppend, LogSync, LogTruncate, InstallSnapshot, TakeSnapshot)
 @dataclass
 class _Waiter:
     done: trio.Event = field(default_factory=trio.Event)
-    result: bytes | None = None
+    result: bytes | int | None = None
     error: Exception | None = None
     in_core: bool = False  # the core has seen the request; a role change now makes its outcome unknown
 
@@ -61,6 +61,7 @@ class PeerDriver:
         self._events_send, self._events_recv = trio.open_memory_channel(EVENT_QUEUE_MAX)
         self._local: collections.deque[Event] = collections.deque()
         self._waiters: dict[tuple[int, int], _Waiter] = {}
+        self._subscriber: trio.MemorySendChannel | None = None
 
     # -- running ---------------------------------------------------------------------
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -100,7 +101,7 @@ class PeerDriver:
         assert self.peer is not None
         while True:
             event = self._local.popleft() if self._local else await self._events_recv.receive()
-            if isinstance(event, ClientRequest):
+            if isinstance(event, (ClientRequest, ClientSync)):
                 waiter = self._waiters.get((event.session_id, event.cxid))
                 if waiter is not None:
                     waiter.in_core = True
@@ -133,9 +134,15 @@ class PeerDriver:
             await trio.to_thread.run_sync(self._persist_epoch, a)
         elif isinstance(a, Delivered):
             self._answer(a.txn.session_id, a.txn.cxid, result=a.result)
+            await self._publish(a)
+        elif isinstance(a, Synced):
+            self._answer(a.session_id, a.cxid, result=a.zxid)
+        elif isinstance(a, SessionsTouched):
+            await self._publish(a)
         elif isinstance(a, RequestFailed):
             self._answer(a.session_id, a.cxid, error=NoLeader(f"no established leader ({a.reason}); retry shortly"))
         elif isinstance(a, RoleChanged):
+            await self._publish(a)
             log.info("event=role node=%s role=%s leader=%s epoch=%s", self.cfg.my_id, a.role.value, a.leader, a.epoch)
             self._fail_all(OutcomeUnknown(f"node {self.cfg.my_id} became {a.role.value}; the request may or may "
                                           "not have committed"))
@@ -145,6 +152,18 @@ class PeerDriver:
         else:
             raise TypeError(f"unexpected action {a!r}")
 
+    async def _publish(self, a: Action) -> None:
+        if self._subscriber is not None:
+            await self._subscriber.send(a)
+
+    def subscribe(self, max_buffer: int = EVENT_QUEUE_MAX) -> trio.MemoryReceiveChannel:
+        """Every Delivered, SessionsTouched and RoleChanged, in order, for the one service
+        layered on top (watches, session expiry). Call before `run`; a slow reader slows
+        the peer down rather than growing memory."""
+        send, recv = trio.open_memory_channel(max_buffer)
+        self._subscriber = send
+        return recv
+
     def _persist_epoch(self, a: PersistEpoch) -> None:
         # acceptedEpoch first: currentEpoch <= acceptedEpoch must hold on disk at every instant.
         if a.accepted is not None:
@@ -153,18 +172,37 @@ class PeerDriver:
             write_epoch(self.data_dir, "currentEpoch", a.current)
 
     # -- clients -----------------------------------------------------------------------------
+    async def sync(self, session_id: int, cxid: int) -> int:
+        """A client's `sync`: returns once this node has delivered every transaction the
+        leader had committed when it saw the request; returns that zxid."""
+        result = await self._call(session_id, cxid, ClientSync(session_id, cxid))
+        assert isinstance(result, int)
+        return result
+
+    def touch(self, session_ids: tuple[int, ...]) -> None:
+        """Report client sessions active on this node (the leader decides expiry)."""
+        try:
+            self._events_send.send_nowait(TouchSessions(session_ids))
+        except trio.WouldBlock:
+            pass  # the next touch carries them; a busy node is not an idle session
+
     async def submit(self, session_id: int, cxid: int, request: bytes) -> bytes:
         """Replicate one write; returns the state machine's result once delivered here.
 
         Raises NoLeader (retry later) or OutcomeUnknown (the leader changed while
         the request was in flight).
         """
+        result = await self._call(session_id, cxid, ClientRequest(session_id, cxid, request))
+        assert isinstance(result, bytes)
+        return result
+
+    async def _call(self, session_id: int, cxid: int, event: Event) -> bytes | int:
         key = (session_id, cxid)
         if key in self._waiters:
             raise ValueError(f"request {key} is already in flight")
         waiter = self._waiters[key] = _Waiter()
         try:
-            await self._events_send.send(ClientRequest(session_id, cxid, request))
+            await self._events_send.send(event)
             await waiter.done.wait()
         finally:
             self._waiters.pop(key, None)
@@ -173,7 +211,7 @@ class PeerDriver:
         assert waiter.result is not None
         return waiter.result
 
-    def _answer(self, session_id: int, cxid: int, *, result: bytes | None = None,
+    def _answer(self, session_id: int, cxid: int, *, result: bytes | int | None = None,
                 error: Exception | None = None) -> None:
         waiter = self._waiters.pop((session_id, cxid), None)
         if waiter is not None:

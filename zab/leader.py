@@ -20,10 +20,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from zab import zxid as Z
-from zab.actions import (Action, ClientRequest, Disconnect, LogAppend, LogSync, Phase, RequestFailed, Role, RoleChanged,
-                         Send)
+from zab.actions import (Action, ClientRequest, ClientSync, Disconnect, LogAppend, LogSync, Phase, RequestFailed, Role,
+                         RoleChanged, Send, SessionsTouched, Synced)
 from zab.messages import (Ack, AckEpoch, AckNewLeader, Commit, FollowerInfo, Inform, LeaderInfo, Message, NewLeader,
-                          Notification, Ping, Proposal, Reject, Request, Sync, SyncMode, SyncTxns, UpToDate)
+                          Notification, Ping, Proposal, Reject, Request, Sync, SyncMode, SyncReply, SyncRequest,
+                          SyncTxns, UpToDate)
 from zab.sync_plan import plan_sync
 from zab.txn import Txn
 
@@ -183,6 +184,14 @@ class LeaderRole:
         return [RoleChanged(Role.LEADING, self.id, self.epoch)] + out
 
     # -- broadcast --------------------------------------------------------------
+    def on_client_sync(self, ev: ClientSync) -> list[Action]:
+        if not self.established:
+            return [RequestFailed(ev.session_id, ev.cxid, "NoLeader")]
+        return [Synced(ev.session_id, ev.cxid, self.peer.last_committed)]
+
+    def on_touch(self, session_ids: tuple[int, ...]) -> list[Action]:
+        return [SessionsTouched(self.id, session_ids)]
+
     def on_client_request(self, ev: ClientRequest) -> list[Action]:
         if not self.established:
             return [RequestFailed(ev.session_id, ev.cxid, "NoLeader")]
@@ -271,7 +280,11 @@ class LeaderRole:
         if isinstance(msg, AckNewLeader):
             return self._on_ack_new_leader(frm, msg)
         if isinstance(msg, Ping):
-            return []
+            return [SessionsTouched(frm, msg.touches)] if msg.touches and self.established else []
+        if isinstance(msg, SyncRequest):
+            if not self.established:
+                return [Send(frm, Reject(msg.session_id, msg.cxid))]
+            return [Send(frm, SyncReply(msg.session_id, msg.cxid, self.peer.last_committed))]
         return [Disconnect(frm, f"a leader does not expect {type(msg).__name__}")] if frm != self.id else []
 
 

@@ -17,11 +17,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from zab import zxid as Z
-from zab.actions import (Action, ClientRequest, Disconnect, InstallSnapshot, LogAppend, LogSync, LogTruncate, Phase,
-                         RequestFailed, Role, RoleChanged, Send)
+from zab.actions import (Action, ClientRequest, ClientSync, Disconnect, InstallSnapshot, LogAppend, LogSync,
+                         LogTruncate, Phase, RequestFailed, Role, RoleChanged, Send, Synced)
 from zab.messages import (Ack, AckEpoch, AckNewLeader, Commit, FollowerInfo, Inform, LeaderInfo, Message, NewLeader,
-                          Notification, Ping, Proposal, Reject, Request, ServerState, Sync, SyncMode, SyncTxns,
-                          UpToDate)
+                          Notification, Ping, Proposal, Reject, Request, ServerState, Sync, SyncMode, SyncReply,
+                          SyncRequest, SyncTxns, UpToDate)
 from zab.txn import Txn
 
 if TYPE_CHECKING:
@@ -43,6 +43,7 @@ class LearnerRole:
         self.sync_started = False
         self.newleader_seen = False
         self.pending_commit = 0
+        self.touches: set[int] = set()
 
     def begin(self) -> list[Action]:
         self.peer.phase = Phase.DISCOVERY
@@ -71,6 +72,15 @@ class LearnerRole:
     def on_notification(self, frm: int, n: Notification) -> list[Action]:
         # Our leader is LOOKING again: it gave up leadership, so do we.
         return self.peer.look() if frm == self.leader and n.state == ServerState.LOOKING else []
+
+    def on_client_sync(self, ev: ClientSync) -> list[Action]:
+        if self.peer.phase is not Phase.BROADCAST:
+            return [RequestFailed(ev.session_id, ev.cxid, "NoLeader")]
+        return [Send(self.leader, SyncRequest(ev.session_id, ev.cxid))]
+
+    def on_touch(self, session_ids: tuple[int, ...]) -> list[Action]:
+        self.touches.update(session_ids)
+        return []
 
     def on_client_request(self, ev: ClientRequest) -> list[Action]:
         if self.peer.phase is not Phase.BROADCAST:
@@ -193,7 +203,13 @@ class LearnerRole:
             max(m.committed_zxid, self.pending_commit))
 
     def _on_ping(self, m: Ping) -> list[Action]:
-        return [Send(self.leader, Ping())]
+        touches, self.touches = tuple(sorted(self.touches)), set()
+        return [Send(self.leader, Ping(touches))]
+
+    def _on_sync_reply(self, m: SyncReply) -> list[Action]:
+        # FIFO: every COMMIT up to m.zxid arrived before this reply and was delivered.
+        assert self.peer.last_committed >= m.zxid or self.peer.phase is not Phase.BROADCAST
+        return [Synced(m.session_id, m.cxid, m.zxid)]
 
     def _on_reject(self, m: Reject) -> list[Action]:
         return [RequestFailed(m.session_id, m.cxid, "NoLeader")]
@@ -210,4 +226,5 @@ _HANDLERS = {
     UpToDate: LearnerRole._on_up_to_date,
     Ping: LearnerRole._on_ping,
     Reject: LearnerRole._on_reject,
+    SyncReply: LearnerRole._on_sync_reply,
 }

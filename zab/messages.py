@@ -4,7 +4,8 @@ Election: NOTIFICATION. Discovery: FOLLOWERINFO, LEADERINFO, ACKEPOCH.
 Synchronization: SYNC (DIFF / TRUNC / SNAP header), SYNCTXNS (the leader's
 history after the sync point), NEWLEADER, ACKNEWLEADER (ACKLD), UPTODATE.
 Broadcast: PROPOSAL, ACK, COMMIT, INFORM (committed txn, to observers),
-REQUEST (a write forwarded by a learner), REJECT, PING.
+REQUEST (a write forwarded by a learner), REJECT, PING (carrying session touches),
+SYNCREQUEST / SYNCREPLY (a client's `sync`).
 The sender is not part of a message: the link it arrives on names it.
 """
 
@@ -127,8 +128,26 @@ class Reject:
 
 @dataclass(frozen=True, slots=True)
 class Ping:
-    pass
+    """Leader -> learner: are you there. Learner -> leader: yes, and these client
+    sessions were active here since the last ping (the leader decides expiry)."""
+    touches: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SyncRequest:
+    """A client's `sync`, forwarded to the leader."""
+    session_id: int
+    cxid: int
+
+
+@dataclass(frozen=True, slots=True)
+class SyncReply:
+    """The leader's committed zxid when it saw the SyncRequest. FIFO links mean every
+    COMMIT up to it reached the learner before this reply."""
+    session_id: int
+    cxid: int
+    zxid: int
 
 
 Message = (Notification | FollowerInfo | LeaderInfo | AckEpoch | Sync | SyncTxns | NewLeader | AckNewLeader
-           | UpToDate | Proposal | Ack | Commit | Inform | Request | Reject | Ping)
+           | UpToDate | Proposal | Ack | Commit | Inform | Request | Reject | Ping | SyncRequest | SyncReply)

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from zab import zxid as Z
-from zab.actions import (Action, ClientRequest, Delivered, Event, PeerDisconnected, PersistEpoch, Phase, Received,
-                         RequestFailed, Role, RoleChanged, Send, TakeSnapshot, Tick)
+from zab.actions import (Action, ClientRequest, ClientSync, Delivered, Event, PeerDisconnected, PersistEpoch, Phase, Received,
+                         RequestFailed, Role, RoleChanged, Send, TakeSnapshot, Tick, TouchSessions)
 from zab.config import ZabConfig
 from zab.election import FastLeaderElection
 from zab.history import History
@@ -77,6 +77,12 @@ class Peer:
             if self.role_state is None:
                 return [RequestFailed(event.session_id, event.cxid, "NoLeader")]
             return self.role_state.on_client_request(event)
+        if isinstance(event, ClientSync):
+            if self.role_state is None:
+                return [RequestFailed(event.session_id, event.cxid, "NoLeader")]
+            return self.role_state.on_client_sync(event)
+        if isinstance(event, TouchSessions):
+            return self.role_state.on_touch(event.session_ids) if self.role_state else []
         raise TypeError(f"not a Zab event: {event!r}")
 
     @property
