@@ -1,0 +1,63 @@
+"""Session expiry, decided by the leader (pure: time is an input, in milliseconds).
+
+Every node reports the sessions its clients used (pings, requests) to the leader;
+the leader keeps one deadline per session and, when it passes, submits a
+closeSession transaction that deletes the session's ephemerals everywhere. A new
+leader gives every known session a full timeout from the moment it took over, as
+ZooKeeper does: nobody can prove a session idle across a leader change.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+
+class SessionTracker:
+    def __init__(self) -> None:
+        self._timeout_ms: dict[int, int] = {}
+        self._deadline_ms: dict[int, int] = {}
+        self._heap: list[tuple[int, int]] = []  # (deadline, session); stale entries skipped lazily
+
+    def __len__(self) -> int:
+        return len(self._timeout_ms)
+
+    def __contains__(self, session_id: int) -> bool:
+        return session_id in self._timeout_ms
+
+    def add(self, session_id: int, timeout_ms: int, now_ms: int) -> None:
+        self._timeout_ms[session_id] = timeout_ms
+        self.touch(session_id, now_ms)
+
+    def reset(self, sessions: dict[int, int], now_ms: int) -> None:
+        """Leadership began: every session in the replicated state gets a full timeout."""
+        self._timeout_ms, self._deadline_ms, self._heap = {}, {}, []
+        for session_id, timeout_ms in sessions.items():
+            self.add(session_id, timeout_ms, now_ms)
+
+    def touch(self, session_id: int, now_ms: int) -> None:
+        timeout = self._timeout_ms.get(session_id)
+        if timeout is None:
+            return
+        deadline = now_ms + timeout
+        if deadline > self._deadline_ms.get(session_id, -1):
+            self._deadline_ms[session_id] = deadline
+            heapq.heappush(self._heap, (deadline, session_id))
+
+    def remove(self, session_id: int) -> None:
+        self._timeout_ms.pop(session_id, None)
+        self._deadline_ms.pop(session_id, None)
+
+    def expired(self, now_ms: int) -> list[int]:
+        """Sessions whose deadline has passed; they stay tracked until `remove`d (their
+        closeSession commits), so a failed submission is retried on the next call."""
+        out = []
+        while self._heap and self._heap[0][0] <= now_ms:
+            deadline, session_id = heapq.heappop(self._heap)
+            if self._deadline_ms.get(session_id) == deadline:
+                out.append(session_id)
+                self._deadline_ms[session_id] = now_ms + self._timeout_ms[session_id]
+                heapq.heappush(self._heap, (self._deadline_ms[session_id], session_id))
+        return out
+
+    def deadline(self, session_id: int) -> int | None:
+        return self._deadline_ms.get(session_id)

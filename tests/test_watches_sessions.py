@@ -1,0 +1,78 @@
+"""Watch triggering rules (ZooKeeper's) and leader-side session expiry."""
+
+from __future__ import annotations
+
+from metastore.sessions import SessionTracker
+from metastore.watches import EventType as E
+from metastore.watches import WatchKind as K
+from metastore.watches import WatchManager
+
+
+def test_data_watch_fires_once_on_change():
+    w = WatchManager()
+    w.add(1, "/a", K.DATA)
+    assert w.trigger("/a", E.NODE_DATA_CHANGED) == [(1, E.NODE_DATA_CHANGED, "/a")]
+    assert w.trigger("/a", E.NODE_DATA_CHANGED) == []
+
+
+def test_exists_watch_on_a_missing_node_fires_on_create_and_the_parent_child_watch_too():
+    w = WatchManager()
+    w.add(1, "/a/b", K.DATA)
+    w.add(2, "/a", K.CHILD)
+    assert sorted(w.trigger("/a/b", E.NODE_CREATED)) == [(1, E.NODE_CREATED, "/a/b"),
+                                                         (2, E.NODE_CHILDREN_CHANGED, "/a")]
+
+
+def test_delete_fires_data_and_child_watches_on_the_node():
+    w = WatchManager()
+    w.add(1, "/a", K.DATA)
+    w.add(2, "/a", K.CHILD)
+    assert sorted(w.trigger("/a", E.NODE_DELETED)) == [(1, E.NODE_DELETED, "/a"), (2, E.NODE_DELETED, "/a")]
+    assert w.count() == 0
+
+
+def test_persistent_watches_stay_and_recursive_ones_see_descendants_but_not_child_lists():
+    w = WatchManager()
+    w.add(1, "/a", K.PERSISTENT)
+    w.add(2, "/a", K.PERSISTENT_RECURSIVE)
+    assert sorted(w.trigger("/a", E.NODE_DATA_CHANGED)) == [(1, E.NODE_DATA_CHANGED, "/a"),
+                                                           (2, E.NODE_DATA_CHANGED, "/a")]
+    assert sorted(w.trigger("/a/b/c", E.NODE_CREATED)) == [(2, E.NODE_CREATED, "/a/b/c")]
+    assert sorted(w.trigger("/a/b", E.NODE_CREATED)) == [(1, E.NODE_CHILDREN_CHANGED, "/a"),
+                                                        (2, E.NODE_CREATED, "/a/b")]
+    assert w.count() == 2
+
+
+def test_a_connection_hears_an_event_once_and_closing_it_drops_its_watches():
+    w = WatchManager()
+    w.add(1, "/a", K.DATA)
+    w.add(1, "/a", K.PERSISTENT)
+    assert w.trigger("/a", E.NODE_DATA_CHANGED) == [(1, E.NODE_DATA_CHANGED, "/a")]
+    w.add(1, "/b", K.CHILD)
+    w.drop_connection(1)
+    assert w.count() == 0 and w.trigger("/a", E.NODE_DATA_CHANGED) == []
+
+
+def test_remove_reports_whether_the_watch_existed():
+    w = WatchManager()
+    w.add(3, "/x", K.CHILD)
+    assert w.remove(3, "/x", K.CHILD) and not w.remove(3, "/x", K.CHILD)
+
+
+def test_sessions_expire_after_their_timeout_unless_touched():
+    t = SessionTracker()
+    t.add(1, 1000, now_ms=0)
+    t.add(2, 1000, now_ms=0)
+    t.touch(2, now_ms=900)
+    assert t.expired(999) == []
+    assert t.expired(1000) == [1]
+    assert t.expired(1899) == []
+    assert t.expired(1900) == [2]
+
+
+def test_a_new_leader_gives_every_session_a_full_timeout():
+    t = SessionTracker()
+    t.reset({7: 500, 8: 2000}, now_ms=10_000)
+    assert t.expired(10_499) == [] and t.expired(10_500) == [7]
+    t.remove(7)
+    assert 7 not in t and t.expired(20_000) == [8]
