@@ -1,0 +1,70 @@
+"""The request a node hands to Zab for a client write: the client's jute request plus
+what only the receiving node knows (its clock, the connection's authenticated ids,
+itself as the session's current owner).
+
+The leader prepares transactions from these (metastore.prep); nobody else reads
+them, and they are never logged (the transaction is).
+Layout, big-endian: u8 version, u8 origin node id, i64 time_ms, u16 auth id count,
+then per id two u16-length UTF-8 strings (scheme, id), then the jute request
+payload (RequestHeader + body) as the client sent it.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+VERSION = 1
+_HEAD = struct.Struct(">BBqH")
+_LEN = struct.Struct(">H")
+
+
+class EnvelopeError(ValueError):
+    """Malformed envelope: a bug in this node or a corrupt peer message."""
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    origin: int
+    time_ms: int
+    auth: tuple[tuple[str, str], ...]
+    payload: bytes  # jute RequestHeader + request body
+
+
+def _s(text: str) -> bytes:
+    b = text.encode()
+    return _LEN.pack(len(b)) + b
+
+
+def encode_envelope(e: Envelope) -> bytes:
+    parts = [_HEAD.pack(VERSION, e.origin, e.time_ms, len(e.auth))]
+    for scheme, ident in e.auth:
+        parts += [_s(scheme), _s(ident)]
+    parts.append(e.payload)
+    return b"".join(parts)
+
+
+def decode_envelope(buf: bytes) -> Envelope:
+    if len(buf) < _HEAD.size:
+        raise EnvelopeError("envelope truncated")
+    version, origin, time_ms, n = _HEAD.unpack_from(buf)
+    if version != VERSION:
+        raise EnvelopeError(f"envelope version {version}, expected {VERSION}")
+    pos = _HEAD.size
+    auth = []
+    for _ in range(n):
+        pair = []
+        for _ in range(2):
+            if pos + 2 > len(buf):
+                raise EnvelopeError("envelope truncated in auth ids")
+            (size,) = _LEN.unpack_from(buf, pos)
+            pos += 2
+            if pos + size > len(buf):
+                raise EnvelopeError("envelope truncated in auth ids")
+            try:
+                pair.append(buf[pos:pos + size].decode())
+            except UnicodeDecodeError:
+                raise EnvelopeError("auth id is not UTF-8") from None
+            pos += size
+        auth.append((pair[0], pair[1]))
+    return Envelope(origin, time_ms, tuple(auth), bytes(buf[pos:]))
