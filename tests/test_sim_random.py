@@ -293,7 +293,7 @@ def _check_writes_resume(c: SimCluster) -> None:
 
 
 # -- tests ----------------------------------------------------------------------------------
-@settings(max_examples=1000 if SOAK else 300, derandomize=True, deadline=None, database=None,
+@settings(max_examples=1000 if SOAK else 500, derandomize=True, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(scenarios())
 def test_random_schedules_keep_every_invariant(sc: Scenario) -> None:
