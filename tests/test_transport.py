@@ -404,10 +404,6 @@ def test_acknowledged_writes_survive_a_leader_stopped_mid_stream_and_a_full_rest
     run_ensemble(tmp_path, story)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "driver bug: submit() on a PeerDriver whose run() has ended hangs forever. run()'s finally fails only the "
-    "waiters registered at that moment; a later submit() registers a new waiter, its ClientRequest sits in the "
-    "event channel that nobody reads any more, and nothing ever sets the waiter. It should raise NoLeader"))
 def test_submit_after_the_driver_stopped_fails_instead_of_hanging(tmp_path: Path) -> None:
     async def story(ens: Ensemble) -> None:
         await ens.wait_leader()

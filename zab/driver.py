@@ -62,6 +62,7 @@ class PeerDriver:
         self._local: collections.deque[Event] = collections.deque()
         self._waiters: dict[tuple[int, int], _Waiter] = {}
         self._subscriber: trio.MemorySendChannel | None = None
+        self._running = False
 
     # -- running ---------------------------------------------------------------------
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -81,9 +82,11 @@ class PeerDriver:
                 nursery.start_soon(self.writer.run)
                 nursery.start_soon(self._ticker)
                 await self._execute(self.peer.start())
+                self._running = True
                 task_status.started()
                 await self._loop()
         finally:
+            self._running = False
             recovered.log.close()
             for w in self._waiters.values():
                 w.error = NoLeader("the node is shutting down")
@@ -197,6 +200,8 @@ class PeerDriver:
         return result
 
     async def _call(self, session_id: int, cxid: int, event: Event) -> bytes | int:
+        if not self._running:
+            raise NoLeader(f"node {self.cfg.my_id} is not running")
         key = (session_id, cxid)
         if key in self._waiters:
             raise ValueError(f"request {key} is already in flight")
