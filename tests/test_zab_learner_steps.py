@@ -21,7 +21,7 @@ LEADER = 3
 
 
 def txn(epoch: int, counter: int, key: str = "k") -> Txn:
-    return Txn(Z.make(epoch, counter), 0, 0, KVStateMachine().prepare(encode_put(f"{key}{counter}", "v")))
+    return Txn(Z.make(epoch, counter), 0, 0, KVStateMachine().prepare(Z.make(epoch, counter), 0, encode_put(f"{key}{counter}", "v")))
 
 
 def following(disk: DiskState = DiskState()) -> Peer:

@@ -67,7 +67,7 @@ class KVStateMachine:
         current = self.items.get(key)
         return None if current is None else current[1]
 
-    def prepare(self, request: bytes) -> bytes:
+    def prepare(self, zxid: int, session_id: int, request: bytes) -> bytes:
         try:
             req = _parse_request(request)
         except KVRequestError as e:

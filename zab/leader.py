@@ -203,7 +203,8 @@ class LeaderRole:
             # zxid counter rollover: only a new epoch can continue the history.
             return [RequestFailed(session_id, cxid, "NoLeader")] + self.peer.look()
         self.counter += 1
-        txn = Txn(Z.make(self.epoch, self.counter), session_id, cxid, self.peer.sm.prepare(data))
+        zxid = Z.make(self.epoch, self.counter)
+        txn = Txn(zxid, session_id, cxid, self.peer.sm.prepare(zxid, session_id, data))
         self.peer.history.append(txn)
         out: list[Action] = [Send(f, Proposal(txn)) for f in self.forwarding if f not in self.cfg.observers]
         out += [LogAppend((txn,)), LogSync(then=(Send(self.id, Ack(txn.zxid)),))]

@@ -24,8 +24,9 @@ class StateMachine(Protocol):
 
     last_zxid: int
 
-    def prepare(self, request: bytes) -> bytes:
-        """Leader only: the transaction for `request`, given every transaction already prepared."""
+    def prepare(self, zxid: int, session_id: int, request: bytes) -> bytes:
+        """Leader only: the transaction `zxid` for `request` from `session_id`, given every
+        transaction already prepared (and not yet applied)."""
 
     def forget_prepared(self) -> None:
         """Drop the leader's view of prepared but unapplied transactions (leadership ended or began)."""
