@@ -23,17 +23,14 @@ from typing import Any
 
 from metastore.jute_defs import JuteError, OpCode
 from metastore.jute_records import (ACL, AddWatchRequest, AuthPacket, CheckResult, CheckVersionRequest,
-                                    CheckWatchesRequest, ClientInfo, ConnectRequest, ConnectResponse,
-                                    Create2Response, CreateRequest, CreateResponse, CreateTTLRequest,
-                                    DeleteRequest, DeleteResult, ErrorResponse, ErrorResult, ExistsRequest,
-                                    ExistsResponse, GetACLRequest, GetACLResponse, GetAllChildrenNumberRequest,
-                                    GetAllChildrenNumberResponse, GetChildren2Request, GetChildren2Response,
-                                    GetChildrenRequest, GetChildrenResponse, GetDataRequest, GetDataResponse,
-                                    GetEphemeralsRequest, GetEphemeralsResponse, GetSASLRequest, Id, MultiRequest,
-                                    MultiResponse, ReconfigRequest, RemoveWatchesRequest, ReplyHeader,
-                                    RequestHeader, SetACLRequest, SetACLResponse, SetDataRequest, SetDataResponse,
-                                    SetSASLResponse, SetWatches, SetWatches2, Stat, SyncRequest, SyncResponse,
-                                    WatcherEvent, WhoAmIResponse)
+    CheckWatchesRequest, ClientInfo, ConnectRequest, ConnectResponse, Create2Response, CreateRequest, CreateResponse,
+    CreateTTLRequest, DeleteRequest, DeleteResult, ErrorResponse, ErrorResult, ExistsRequest, ExistsResponse,
+    GetACLRequest, GetACLResponse, GetAllChildrenNumberRequest, GetAllChildrenNumberResponse, GetChildren2Request,
+    GetChildren2Response, GetChildrenRequest, GetChildrenResponse, GetDataRequest, GetDataResponse,
+    GetEphemeralsRequest, GetEphemeralsResponse, GetSASLRequest, Id, MultiHeader, MultiRequest, MultiResponse,
+    ReconfigRequest, RemoveWatchesRequest, ReplyHeader, RequestHeader, SetACLRequest, SetACLResponse, SetDataRequest,
+    SetDataResponse, SetSASLResponse, SetWatches, SetWatches2, Stat, SyncRequest, SyncResponse, WatcherEvent,
+    WhoAmIResponse)
 
 I32 = struct.Struct(">i")
 I64 = struct.Struct(">q")
@@ -250,6 +247,7 @@ record(ConnectResponse, ("protocol_version", INT), ("time_out", INT), ("session_
        ("passwd", BUFFER), ("read_only", _trailing_bool(False)))
 record(RequestHeader, ("xid", INT), ("type", INT))
 record(ReplyHeader, ("xid", INT), ("zxid", LONG), ("err", INT))
+record(MultiHeader, ("type", INT), ("done", BOOL), ("err", INT))
 record(AuthPacket, ("type", INT), ("scheme", USTRING), ("auth", BUFFER))
 record(WatcherEvent, ("type", INT), ("state", INT), ("path", USTRING))
 record(ErrorResponse, ("err", INT))
