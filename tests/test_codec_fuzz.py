@@ -10,6 +10,7 @@ ProtocolError): never another exception, never a hang, never a huge allocation.
 from __future__ import annotations
 
 import dataclasses
+import os
 import struct
 import tracemalloc
 
@@ -28,7 +29,9 @@ from zab.messages import (Ack, AckEpoch, AckNewLeader, Commit, FollowerInfo, Inf
                           UpToDate)
 from zab.txn import Txn
 
-FUZZ = settings(max_examples=300, derandomize=True, deadline=None, database=None,
+# QUIRE_SOAK=1 (or pytest --soak): many more examples, and new ones on every run.
+SOAK = os.environ.get("QUIRE_SOAK") == "1"
+FUZZ = settings(max_examples=5000 if SOAK else 300, derandomize=not SOAK, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow])
 SMALL_MAX_FRAME = 1 << 16
 # Decoding one frame may allocate a few copies of it, never much more.
