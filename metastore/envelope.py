@@ -4,9 +4,10 @@ itself as the session's current owner).
 
 The leader prepares transactions from these (metastore.prep); nobody else reads
 them, and they are never logged (the transaction is).
-Layout, big-endian: u8 version, u8 origin node id, i64 time_ms, u16 auth id count,
-then per id two u16-length UTF-8 strings (scheme, id), then the jute request
-payload (RequestHeader + body) as the client sent it.
+Layout, big-endian: u8 version, u8 kind, u8 origin node id, i64 time_ms, u16 auth
+id count, then per id two u16-length UTF-8 strings (scheme, id), then the payload:
+for CLIENT, the jute request (RequestHeader + body) as the client sent it; for
+CREATE_SESSION, the negotiated timeout as i32 ms; for CLOSE_SESSION, nothing.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import struct
 from dataclasses import dataclass
 
 VERSION = 1
-_HEAD = struct.Struct(">BBqH")
+CLIENT, CREATE_SESSION, CLOSE_SESSION = 0, 1, 2
+_HEAD = struct.Struct(">BBBqH")
 _LEN = struct.Struct(">H")
 
 
@@ -25,6 +27,7 @@ class EnvelopeError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Envelope:
+    kind: int
     origin: int
     time_ms: int
     auth: tuple[tuple[str, str], ...]
@@ -37,7 +40,7 @@ def _s(text: str) -> bytes:
 
 
 def encode_envelope(e: Envelope) -> bytes:
-    parts = [_HEAD.pack(VERSION, e.origin, e.time_ms, len(e.auth))]
+    parts = [_HEAD.pack(VERSION, e.kind, e.origin, e.time_ms, len(e.auth))]
     for scheme, ident in e.auth:
         parts += [_s(scheme), _s(ident)]
     parts.append(e.payload)
@@ -47,9 +50,11 @@ def encode_envelope(e: Envelope) -> bytes:
 def decode_envelope(buf: bytes) -> Envelope:
     if len(buf) < _HEAD.size:
         raise EnvelopeError("envelope truncated")
-    version, origin, time_ms, n = _HEAD.unpack_from(buf)
+    version, kind, origin, time_ms, n = _HEAD.unpack_from(buf)
     if version != VERSION:
         raise EnvelopeError(f"envelope version {version}, expected {VERSION}")
+    if kind not in (CLIENT, CREATE_SESSION, CLOSE_SESSION):
+        raise EnvelopeError(f"unknown envelope kind {kind}")
     pos = _HEAD.size
     auth = []
     for _ in range(n):
@@ -67,4 +72,4 @@ def decode_envelope(buf: bytes) -> Envelope:
                 raise EnvelopeError("auth id is not UTF-8") from None
             pos += size
         auth.append((pair[0], pair[1]))
-    return Envelope(origin, time_ms, tuple(auth), bytes(buf[pos:]))
+    return Envelope(kind, origin, time_ms, tuple(auth), bytes(buf[pos:]))

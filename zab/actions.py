@@ -118,7 +118,7 @@ class TakeSnapshot:
 class Delivered:
     """A committed transaction was applied; answer its client if it is ours."""
     txn: Txn
-    result: bytes
+    result: object
 
 
 @dataclass(frozen=True, slots=True)

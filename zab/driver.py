@@ -39,7 +39,7 @@ _LOG_ACTIONS = (LogAppend, LogSync, LogTruncate, InstallSnapshot, TakeSnapshot)
 @dataclass
 class _Waiter:
     done: trio.Event = field(default_factory=trio.Event)
-    result: bytes | int | None = None
+    result: object = None
     error: Exception | None = None
     in_core: bool = False  # the core has seen the request; a role change now makes its outcome unknown
 
@@ -189,17 +189,16 @@ class PeerDriver:
         except trio.WouldBlock:
             pass  # the next touch carries them; a busy node is not an idle session
 
-    async def submit(self, session_id: int, cxid: int, request: bytes) -> bytes:
-        """Replicate one write; returns the state machine's result once delivered here.
+    async def submit(self, session_id: int, cxid: int, request: bytes) -> object:
+        """Replicate one write; returns what the state machine's apply() returned, once
+        the transaction is delivered here.
 
         Raises NoLeader (retry later) or OutcomeUnknown (the leader changed while
         the request was in flight).
         """
-        result = await self._call(session_id, cxid, ClientRequest(session_id, cxid, request))
-        assert isinstance(result, bytes)
-        return result
+        return await self._call(session_id, cxid, ClientRequest(session_id, cxid, request))
 
-    async def _call(self, session_id: int, cxid: int, event: Event) -> bytes | int:
+    async def _call(self, session_id: int, cxid: int, event: Event) -> object:
         if not self._running:
             raise NoLeader(f"node {self.cfg.my_id} is not running")
         key = (session_id, cxid)
@@ -213,10 +212,9 @@ class PeerDriver:
             self._waiters.pop(key, None)
         if waiter.error is not None:
             raise waiter.error
-        assert waiter.result is not None
         return waiter.result
 
-    def _answer(self, session_id: int, cxid: int, *, result: bytes | int | None = None,
+    def _answer(self, session_id: int, cxid: int, *, result: object = None,
                 error: Exception | None = None) -> None:
         waiter = self._waiters.pop((session_id, cxid), None)
         if waiter is not None:

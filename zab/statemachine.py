@@ -31,8 +31,9 @@ class StateMachine(Protocol):
     def forget_prepared(self) -> None:
         """Drop the leader's view of prepared but unapplied transactions (leadership ended or began)."""
 
-    def apply(self, zxid: int, txn: bytes) -> bytes:
-        """Apply one committed transaction; returns the result for the waiting client."""
+    def apply(self, zxid: int, txn: bytes) -> object:
+        """Apply one committed transaction; returns the result for the waiting client
+        (any object: it stays in this process)."""
 
     def freeze(self) -> Frozen:
         """A consistent copy at `last_zxid`, cheap to take, serialised later."""

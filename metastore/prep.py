@@ -1,0 +1,206 @@
+"""Request -> transaction, on the leader (ZooKeeper's PrepRequestProcessor).
+
+The leader checks each write against its view of the *future* tree: the
+committed tree plus every transaction it has prepared but not yet seen commit
+(paper section 1). The view is a second DataTree that every prepared
+transaction is applied to at once; it is rebuilt from the committed tree when
+leadership changes (forget) or when a failed multi left it half-changed.
+A request that fails becomes an Error transaction, so its reply stays in order
+with the others, as in ZooKeeper.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from metastore import acl as A
+from metastore import jute_records as J
+from metastore import paths
+from metastore.envelope import Envelope
+from metastore.errors import (BadArguments, BadVersion, NoChildrenForEphemerals, NodeExists, NoNode, NotEmpty,
+                              RuntimeInconsistency, SessionExpired, Unimplemented, ZooKeeperError)
+from metastore.jute_defs import CreateMode, OpCode
+from metastore.tree import (CONTAINER_OWNER, DataTree, EphemeralType, Node, ephemeral_type, i32, next_version,
+                            ttl_owner)
+from metastore.txn import (_APPLY, Check, CloseSession, Create, CreateSession, Delete, Error, Multi, SetACL, SetData,
+                           Transaction, apply)
+
+ANY_VERSION = -1  # on the wire; compared explicitly below
+DEFAULT_MAX_DATA_BYTES = 1 << 20
+_SEQUENTIAL = {CreateMode.PERSISTENT_SEQUENTIAL, CreateMode.EPHEMERAL_SEQUENTIAL,
+               CreateMode.PERSISTENT_SEQUENTIAL_WITH_TTL}
+_EPHEMERAL = {CreateMode.EPHEMERAL, CreateMode.EPHEMERAL_SEQUENTIAL}
+_TTL = {CreateMode.PERSISTENT_WITH_TTL, CreateMode.PERSISTENT_SEQUENTIAL_WITH_TTL}
+_CREATE_OPS = {OpCode.CREATE, OpCode.CREATE2, OpCode.CREATE_CONTAINER, OpCode.CREATE_TTL}
+
+
+class Preparer:
+    def __init__(self, tree: DataTree, *, max_data_bytes: int = DEFAULT_MAX_DATA_BYTES) -> None:
+        self.tree = tree
+        self.max_data_bytes = max_data_bytes
+        self._future: DataTree | None = None
+        self._pending: list[tuple[int, Transaction]] = []
+        self._time_ms = 0
+
+    def forget(self) -> None:
+        """Leadership began or ended: prepared transactions may never commit."""
+        self._future, self._pending = None, []
+
+    def settled(self, zxid: int) -> None:
+        """Transactions up to `zxid` are applied to the committed tree."""
+        while self._pending and self._pending[0][0] <= zxid:
+            self._pending.pop(0)
+
+    def _view(self) -> DataTree:
+        if self._future is None:
+            # O(size of the tree): only at a leadership change or after a failed multi.
+            self._future = DataTree.from_bytes(self.tree.to_bytes())
+            for zxid, txn in self._pending:
+                apply(self._future, zxid, txn)
+        return self._future
+
+    # -- the entry point --------------------------------------------------------------
+    def prepare(self, zxid: int, session_id: int, env: Envelope, opcode: int, body: object) -> Transaction:
+        self._time_ms = max(self._time_ms, env.time_ms)
+        view = self._view()
+        auth = [A.Id(s, i) for s, i in env.auth]
+        if opcode == OpCode.MULTI:
+            txn = Transaction(self._time_ms, self._multi(view, zxid, session_id, auth, body))
+            view.last_zxid = zxid  # its ops were applied one by one while checking them
+        else:
+            try:
+                op = self._op(view, session_id, auth, opcode, body)
+            except ZooKeeperError as e:
+                op = Error(e.code)
+            txn = Transaction(self._time_ms, op)
+            apply(view, zxid, txn)
+        self._pending.append((zxid, txn))
+        return txn
+
+    def _op(self, view: DataTree, session_id: int, auth: Sequence[A.Id], opcode: int, body: object):
+        if opcode in _CREATE_OPS:
+            return self._create(view, session_id, auth, opcode, body)
+        if opcode == OpCode.DELETE:
+            return self._delete(view, auth, body)
+        if opcode == OpCode.SET_DATA:
+            return self._set_data(view, auth, body)
+        if opcode == OpCode.SET_ACL:
+            return self._set_acl(view, auth, body)
+        if opcode == OpCode.CHECK:
+            node = _existing(view, body.path)
+            _check_version(body.path, node.version, body.version)
+            return Check(body.path, node.version)
+        if opcode == OpCode.CREATE_SESSION:
+            return CreateSession(session_id, body)
+        if opcode == OpCode.CLOSE_SESSION:
+            return CloseSession(session_id, tuple(sorted(view.ephemerals(session_id))))
+        raise Unimplemented(None, f"opcode {opcode} is not a write")
+
+    def _multi(self, view: DataTree, zxid: int, session_id: int, auth: Sequence[A.Id], body: J.MultiRequest):
+        ops = []
+        for i, (opcode, record) in enumerate(body.ops):
+            try:
+                op = self._op(view, session_id, auth, opcode, record)
+                if opcode not in _CREATE_OPS | {OpCode.DELETE, OpCode.SET_DATA, OpCode.CHECK}:
+                    raise BadArguments(None, f"opcode {opcode} is not allowed in a multi")
+                _APPLY[type(op)](view, zxid, self._time_ms, op)  # later ops see this one
+            except ZooKeeperError as e:
+                self._future = None  # the view holds the ops before this one: rebuild it
+                codes = [0] * i + [e.code] + [RuntimeInconsistency.code] * (len(body.ops) - i - 1)
+                return Multi(tuple(Error(c) for c in codes))
+            ops.append(op)
+        return Multi(tuple(ops))
+
+    # -- writes ---------------------------------------------------------------------------
+    def _create(self, view: DataTree, session_id: int, auth: Sequence[A.Id], opcode: int, req) -> Create:
+        mode = _create_mode(req.flags)
+        ttl = getattr(req, "ttl", 0)
+        _check_create_kind(opcode, mode, ttl, req.path)
+        paths.validate_path(req.path, sequential=mode in _SEQUENTIAL)
+        self._check_size(req.path, req.data)
+        parent_path = paths.parent_of(req.path)
+        parent = view.node(parent_path)
+        if parent is None:
+            raise NoNode(parent_path)
+        A.require(parent.acl, A.Perm.CREATE, auth, parent_path)
+        if ephemeral_type(parent.owner) is EphemeralType.NORMAL:
+            raise NoChildrenForEphemerals(req.path)
+        path = paths.sequential_path(req.path, parent.cversion) if mode in _SEQUENTIAL else req.path
+        if path in view:
+            raise NodeExists(path)
+        stored_acl = A.fixup_acl(req.path, [_acl(a) for a in req.acl], auth)
+        owner = 0
+        if mode in _EPHEMERAL:
+            if session_id not in view.sessions():
+                raise SessionExpired(req.path, f"session {session_id:#x} is not open")
+            owner = session_id
+        elif mode is CreateMode.CONTAINER:
+            owner = CONTAINER_OWNER
+        elif mode in _TTL:
+            owner = ttl_owner(ttl)
+        return Create(path, req.data or b"", stored_acl, owner, i32(parent.cversion + 1))
+
+    def _delete(self, view: DataTree, auth: Sequence[A.Id], req: J.DeleteRequest) -> Delete:
+        paths.validate_path(req.path)
+        if paths.is_special(req.path):
+            raise BadArguments(req.path, "a system znode cannot be deleted")
+        node = _existing(view, req.path)
+        parent_path = paths.parent_of(req.path)
+        A.require(view.node(parent_path).acl, A.Perm.DELETE, auth, parent_path)
+        _check_version(req.path, node.version, req.version)
+        if node.children:
+            raise NotEmpty(req.path)
+        return Delete(req.path)
+
+    def _set_data(self, view: DataTree, auth: Sequence[A.Id], req: J.SetDataRequest) -> SetData:
+        paths.validate_path(req.path)
+        self._check_size(req.path, req.data)
+        node = _existing(view, req.path)
+        A.require(node.acl, A.Perm.WRITE, auth, req.path)
+        _check_version(req.path, node.version, req.version)
+        return SetData(req.path, req.data or b"", next_version(node.version))
+
+    def _set_acl(self, view: DataTree, auth: Sequence[A.Id], req: J.SetACLRequest) -> SetACL:
+        paths.validate_path(req.path)
+        node = _existing(view, req.path)
+        A.require(node.acl, A.Perm.ADMIN, auth, req.path)
+        _check_version(req.path, node.aversion, req.version)
+        stored_acl = A.fixup_acl(req.path, [_acl(a) for a in req.acl], auth)
+        return SetACL(req.path, stored_acl, next_version(node.aversion))
+
+    def _check_size(self, path: str, data: bytes | None) -> None:
+        if data is not None and len(data) > self.max_data_bytes:
+            raise BadArguments(path, f"data of {len(data)} bytes exceeds the {self.max_data_bytes}-byte znode limit")
+
+
+def _existing(view: DataTree, path: str) -> Node:
+    node = view.node(path)
+    if node is None:
+        raise NoNode(path)
+    return node
+
+
+def _check_version(path: str, current: int, expected: int) -> None:
+    if expected != ANY_VERSION and expected != current:
+        raise BadVersion(path)
+
+
+def _create_mode(flags: int) -> CreateMode:
+    try:
+        return CreateMode(flags)
+    except ValueError:
+        raise BadArguments(None, f"unknown create mode {flags}") from None
+
+
+def _check_create_kind(opcode: int, mode: CreateMode, ttl: int, path: str) -> None:
+    if opcode == OpCode.CREATE_TTL:
+        if mode not in _TTL or not 0 < ttl <= 0xFF_FFFF_FFFF:
+            raise BadArguments(path, "createTTL needs a TTL mode and 0 < ttl")
+    elif mode in _TTL:
+        raise BadArguments(path, "TTL modes need createTTL")
+    if (opcode == OpCode.CREATE_CONTAINER) != (mode is CreateMode.CONTAINER):
+        raise BadArguments(path, "containers are created with createContainer")
+
+
+def _acl(a: J.ACL) -> A.ACL:
+    return A.ACL(a.perms, A.Id(a.id.scheme, a.id.id))

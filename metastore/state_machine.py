@@ -1,0 +1,104 @@
+"""The metastore as Zab's state machine: prepare on the leader, apply everywhere.
+
+`prepare` turns an envelope (metastore.envelope) into a transaction with the
+Preparer; `apply` decodes and applies a committed transaction to the tree and
+returns an `Applied` record: the result for the waiting client and the watch
+events the change causes, which the client-port service delivers.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from metastore import envelope as E
+from metastore.errors import MarshallingError
+from metastore.jute import decode_request
+from metastore.jute_defs import JuteError, OpCode
+from metastore.prep import DEFAULT_MAX_DATA_BYTES, Preparer
+from metastore.tree import DataTree, FrozenTree
+from metastore.txn import (CloseSession, Create, Delete, Error, Multi, MultiResult, Result, SessionClosed, SetData,
+                           Transaction, apply, decode_txn, encode_txn)
+from metastore.watches import EventType
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    zxid: int
+    txn: Transaction
+    result: Result
+    events: tuple[tuple[str, EventType], ...]
+
+
+class MetastoreStateMachine:
+    def __init__(self, *, max_data_bytes: int = DEFAULT_MAX_DATA_BYTES) -> None:
+        self.tree = DataTree()
+        self.prep = Preparer(self.tree, max_data_bytes=max_data_bytes)
+
+    @property
+    def last_zxid(self) -> int:
+        return self.tree.last_zxid
+
+    # -- leader --------------------------------------------------------------------
+    def prepare(self, zxid: int, session_id: int, request: bytes) -> bytes:
+        try:
+            env = E.decode_envelope(request)
+            opcode, body = _decode(env)
+        except (E.EnvelopeError, JuteError, struct.error):
+            return encode_txn(Transaction(0, Error(MarshallingError.code)))
+        return encode_txn(self.prep.prepare(zxid, session_id, env, opcode, body))
+
+    def forget_prepared(self) -> None:
+        self.prep.forget()
+
+    # -- every node --------------------------------------------------------------------
+    def apply(self, zxid: int, txn: bytes) -> Applied:
+        t = decode_txn(txn)
+        result = apply(self.tree, zxid, t)
+        self.prep.settled(zxid)
+        return Applied(zxid, t, result, _events(t, result))
+
+    def freeze(self) -> FrozenTree:
+        return self.tree.freeze()
+
+    def restore(self, zxid: int, state: bytes) -> None:
+        tree = DataTree.from_bytes(state)
+        if tree.last_zxid != zxid:
+            raise ValueError(f"snapshot holds zxid {tree.last_zxid:#x}, expected {zxid:#x}")
+        self.tree = tree
+        self.prep.tree = tree
+        self.prep.forget()
+
+    def digest(self) -> str:
+        return f"{self.tree.digest():016x}"
+
+
+def _decode(env: E.Envelope) -> tuple[int, object]:
+    if env.kind == E.CREATE_SESSION:
+        (timeout_ms,) = struct.unpack(">i", env.payload)
+        return OpCode.CREATE_SESSION, timeout_ms
+    if env.kind == E.CLOSE_SESSION:
+        return OpCode.CLOSE_SESSION, None
+    header, body = decode_request(env.payload)
+    return header.type, body
+
+
+def _events(t: Transaction, result: Result) -> tuple[tuple[str, EventType], ...]:
+    body = t.body
+    if isinstance(body, Multi):
+        if isinstance(result, MultiResult) and result.code:
+            return ()
+        return tuple(e for op in body.ops for e in _op_events(op))
+    if isinstance(body, CloseSession) and isinstance(result, SessionClosed):
+        return tuple((p, EventType.NODE_DELETED) for p in result.deleted)
+    return _op_events(body)
+
+
+def _op_events(op: object) -> tuple[tuple[str, EventType], ...]:
+    if isinstance(op, Create):
+        return ((op.path, EventType.NODE_CREATED),)
+    if isinstance(op, Delete):
+        return ((op.path, EventType.NODE_DELETED),)
+    if isinstance(op, SetData):
+        return ((op.path, EventType.NODE_DATA_CHANGED),)
+    return ()
