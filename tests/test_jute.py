@@ -263,6 +263,24 @@ def test_requests_without_a_body():
         assert encode_request(RequestHeader(xid, op)) == wire
 
 
+def test_malformed_fields_say_what_is_wrong():
+    exists = unhex("00000001 00000003 00000002 2f61")  # xid 1, exists "/a", then the watch byte
+    assert decode_request(exists + b"\x01")[1] == ExistsRequest("/a", True)
+    with pytest.raises(JuteError, match="EXISTS request xid=1: boolean byte at offset 14 is 2"):
+        decode_request(exists + b"\x02")
+    with pytest.raises(JuteError, match="truncated boolean"):
+        decode_request(exists)
+    with pytest.raises(JuteError, match="runs past the end"):
+        decode_request(unhex("00000001 00000009 00000003 2f61"))  # sync: a 3-byte path with 2 bytes left
+    with pytest.raises(JuteError, match="negative length -2"):
+        decode_request(unhex("00000001 00000009 fffffffe"))
+    with pytest.raises(JuteError, match="not UTF-8"):
+        decode_request(unhex("00000001 00000009 00000001 ff"))
+    with pytest.raises(JuteError, match="trailing"):
+        decode_request(unhex("00000001 00000009 00000001 2f 00"))
+    assert decode_request(unhex("00000001 00000009 ffffffff"))[1] == SyncRequest("")  # null reads as ""
+
+
 def test_unknown_and_server_only_opcodes_carry_the_xid():
     for op in (999, OpCode.DELETE_CONTAINER, OpCode.CREATE_SESSION, OpCode.NOTIFICATION, OpCode.ERROR):
         with pytest.raises(UnknownOpcode) as caught:
