@@ -26,6 +26,7 @@ from zab.messages import Message
 log = logging.getLogger("quire.zab.transport")
 
 HELLO_TIMEOUT_S = 5.0
+HELLO_MAX_BYTES = 4096
 RECONNECT_MIN_S = 0.02
 RECONNECT_MAX_S = 1.0
 SEND_BATCH_MAX = 256
@@ -205,7 +206,8 @@ class PeerTransport:
 
     # -- receiving ----------------------------------------------------------------------
     async def _accept(self, stream: trio.SocketStream) -> None:
-        decoder = FrameDecoder(self.max_frame_bytes)
+        # Until a HELLO names a member, a stranger may only make us buffer a small frame.
+        decoder = FrameDecoder(HELLO_MAX_BYTES)
         try:
             with trio.fail_after(HELLO_TIMEOUT_S):
                 peer, early = await self._read_hello(stream, decoder)
@@ -214,6 +216,7 @@ class PeerTransport:
             log.warning("event=peer_rejected error=%r", e)
             await stream.aclose()
             return
+        decoder.max_frame_bytes = self.max_frame_bytes
         old = self._incoming.pop(peer, None)
         if old is not None:
             old.cancel()

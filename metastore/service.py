@@ -1,0 +1,427 @@
+"""The client port (trio edge): ZooKeeper's client protocol over TCP, sessions,
+watches, and the leader's session expiry.
+
+Each connection's requests run in order, one at a time (a client's writes and
+reads are answered in the order sent, as ZooKeeper guarantees). Writes go
+through Zab; reads are served from this node's tree. Watch notifications
+for a transaction are queued before the reply to any request that could see
+its effect: the service consumes the driver's ordered stream of deliveries, and
+a request waits until every transaction already applied to the tree has been
+through that stream (`_wait_processed`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import itertools
+import logging
+import struct
+import time
+from dataclasses import dataclass, field
+
+import trio
+
+from metastore import envelope as E
+from metastore import jute
+from metastore.acl import Id, digest_auth_id
+from metastore.four_letter import answer_four_letter_word
+from metastore.jute_defs import Err, JuteError, KeeperState, OpCode, UnknownOpcode, Xid
+from metastore.responses import READ_OPS, WATCH_KINDS_FOR_TYPE, WRITE_OPS, read_reply, write_reply
+from metastore.sessions import SessionTracker
+from metastore.state_machine import Applied, MetastoreStateMachine
+from metastore.txn import SessionClosed
+from metastore.watches import WatchKind, WatchManager
+from zab.actions import Delivered, Phase, RoleChanged, SessionsTouched
+from zab.driver import PeerDriver
+from zab.errors import NoLeader, OutcomeUnknown
+
+log = logging.getLogger("quire.metastore")
+
+RECEIVE_BYTES = 1 << 16
+OUTGOING_MAX = 10_000
+HANDSHAKE_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class MetastoreConfig:
+    node_id: int
+    host: str
+    port: int
+    min_session_timeout_ms: int = 2_000
+    max_session_timeout_ms: int = 60_000
+    session_secret: bytes = b"quire"
+    four_letter_words: frozenset[str] = frozenset({"ruok", "srvr", "stat", "mntr", "conf", "envi", "isro"})
+    tick_ms: int = 50
+
+
+@dataclass(eq=False)
+class Connection:
+    id: int
+    stream: trio.SocketStream
+    peer: str
+    out_send: trio.MemorySendChannel
+    out_recv: trio.MemoryReceiveChannel
+    session_id: int = 0
+    auth: list[Id] = field(default_factory=list)
+    active: bool = True  # since the last touch round
+
+    def send(self, payload: bytes) -> None:
+        try:
+            self.out_send.send_nowait(jute.frame(payload))
+        except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+            self.close()  # a client that does not read its replies is cut off, never waited for
+
+    def close(self) -> None:
+        self.out_send.close()
+
+
+class MetastoreService:
+    def __init__(self, driver: PeerDriver, sm: MetastoreStateMachine, config: MetastoreConfig) -> None:
+        self.driver = driver
+        self.sm = sm
+        self.cfg = config
+        self.watches = WatchManager()
+        self.tracker = SessionTracker()
+        self._tracking = False
+        self.connections: dict[int, Connection] = {}
+        self.by_session: dict[int, Connection] = {}
+        self.processed_zxid = 0
+        self._processed = trio.Event()
+        self._conn_ids = itertools.count(1)
+        self._cxids = itertools.count(1)
+        self._next_session = (config.node_id << 48) | ((int(time.time() * 1000) << 8) & 0xFFFF_FFFF_FFFF)
+        self._events = driver.subscribe()
+        self.stats = {"requests": 0, "notifications": 0, "connections": 0}
+
+    # -- running -------------------------------------------------------------------
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(self.cfg.port, host=self.cfg.host)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._consume)
+            nursery.start_soon(self._maintain_sessions, nursery)
+            nursery.start_soon(trio.serve_listeners, self._handle, listeners)
+            task_status.started()
+
+    async def _consume(self) -> None:
+        """The driver's ordered stream: fire watches, track sessions."""
+        async for event in self._events:
+            if isinstance(event, Delivered):
+                self._on_delivered(event.result)
+            elif isinstance(event, SessionsTouched):
+                for sid in event.session_ids:
+                    self.tracker.touch(sid, _now_ms())
+            elif isinstance(event, RoleChanged):
+                self._tracking = False
+
+    def _on_delivered(self, applied: object) -> None:
+        if isinstance(applied, Applied):
+            for path, event_type in applied.events:
+                for conn_id, ev, at in self.watches.trigger(path, event_type):
+                    conn = self.connections.get(conn_id)
+                    if conn is not None:
+                        self.stats["notifications"] += 1
+                        conn.send(jute.encode_notification(jute.WatcherEvent(ev, KeeperState.SYNC_CONNECTED, at)))
+            if isinstance(applied.result, SessionClosed):
+                self.tracker.remove(applied.result.session_id)
+                conn = self.by_session.pop(applied.result.session_id, None)
+                if conn is not None:
+                    conn.close()
+            self.processed_zxid = applied.zxid
+        self._processed.set()
+        self._processed = trio.Event()
+
+    async def _wait_processed(self) -> None:
+        target = self.sm.last_zxid
+        while self.processed_zxid < target:
+            await self._processed.wait()
+
+    # -- sessions ---------------------------------------------------------------------
+    def _password(self, session_id: int) -> bytes:
+        return hmac.new(self.cfg.session_secret, struct.pack(">q", session_id), hashlib.sha256).digest()[:16]
+
+    def _negotiate(self, requested_ms: int) -> int:
+        return max(self.cfg.min_session_timeout_ms, min(self.cfg.max_session_timeout_ms, requested_ms))
+
+    async def _maintain_sessions(self, nursery: trio.Nursery) -> None:
+        """Every node reports its active sessions; the leader expires the silent ones."""
+        period_s = max(self.cfg.tick_ms, 20) / 1000
+        while True:
+            await trio.sleep(period_s)
+            active = [c.session_id for c in self.connections.values() if c.session_id and c.active]
+            for c in self.connections.values():
+                c.active = False
+            if active:
+                self.driver.touch(tuple(active))
+            peer = self.driver.peer
+            leading = peer is not None and peer.role_state is not None and peer.role.value == "leader" \
+                and peer.phase is Phase.BROADCAST
+            if not leading:
+                self._tracking = False
+                continue
+            if not self._tracking:
+                self.tracker.reset(self.sm.tree.sessions(), _now_ms())
+                self._tracking = True
+            for sid in self.tracker.expired(_now_ms()):
+                nursery.start_soon(self._submit_close, sid)
+
+    async def _submit_close(self, session_id: int) -> None:
+        env = E.Envelope(E.CLOSE_SESSION, self.cfg.node_id, _now_ms(), (), b"")
+        try:
+            await self.driver.submit(session_id, next(self._cxids), E.encode_envelope(env))
+        except (NoLeader, OutcomeUnknown) as e:
+            log.info("event=expire_retry session=%#x error=%r", session_id, e)
+
+    # -- connections ---------------------------------------------------------------------
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        send, recv = trio.open_memory_channel(OUTGOING_MAX)
+        conn = Connection(next(self._conn_ids), stream, _peer_of(stream), send, recv)
+        self.connections[conn.id] = conn
+        self.stats["connections"] += 1
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._writer, conn, nursery.cancel_scope)
+                await self._serve(conn)
+                conn.close()
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            del self.connections[conn.id]
+            self.watches.drop_connection(conn.id)
+            if self.by_session.get(conn.session_id) is conn:
+                del self.by_session[conn.session_id]
+            await stream.aclose()
+
+    async def _writer(self, conn: Connection, scope: trio.CancelScope) -> None:
+        try:
+            async for data in conn.out_recv:
+                await conn.stream.send_all(data)
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        scope.cancel()
+
+    async def _serve(self, conn: Connection) -> None:
+        reader = jute.FrameReader()
+        first = await _receive_exactly(conn.stream, 4)
+        if first is None:
+            return
+        word = jute.four_letter_word(first)
+        if word is not None:
+            if word in self.cfg.four_letter_words:
+                conn.out_send.send_nowait(answer_four_letter_word(word, self).encode())
+            return
+        frames = reader.feed(first)
+        try:
+            with trio.fail_after(HANDSHAKE_TIMEOUT_S):
+                while not frames:
+                    data = await conn.stream.receive_some(RECEIVE_BYTES)
+                    if not data:
+                        return
+                    frames = reader.feed(data)
+            if not await self._connect(conn, frames.pop(0)):
+                return
+            while True:
+                for payload in frames:
+                    if not await self._request(conn, payload):
+                        return
+                data = await conn.stream.receive_some(RECEIVE_BYTES)
+                if not data:
+                    return
+                frames = reader.feed(data)
+        except (JuteError, trio.TooSlowError) as e:
+            log.info("event=client_dropped conn=%s peer=%s error=%r", conn.id, conn.peer, e)
+
+    async def _connect(self, conn: Connection, payload: bytes) -> bool:
+        req = jute.decode_connect_request(payload)
+        peer = self.driver.peer
+        if peer is None or peer.phase is not Phase.BROADCAST:
+            return False  # no quorum here: the client tries another server
+        if req.last_zxid_seen > self.sm.last_zxid:
+            log.info("event=client_ahead session=%#x client_zxid=%#x our_zxid=%#x", req.session_id,
+                     req.last_zxid_seen, self.sm.last_zxid)
+            return False  # we are behind what the client has seen: it must pick another server
+        if req.session_id == 0:
+            session_id, timeout = await self._create_session(req.time_out)
+            if session_id == 0:
+                return False
+        else:
+            session_id = req.session_id
+            timeout = self.sm.tree.session_timeout(session_id) or 0
+            if timeout == 0 or not hmac.compare_digest(req.passwd, self._password(session_id)):
+                conn.send(jute.encode_connect_response(jute.ConnectResponse(0, 0, 0, b"\0" * 16, False)))
+                return False
+        old = self.by_session.get(session_id)
+        if old is not None and old is not conn:
+            old.close()  # the client moved here: its old connection must not act for it any more
+        conn.session_id = session_id
+        self.by_session[session_id] = conn
+        self.tracker.touch(session_id, _now_ms())
+        conn.send(jute.encode_connect_response(
+            jute.ConnectResponse(0, timeout, session_id, self._password(session_id), False)))
+        return True
+
+    async def _create_session(self, requested_ms: int) -> tuple[int, int]:
+        self._next_session += 1
+        session_id, timeout = self._next_session, self._negotiate(requested_ms)
+        env = E.Envelope(E.CREATE_SESSION, self.cfg.node_id, _now_ms(), (), struct.pack(">i", timeout))
+        try:
+            await self.driver.submit(session_id, next(self._cxids), E.encode_envelope(env))
+        except (NoLeader, OutcomeUnknown):
+            return 0, 0
+        if self._tracking:
+            self.tracker.add(session_id, timeout, _now_ms())
+        return session_id, timeout
+
+    # -- requests ------------------------------------------------------------------------
+    async def _request(self, conn: Connection, payload: bytes) -> bool:
+        """Answer one request; False closes the connection."""
+        try:
+            header, body = jute.decode_request(payload)
+        except UnknownOpcode as e:
+            log.info("event=unknown_opcode conn=%s error=%r", conn.id, e)
+            return False
+        conn.active = True
+        self.stats["requests"] += 1
+        op = header.type
+        if op == OpCode.PING:
+            conn.send(jute.encode_reply(jute.ReplyHeader(Xid.PING, self.sm.last_zxid, 0)))
+            return True
+        if op == OpCode.AUTH:
+            return self._auth(conn, header, body)
+        if op == OpCode.CLOSE_SESSION:
+            await self._close_session(conn, header)
+            return False
+        if op in (OpCode.SET_WATCHES, OpCode.SET_WATCHES2):
+            await self._wait_processed()
+            self._set_watches(conn, body)
+            conn.send(jute.encode_reply(jute.ReplyHeader(Xid.SET_WATCHES, self.sm.last_zxid, 0)))
+            return True
+        if op in WRITE_OPS:
+            return await self._write(conn, header, body, payload)
+        if op == OpCode.SYNC:
+            return await self._sync(conn, header, body)
+        await self._wait_processed()
+        if op in READ_OPS:
+            reply = read_reply(self.sm.tree, op, body, conn.session_id, conn.auth)
+            if reply.watch is not None and reply.err in (0, Err.NO_NODE):
+                self.watches.add(conn.id, reply.watch[0], reply.watch[1])
+            self._reply(conn, header.xid, reply.err, reply.body)
+        elif op in (OpCode.ADD_WATCH, OpCode.REMOVE_WATCHES, OpCode.CHECK_WATCHES):
+            self._watch_op(conn, header, body)
+        else:
+            self._reply(conn, header.xid, Err.UNIMPLEMENTED)
+        return True
+
+    def _reply(self, conn: Connection, xid: int, err: int, body: object = None, zxid: int | None = None) -> None:
+        zxid = self.sm.last_zxid if zxid is None else zxid
+        conn.send(jute.encode_reply(jute.ReplyHeader(xid, zxid, err), body if err == 0 else None))
+
+    async def _write(self, conn: Connection, header, body, payload: bytes) -> bool:
+        env = E.Envelope(E.CLIENT, self.cfg.node_id, _now_ms(), tuple((i.scheme, i.id) for i in conn.auth), payload)
+        try:
+            applied = await self.driver.submit(conn.session_id, next(self._cxids), E.encode_envelope(env))
+        except (NoLeader, OutcomeUnknown) as e:
+            log.info("event=write_lost conn=%s error=%r", conn.id, e)
+            return False  # ConnectionLoss for the client: it reconnects and finds out
+        assert isinstance(applied, Applied)
+        await self._wait_processed()
+        reply = write_reply(header.type, applied.result, body)
+        self._reply(conn, header.xid, reply.err, reply.body, zxid=applied.zxid)
+        return True
+
+    async def _sync(self, conn: Connection, header, body) -> bool:
+        try:
+            await self.driver.sync(conn.session_id, next(self._cxids))
+        except (NoLeader, OutcomeUnknown):
+            return False
+        await self._wait_processed()
+        self._reply(conn, header.xid, 0, jute.SyncResponse(body.path))
+        return True
+
+    def _auth(self, conn: Connection, header, body: jute.AuthPacket) -> bool:
+        if body.scheme != "digest":
+            conn.send(jute.encode_reply(jute.ReplyHeader(Xid.AUTH, self.sm.last_zxid, Err.AUTH_FAILED)))
+            conn.send(jute.encode_notification(jute.WatcherEvent(-1, KeeperState.AUTH_FAILED, None)))
+            return False
+        ident = digest_auth_id(body.auth)
+        if ident not in conn.auth:
+            conn.auth.append(ident)
+        conn.send(jute.encode_reply(jute.ReplyHeader(Xid.AUTH, self.sm.last_zxid, 0)))
+        return True
+
+    async def _close_session(self, conn: Connection, header) -> None:
+        env = E.Envelope(E.CLOSE_SESSION, self.cfg.node_id, _now_ms(), (), b"")
+        try:
+            applied = await self.driver.submit(conn.session_id, next(self._cxids), E.encode_envelope(env))
+            await self._wait_processed()
+            self._reply(conn, header.xid, 0, zxid=applied.zxid)
+        except (NoLeader, OutcomeUnknown):
+            pass
+
+    # -- watches -----------------------------------------------------------------------------
+    def _set_watches(self, conn: Connection, req) -> None:
+        """Re-register a reconnecting client's watches, firing those it missed (ZooKeeper's rules)."""
+        tree, rel = self.sm.tree, req.relative_zxid
+        events = []
+        for path in req.data_watches:
+            stat = tree.exists(path)
+            if stat is None:
+                events.append((2, path))
+            elif stat.mzxid > rel:
+                events.append((3, path))
+            else:
+                self.watches.add(conn.id, path, WatchKind.DATA)
+        for path in req.exist_watches:
+            if tree.exists(path) is not None:
+                events.append((1, path))
+            else:
+                self.watches.add(conn.id, path, WatchKind.DATA)
+        for path in req.child_watches:
+            stat = tree.exists(path)
+            if stat is None:
+                events.append((2, path))
+            elif stat.pzxid > rel:
+                events.append((4, path))
+            else:
+                self.watches.add(conn.id, path, WatchKind.CHILD)
+        for path in getattr(req, "persistent_watches", ()):
+            self.watches.add(conn.id, path, WatchKind.PERSISTENT)
+        for path in getattr(req, "persistent_recursive_watches", ()):
+            self.watches.add(conn.id, path, WatchKind.PERSISTENT_RECURSIVE)
+        for ev, path in events:
+            conn.send(jute.encode_notification(jute.WatcherEvent(ev, KeeperState.SYNC_CONNECTED, path)))
+
+    def _watch_op(self, conn: Connection, header, body) -> None:
+        if header.type == OpCode.ADD_WATCH:
+            kind = WatchKind.PERSISTENT_RECURSIVE if body.mode == 1 else WatchKind.PERSISTENT
+            self.watches.add(conn.id, body.path, kind)
+            self._reply(conn, header.xid, 0, jute.ErrorResponse(0))
+            return
+        kinds = WATCH_KINDS_FOR_TYPE.get(body.type, ())
+        if header.type == OpCode.CHECK_WATCHES:
+            found = any(self.watches.has(conn.id, body.path, k) for k in kinds)
+        else:
+            found = any([self.watches.remove(conn.id, body.path, k) for k in kinds])
+        self._reply(conn, header.xid, 0 if found else Err.NO_WATCHER)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _peer_of(stream: trio.SocketStream) -> str:
+    try:
+        host, port = stream.socket.getpeername()[:2]
+        return f"{host}:{port}"
+    except OSError:
+        return "?"
+
+
+async def _receive_exactly(stream: trio.SocketStream, n: int) -> bytes | None:
+    buf = b""
+    while len(buf) < n:
+        data = await stream.receive_some(n - len(buf))
+        if not data:
+            return None
+        buf += data
+    return buf
