@@ -105,6 +105,10 @@ def next_version(version: int) -> int:
 
 
 _NO_CHILDREN: frozenset[str] = frozenset()
+# /zookeeper/config holds each node's own view of the ensemble (set_config_node), not
+# replicated state: no transaction may change it or create under it. (Its READ-only ACL
+# already refuses that to clients; ZooKeeper would let a super user change its ACL.)
+_CONFIG_IS_LOCAL = "/zookeeper/config is the node's configuration, not replicated data"
 
 # A snapshot's znode: path, data, acl, czxid, mzxid, pzxid, ctime, mtime, version,
 # internal cversion, aversion, ephemeral owner.
@@ -308,10 +312,10 @@ class DataTree:
 
     # -- internal bookkeeping ------------------------------------------------------
     def _intern(self, acl: Sequence[ACL]) -> tuple[ACL, ...]:
-        entry = self._acls.get(acl)  # type: ignore[arg-type]
+        key = tuple(acl)
+        entry = self._acls.get(key)
         if entry is None:
-            acl = tuple(acl)
-            entry = self._acls[acl] = [acl, encode_acl(acl), 0]
+            entry = self._acls[key] = [key, encode_acl(key), 0]
         entry[2] += 1
         return entry[0]
 
@@ -368,6 +372,8 @@ class DataTree:
         parent = self._nodes.get(parent_path)
         if parent is None:
             raise NoNode(path)
+        if parent_path == paths.CONFIG:
+            raise BadArguments(path, _CONFIG_IS_LOCAL)
         if path in self._nodes:
             raise NodeExists(path)
         if ephemeral_type(parent.owner) is EphemeralType.NORMAL:
@@ -406,6 +412,8 @@ class DataTree:
     def set_data(self, path: str, data: bytes, version: int, zxid: int, time_ms: int) -> Stat:
         """Replace the data; `version` is the resulting version (the current one's successor)."""
         current = self._existing(path)
+        if path == paths.CONFIG:
+            raise BadArguments(path, _CONFIG_IS_LOCAL)
         if version != next_version(current.version):
             raise TxnConflict(f"setData {path!r}: version {current.version} is not followed by {version}")
         node = self._writable(path)
@@ -420,6 +428,8 @@ class DataTree:
     def set_acl(self, path: str, acl: Sequence[ACL], aversion: int) -> Stat:
         """Replace the ACL; `aversion` is the resulting ACL version (the current one's successor)."""
         current = self._existing(path)
+        if path == paths.CONFIG:
+            raise BadArguments(path, _CONFIG_IS_LOCAL)
         if aversion != next_version(current.aversion):
             raise TxnConflict(f"setACL {path!r}: aversion {current.aversion} is not followed by {aversion}")
         node = self._writable(path)
