@@ -122,7 +122,7 @@ def render_metrics(status: dict[str, Any]) -> str:
     gauge("quire_last_zxid", status.get("last_zxid"), "zxid of the last transaction in the log")
     gauge("quire_last_committed_zxid", status.get("last_committed_zxid"), "zxid of the last committed transaction")
     gauge("quire_connected_peers", len(status.get("peers") or ()), "peers currently connected")
-    for group in ("log", "kv"):
+    for group in ("log", "clients"):
         for key, value in sorted((status.get(group) or {}).items()):
             gauge(f"quire_{group}_{_metric_name(key)}", value, f"{group} statistic {key}")
     return "\n".join(lines) + "\n"

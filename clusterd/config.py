@@ -88,6 +88,13 @@ class ClusterConfig:
     snapshots_retained: int = 3
     max_frame_bytes: int = 64 << 20
     send_queue_max: int = 10_000
+    # What the client port speaks: "kv" (the demo key-value protocol over the demo state
+    # machine) or "zookeeper" (the metastore: ZooKeeper's client protocol, kazoo, zkCli).
+    client_protocol: str = "kv"
+    min_session_timeout_ms: int = 2_000
+    max_session_timeout_ms: int = 60_000
+    # Keys session passwords (HMAC): set it to a private value on a real cluster.
+    session_secret: str = "quire-change-me"
 
     @property
     def voters(self) -> frozenset[int]:
@@ -142,6 +149,9 @@ class ClusterConfig:
 # Cluster-wide keys and their defaults, taken from the dataclass so there is one list.
 CLUSTER_DEFAULTS: dict[str, Any] = {
     f.name: f.default for f in fields(ClusterConfig) if f.name not in ("path", "nodes")}
+
+
+CLIENT_PROTOCOLS = ("kv", "zookeeper")
 
 
 def load(path: str | os.PathLike[str]) -> ClusterConfig:
@@ -215,6 +225,11 @@ def _check_cluster(config: ClusterConfig) -> None:
     _check_unique(path, "data_dir", [(n.data_dir, f"node {n.id}") for n in config.nodes])
     _check_unique(path, "address", [((n.host, getattr(n, key)), f"node {n.id} {key}")
                                     for n in config.nodes for key in PORT_KEYS])
+    if config.client_protocol not in CLIENT_PROTOCOLS:
+        raise ConfigError(f"{path}: [cluster]: key 'client_protocol': must be one of {', '.join(CLIENT_PROTOCOLS)}, "
+                          f"got {config.client_protocol!r}")
+    if config.min_session_timeout_ms > config.max_session_timeout_ms:
+        raise ConfigError(f"{path}: [cluster]: min_session_timeout_ms exceeds max_session_timeout_ms")
     voters = sorted(config.voters)
     if not voters:
         raise ConfigError(f"{path}: no node has the role 'voter': a cluster needs 1, 3, 5 or 7 voters")

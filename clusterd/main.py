@@ -23,6 +23,8 @@ from clusterd import localcluster
 from clusterd.admin import AdminServer
 from clusterd.config import BOOKIE, ClusterConfig, ConfigError, NodeConfig, load
 from clusterd.kvservice import INCARNATION_BITS, KVService
+from metastore.service import MetastoreConfig, MetastoreService
+from metastore.state_machine import MetastoreStateMachine
 from zab.driver import PeerDriver
 from zab.kv_state_machine import KVStateMachine
 
@@ -110,17 +112,31 @@ async def _cancel_on_signal(signals: Any, scope: trio.CancelScope) -> None:
 
 
 async def _start_services(nursery: trio.Nursery, config: ClusterConfig, node: NodeConfig) -> None:
-    driver = PeerDriver(config.zab_config(node.id), config.peer_addresses(), node.data_dir, KVStateMachine(),
+    zookeeper = config.client_protocol == "zookeeper"
+    sm = MetastoreStateMachine() if zookeeper else KVStateMachine()
+    driver = PeerDriver(config.zab_config(node.id), config.peer_addresses(), node.data_dir, sm,
                         max_frame_bytes=config.max_frame_bytes, send_queue_max=config.send_queue_max,
                         snapshots_retained=config.snapshots_retained, cluster_name=config.name)
+    if zookeeper:
+        service = MetastoreService(driver, sm, MetastoreConfig(
+            node.id, node.host, node.client_port, config.min_session_timeout_ms, config.max_session_timeout_ms,
+            config.session_secret.encode(), tick_ms=config.tick_ms))
     await nursery.start(driver.run)
-    kv = KVService(node.id, driver, incarnation=random.SystemRandom().getrandbits(INCARNATION_BITS))
-    await nursery.start(trio.serve_listeners, kv.handle_connection,
-                        await _listen(node.host, node.client_port, "clients"))
+    if zookeeper:
+        try:
+            await nursery.start(service.run)
+        except OSError as e:
+            raise StartupError(f"cannot listen for clients on {node.host}:{node.client_port}: {e}") from None
+        client_stats = lambda: dict(service.stats)  # noqa: E731
+    else:
+        kv = KVService(node.id, driver, incarnation=random.SystemRandom().getrandbits(INCARNATION_BITS))
+        await nursery.start(trio.serve_listeners, kv.handle_connection,
+                            await _listen(node.host, node.client_port, "clients"))
+        client_stats = kv.statistics
 
     def status() -> dict[str, Any]:
         return {**driver.status(), "id": node.id, "pid": os.getpid(), "cluster": config.name,
-                "roles": sorted(node.roles), "kv": kv.statistics()}
+                "roles": sorted(node.roles), "clients": client_stats()}
 
     await nursery.start(trio.serve_listeners, AdminServer(status).handle_connection,
                         await _listen(node.host, node.admin_port, "admin"))

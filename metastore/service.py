@@ -350,6 +350,9 @@ class MetastoreService:
         return True
 
     async def _close_session(self, conn: Connection, header) -> None:
+        # The client asked: answer it before closing (the delivery would close it first).
+        if self.by_session.get(conn.session_id) is conn:
+            del self.by_session[conn.session_id]
         env = E.Envelope(E.CLOSE_SESSION, self.cfg.node_id, _now_ms(), (), b"")
         try:
             applied = await self.driver.submit(conn.session_id, next(self._cxids), E.encode_envelope(env))
