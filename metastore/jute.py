@@ -93,6 +93,7 @@ _REQUEST_DECODERS[OpCode.MULTI] = multi_request_decoder(MULTI_WRITE_OPS, "multi"
 _REQUEST_DECODERS[OpCode.MULTI_READ] = multi_request_decoder(MULTI_READ_OPS, "multiRead")
 _RESPONSE_DECODERS = _decoders(RESPONSE_BODIES)
 _NOTIFICATION_HEADER = REPLY_HEADER.pack(Xid.NOTIFICATION, -1, Err.OK)
+_OPCODES = {int(op): op for op in OpCode}
 
 
 # --- server side ---------------------------------------------------------------------
@@ -119,7 +120,7 @@ def decode_request(payload: bytes, max_bytes: int = DEFAULT_MAX_BUFFER_BYTES) ->
         decoder = _REQUEST_DECODERS[op]
     except KeyError:
         raise UnknownOpcode(xid, op) from None
-    header = RequestHeader(xid, OpCode(op))
+    header = RequestHeader(xid, _OPCODES[op])
     try:
         body = decoder(r) if decoder is not None else None
         r.done()

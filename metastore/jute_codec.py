@@ -83,14 +83,17 @@ class Reader:
 
     def length(self, what: str, item_bytes: int = 1) -> int:
         """A length or count prefix, checked; -1 (null) is returned as is."""
-        n = self.int()
+        pos = self.pos
+        if pos + 4 > len(self.buf):
+            raise self._truncated(4, f"{what} length")
+        n = I32.unpack_from(self.buf, pos)[0]
+        self.pos = pos = pos + 4
         if n < -1:
-            raise JuteError(f"{what} at offset {self.pos - 4} has negative length {n}")
+            raise JuteError(f"{what} at offset {pos - 4} has negative length {n}")
         if n > self.max_bytes:
             raise JuteError(f"{what} of length {n} exceeds the limit of {self.max_bytes} (jute.maxbuffer)")
-        if n * item_bytes > self.left():
-            raise JuteError(f"{what} of length {n} at offset {self.pos - 4} runs past the end "
-                            f"({self.left()} bytes left)")
+        if n * item_bytes > len(self.buf) - pos:
+            raise JuteError(f"{what} of length {n} at offset {pos - 4} runs past the end ({self.left()} bytes left)")
         return n
 
     def buffer(self) -> bytes | None:
@@ -101,10 +104,25 @@ class Reader:
         self.pos = pos + n
         return self.buf[pos:pos + n]
 
+    def blob(self) -> bytes:
+        """A buffer whose null reads as b""."""
+        n = self.length("buffer")
+        if n <= 0:
+            return b""
+        pos = self.pos
+        self.pos = pos + n
+        return self.buf[pos:pos + n]
+
     def ustring(self) -> str | None:
         n = self.length("ustring")
-        if n < 0:
-            return None
+        return None if n < 0 else self._utf8(n)
+
+    def text(self) -> str:
+        """A ustring whose null reads as ""."""
+        n = self.length("ustring")
+        return "" if n < 0 else self._utf8(n)
+
+    def _utf8(self, n: int) -> str:
         pos = self.pos
         self.pos = pos + n
         try:
@@ -175,8 +193,8 @@ INT = Kind(_put_int, Reader.int, 4)
 LONG = Kind(_put_long, Reader.long, 8)
 BOOL = Kind(_put_bool, Reader.bool, 1)
 DATA = Kind(_put_buffer, Reader.buffer, 4)  # null stays None (znode data)
-BUFFER = Kind(_put_buffer, lambda r: r.buffer() or b"", 4)  # null reads as b""
-USTRING = Kind(_put_ustring, lambda r: r.ustring() or "", 4)  # null reads as ""
+BUFFER = Kind(_put_buffer, Reader.blob, 4)  # null reads as b""
+USTRING = Kind(_put_ustring, Reader.text, 4)  # null reads as ""
 OPT_USTRING = Kind(_put_ustring, Reader.ustring, 4)  # null stays None
 STAT_KIND = Kind(_put_stat, Reader.stat, STAT.size)
 
@@ -213,6 +231,22 @@ def _trailing_bool(absent: bool | None) -> Kind:
 KINDS: dict[type, Kind] = {Stat: STAT_KIND}
 
 
+def _constructor(cls: type, decs: tuple[Decoder, ...]) -> Decoder:
+    """Read the fields in order and build the record (unrolled for the usual sizes: this is the hot path)."""
+    match decs:
+        case ():
+            return lambda r: cls()
+        case (a,):
+            return lambda r: cls(a(r))
+        case (a, b):
+            return lambda r: cls(a(r), b(r))
+        case (a, b, c):
+            return lambda r: cls(a(r), b(r), c(r))
+        case (a, b, c, d):
+            return lambda r: cls(a(r), b(r), c(r), d(r))
+    return lambda r: cls(*[get(r) for get in decs])
+
+
 def record(cls: type, *fields: tuple[str, Kind]) -> Kind:
     """Declare the wire schema of a record class: its fields, in order, with their kinds."""
     names = tuple(name for name, _ in fields)
@@ -225,10 +259,7 @@ def record(cls: type, *fields: tuple[str, Kind]) -> Kind:
         for name, put in pairs:
             put(out, getattr(rec, name))
 
-    def dec(r: Reader) -> Any:
-        return cls(*[get(r) for get in decs])
-
-    kind = Kind(enc, dec, sum(k.min_bytes for _, k in fields))
+    kind = Kind(enc, _constructor(cls, decs), sum(k.min_bytes for _, k in fields))
     KINDS[cls] = kind
     return kind
 
