@@ -1,0 +1,101 @@
+"""ACLs: ZooKeeper's digest computation, ip matching, the ACL fix-up of create and
+setACL requests, and permission checks (ZooKeeperServer.checkACL)."""
+
+from __future__ import annotations
+
+import pytest
+
+from metastore.acl import (ACL, ANYONE_ID, CREATOR_ALL_ACL, OPEN_ACL_UNSAFE, READ_ACL_UNSAFE, Id, Perm, check,
+                           digest_auth_id, encode_acl, fixup_acl, generate_digest, ip_matches, is_valid_id, require,
+                           validate_acl)
+from metastore.errors import InvalidACL, NoAuth
+
+ALICE = digest_auth_id(b"alice:secret")
+CLIENT_IP = Id("ip", "10.1.2.3")
+
+
+def test_digest_is_computed_as_zookeeper_does():
+    # The superDigest ZooKeeper's own test suite configures, for "super:test".
+    assert generate_digest("super:test") == "super:D/InIHSb7yEEbrWz8b9l71RjZJU="
+    assert ALICE == Id("digest", "alice:" + generate_digest("alice:secret").split(":", 1)[1])
+    assert generate_digest("nocolon").startswith("nocolon:")  # user part: all before the first ':'
+    assert generate_digest("a:b:c").startswith("a:")
+
+
+def test_perm_bits():
+    assert (Perm.READ, Perm.WRITE, Perm.CREATE, Perm.DELETE, Perm.ADMIN, Perm.ALL) == (1, 2, 4, 8, 16, 31)
+
+
+@pytest.mark.parametrize("client, expr, expected", [
+    ("10.1.2.3", "10.1.2.3", True),
+    ("10.1.2.3", "10.0.0.0/8", True),
+    ("11.1.2.3", "10.0.0.0/8", False),
+    ("10.1.2.3", "10.1.2.0/24", True),
+    ("10.1.3.3", "10.1.2.0/23", True),
+    ("10.1.4.3", "10.1.2.0/23", False),
+    ("1.2.3.4", "0.0.0.0/0", True),
+    ("10.1.2.3", "10.1.2.3/33", False),     # prefix longer than the address
+    ("10.1.2.3", "10.1.2.3/x", False),
+    ("10.1.2.3", "10.1.2", False),
+    ("10.1.2.3", "10.1.2.256", False),
+    ("::1", "::1", True),
+    ("0:0:0:0:0:0:0:1", "::1/128", True),
+    ("fe80::1", "fe80::/10", True),
+    ("fec0::1", "fe80::/10", False),
+    ("2001:db8::7", "2001:db8::/32", True),
+    ("10.1.2.3", "::/0", False),            # IPv4 client, IPv6 ACL
+    ("1:2:3:4:5:6:7:8", "1:2:3:4:5:6:7:8", True),
+    ("1:2:3:4:5:6:7", "1:2:3:4:5:6:7", False),
+    ("1::2::3", "::/0", False),
+    ("12345::", "::/0", False),
+    ("localhost", "localhost", False),
+])
+def test_ip_matching(client, expr, expected):
+    assert ip_matches(client, expr) is expected
+
+
+def test_valid_ids():
+    assert is_valid_id(ANYONE_ID) and not is_valid_id(Id("world", "someone"))
+    assert is_valid_id(Id("digest", "u:hash")) and not is_valid_id(Id("digest", "nohash"))
+    assert not is_valid_id(Id("digest", "u:")) and not is_valid_id(Id("digest", "a:b:c"))
+    assert is_valid_id(Id("ip", "10.0.0.0/8")) and not is_valid_id(Id("ip", "10.0.0.0/40"))
+    assert not is_valid_id(Id("nosuchscheme", "x")) and not is_valid_id(Id("auth", ""))
+
+
+def test_fixup_expands_auth_to_the_sessions_authenticated_ids():
+    bob = digest_auth_id(b"bob:pw")
+    acl = fixup_acl("/p", CREATOR_ALL_ACL, [CLIENT_IP, ALICE, bob])
+    assert acl == (ACL(Perm.ALL, ALICE), ACL(Perm.ALL, bob))  # ip ids are not "authenticated"
+    with pytest.raises(InvalidACL):
+        fixup_acl("/p", CREATOR_ALL_ACL, [CLIENT_IP])
+
+
+def test_fixup_drops_duplicates_and_refuses_bad_lists():
+    assert fixup_acl("/p", OPEN_ACL_UNSAFE * 2, []) == OPEN_ACL_UNSAFE
+    for bad in ([], [ACL(Perm.ALL, Id("world", "someone"))], [ACL(Perm.READ, Id("sasl", "x"))]):
+        with pytest.raises(InvalidACL) as info:
+            fixup_acl("/p", bad, [ALICE])
+        assert info.value.code == -114
+    with pytest.raises(InvalidACL):
+        validate_acl("/p", [])
+    validate_acl("/p", READ_ACL_UNSAFE)
+
+
+def test_check_follows_zookeepers_rules():
+    mixed = (ACL(Perm.READ, ANYONE_ID), ACL(Perm.WRITE | Perm.DELETE, ALICE), ACL(Perm.ADMIN, Id("ip", "10.0.0.0/8")))
+    assert check(mixed, Perm.READ, [])
+    assert not check(mixed, Perm.WRITE, [])
+    assert check(mixed, Perm.WRITE, [ALICE]) and check(mixed, Perm.DELETE, [ALICE])
+    assert not check(mixed, Perm.CREATE, [ALICE, CLIENT_IP])
+    assert check(mixed, Perm.ADMIN, [CLIENT_IP]) and not check(mixed, Perm.ADMIN, [Id("ip", "11.0.0.1")])
+    assert not check(mixed, Perm.WRITE, [Id("ip", ALICE.id)])  # schemes must match
+    assert check((), Perm.ADMIN, [])  # an empty ACL allows everything
+    assert check(((ACL(Perm.READ, ALICE)),), Perm.ADMIN, [Id("super", "")])
+    with pytest.raises(NoAuth) as info:
+        require(READ_ACL_UNSAFE, Perm.WRITE, [], "/x")
+    assert info.value.code == -102 and info.value.path == "/x"
+
+
+def test_acl_encoding_is_canonical():
+    assert encode_acl(OPEN_ACL_UNSAFE) == (
+        b"\x00\x00\x00\x01" + b"\x00\x00\x00\x1f" + b"\x00\x00\x00\x05world" + b"\x00\x00\x00\x06anyone")
