@@ -30,7 +30,7 @@ from metastore.jute_defs import Err, JuteError, KeeperState, OpCode, UnknownOpco
 from metastore.responses import READ_OPS, WATCH_KINDS_FOR_TYPE, WRITE_OPS, read_reply, write_reply
 from metastore.sessions import SessionTracker
 from metastore.state_machine import Applied, MetastoreStateMachine
-from metastore.txn import SessionClosed
+from metastore.txn import SessionClosed, SessionCreated
 from metastore.watches import WatchKind, WatchManager
 from zab.actions import Delivered, Phase, RoleChanged, SessionsTouched
 from zab.driver import PeerDriver
@@ -122,6 +122,9 @@ class MetastoreService:
                     if conn is not None:
                         self.stats["notifications"] += 1
                         conn.send(jute.encode_notification(jute.WatcherEvent(ev, KeeperState.SYNC_CONNECTED, at)))
+            if isinstance(applied.result, SessionCreated) and self._tracking:
+                # Sessions opened through any node reach the leader's tracker here.
+                self.tracker.add(applied.result.session_id, applied.result.timeout_ms, _now_ms())
             if isinstance(applied.result, SessionClosed):
                 self.tracker.remove(applied.result.session_id)
                 conn = self.by_session.pop(applied.result.session_id, None)
@@ -268,8 +271,6 @@ class MetastoreService:
             await self.driver.submit(session_id, next(self._cxids), E.encode_envelope(env))
         except (NoLeader, OutcomeUnknown):
             return 0, 0
-        if self._tracking:
-            self.tracker.add(session_id, timeout, _now_ms())
         return session_id, timeout
 
     # -- requests ------------------------------------------------------------------------
