@@ -262,6 +262,11 @@ def _text(value: str) -> bytes:
     return _blob(value.encode())
 
 
+# Decoded ACL lists by their bytes: a pure memo (same bytes, same value), bounded.
+_ACL_CACHE: dict[bytes, tuple[ACL, ...]] = {}
+_ACL_CACHE_MAX = 1024
+
+
 class Reader:
     """Reads a buffer front to back; DecodeError on anything short, long or malformed."""
 
@@ -313,7 +318,22 @@ class Reader:
         return n
 
     def acl(self) -> tuple[ACL, ...]:
-        return tuple(ACL(self.unpack(_I32)[0], Id(self.text(), self.text())) for _ in range(self.count(12)))
+        """An ACL list; the same bytes give the same (shared) tuple, as most znodes share a few ACLs."""
+        start = self.pos
+        n = self.count(12)
+        for _ in range(n):  # find the span first: a cache hit then costs no objects
+            self.pos += 4
+            self.take(self.unpack(_U32)[0])
+            self.take(self.unpack(_U32)[0])
+        raw = self.buf[start:self.pos]
+        cached = _ACL_CACHE.get(raw)
+        if cached is None:
+            self.pos = start + 4
+            cached = tuple(ACL(self.unpack(_I32)[0], Id(self.text(), self.text())) for _ in range(n))
+            if len(_ACL_CACHE) >= _ACL_CACHE_MAX:
+                _ACL_CACHE.clear()
+            _ACL_CACHE[raw] = cached
+        return cached
 
     def end(self) -> None:
         if self.pos != len(self.buf):

@@ -122,3 +122,9 @@ def test_a_committed_op_that_does_not_fit_is_a_conflict():
     tree = DataTree()
     with pytest.raises(TxnConflict):
         commit(tree, Multi((Create("/x", b"", OPEN_ACL_UNSAFE, 0, 1), Check("/x", 3))))
+
+
+def test_equal_acl_bytes_decode_to_one_shared_tuple():
+    a = decode_txn(encode_txn(Transaction(0, Create("/a", b"", OPEN_ACL_UNSAFE, 0, 1))))
+    b = decode_txn(encode_txn(Transaction(0, SetACL("/b", OPEN_ACL_UNSAFE, 1))))
+    assert a.body.acl is b.body.acl and a.body.acl == OPEN_ACL_UNSAFE
