@@ -213,8 +213,8 @@ class MetastoreService:
             if word in self.cfg.four_letter_words:
                 conn.out_send.send_nowait(answer_four_letter_word(word, self).encode())
             return
-        frames = reader.feed(first)
         try:
+            frames = reader.feed(first)
             with trio.fail_after(HANDSHAKE_TIMEOUT_S):
                 while not frames:
                     data = await conn.stream.receive_some(RECEIVE_BYTES)

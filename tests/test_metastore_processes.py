@@ -1,0 +1,148 @@
+"""The metastore under faults, with real clusterd processes: CAS increments through
+every node while the leader is SIGKILLed and restarted, and hostile bytes on the
+client port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import struct
+import threading
+import time
+
+import pytest
+from kazoo.client import KazooClient
+from kazoo.exceptions import BadVersionError, ConnectionLoss, NoNodeError, OperationTimeoutError, SessionExpiredError
+
+from clusterd import config as cfg
+from clusterd import localcluster
+from metastore import jute
+from test_kazoo import ensemble, hosts, wait_for  # noqa: F401 (ensemble is a fixture)
+
+pytestmark = pytest.mark.multiprocess
+
+CLIENTS = 4
+INCREMENTS_EACH = 40
+UNKNOWN = (ConnectionLoss, OperationTimeoutError, SessionExpiredError)
+
+
+def leader_of(cluster) -> int:
+    rows = cluster.status()
+    return next(r["id"] for r in rows if r["role"] == "leader")
+
+
+def increment(zk: KazooClient, me: int, seq: int) -> str:
+    """One CAS increment of /counter, logged atomically as /counter-log/c<me>-<seq>.
+    Returns acked, or unknown when the outcome could not be observed."""
+    while True:
+        try:
+            data, stat = zk.get("/counter")
+            t = zk.transaction()
+            t.check("/counter", stat.version)
+            t.set_data("/counter", str(int(data) + 1).encode())
+            t.create(f"/counter-log/c{me}-{seq}", b"")
+            results = t.commit()
+        except UNKNOWN:
+            return "unknown"
+        if not any(isinstance(r, Exception) for r in results):
+            return "acked"
+        if not isinstance(results[0], BadVersionError):
+            raise AssertionError(f"unexpected multi results {results}")
+
+
+def test_cas_increments_survive_a_leader_sigkill(ensemble):  # noqa: F811
+    nodes = cfg.load(ensemble.path).nodes
+    setup = KazooClient(hosts=hosts(ensemble), timeout=5)
+    setup.start(timeout=15)
+    setup.create("/counter", b"0")
+    setup.create("/counter-log", b"")
+    outcomes: dict[int, list[tuple[int, str]]] = {i: [] for i in range(CLIENTS)}
+
+    def client(me: int) -> None:
+        order = nodes[me % 3:] + nodes[:me % 3]  # each client starts on a different node
+        zk = KazooClient(hosts=",".join(f"{n.host}:{n.client_port}" for n in order), timeout=5,
+                         randomize_hosts=False, connection_retry={"max_tries": -1, "max_delay": 0.2})
+        zk.start(timeout=15)
+        for seq in range(INCREMENTS_EACH):
+            outcomes[me].append((seq, increment(zk, me, seq)))
+        zk.stop()
+        zk.close()
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(CLIENTS)]
+    for t in threads:
+        t.start()
+    assert wait_for(lambda: sum(len(o) for o in outcomes.values()) >= CLIENTS * INCREMENTS_EACH // 3, 60)
+    victim = leader_of(ensemble)
+    victim_node = next(n for n in nodes if n.id == victim)
+    os.kill(localcluster.running_pid(victim_node), signal.SIGKILL)
+    assert wait_for(lambda: sum(len(o) for o in outcomes.values()) >= 2 * CLIENTS * INCREMENTS_EACH // 3, 60)
+    up = ensemble.ctl("up")  # restart the killed node
+    assert up.returncode == 0, up.stdout + up.stderr
+    for t in threads:
+        t.join(timeout=120)
+        assert not t.is_alive()
+
+    setup.sync("/counter")
+    final = int(setup.get("/counter")[0])
+    logged = set(setup.get_children("/counter-log"))
+    acked = {f"c{me}-{seq}" for me, o in outcomes.items() for seq, r in o if r == "acked"}
+    unknown = {f"c{me}-{seq}" for me, o in outcomes.items() for seq, r in o if r == "unknown"}
+    assert acked <= logged, f"acknowledged increments lost: {sorted(acked - logged)}"
+    assert logged <= acked | unknown, "an increment nobody made"
+    assert final == len(logged), f"counter {final} but {len(logged)} increments logged"
+    assert final >= len(acked) and final <= len(acked) + len(unknown)
+    setup.stop()
+    setup.close()
+
+
+# -- hostile bytes on the client port -------------------------------------------------------
+def connect_request() -> bytes:
+    return jute.frame(jute.encode_connect_request(jute.ConnectRequest(0, 0, 5000, 0, b"\0" * 16, False)))
+
+
+def closed_after(port: int, payload: bytes, *, handshake: bool = False) -> bool:
+    """Send `payload` (after a valid handshake if asked); True if the server closes the connection."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        if handshake:
+            s.sendall(connect_request())
+            reader = jute.FrameReader()
+            while not reader.feed(s.recv(65536)):
+                pass
+        s.sendall(payload)
+        s.settimeout(10)
+        try:
+            while s.recv(65536):
+                pass
+        except ConnectionResetError:
+            pass
+        return True
+
+
+@pytest.mark.parametrize("payload,handshake", [
+    (b"\x00\x00\x00\x05abc", False),                                 # truncated connect frame, then EOF... closed
+    (struct.pack(">i", 50 << 20) + b"x" * 100, False),              # oversized length
+    (struct.pack(">i", -7), False),                                 # negative length
+    (jute.frame(b"\x01\x02"), False),                               # malformed ConnectRequest
+    (jute.frame(struct.pack(">ii", 7, 999)), True),                 # unknown opcode
+    (jute.frame(struct.pack(">ii", 8, 4) + b"\x00\x00\x10\x00/a"), True),  # getData with a lying length
+    (struct.pack(">i", 60 << 20), True),                            # oversized request frame
+], ids=["truncated", "oversized", "negative", "bad-connect", "unknown-opcode", "lying-length", "oversized-request"])
+def test_bad_input_closes_only_that_connection(ensemble, payload, handshake):  # noqa: F811
+    node = cfg.load(ensemble.path).nodes[0]
+    zk = KazooClient(hosts=f"{node.host}:{node.client_port}", timeout=5)
+    zk.start(timeout=15)
+    zk.ensure_path("/still-serving")
+    if payload.startswith(b"\x00\x00\x00\x05"):
+        with socket.create_connection(("127.0.0.1", node.client_port), timeout=10) as s:
+            s.sendall(payload)
+            s.shutdown(socket.SHUT_WR)
+            assert s.recv(65536) == b""
+    else:
+        assert closed_after(node.client_port, payload, handshake=handshake)
+    zk.set("/still-serving", b"yes")
+    assert zk.get("/still-serving")[0] == b"yes"
+    with pytest.raises(NoNodeError):
+        zk.get("/no-such-node")
+    zk.stop()
+    zk.close()
