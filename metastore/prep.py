@@ -20,8 +20,8 @@ from metastore.envelope import Envelope
 from metastore.errors import (BadArguments, BadVersion, NoChildrenForEphemerals, NodeExists, NoNode, NotEmpty,
                               RuntimeInconsistency, SessionExpired, Unimplemented, ZooKeeperError)
 from metastore.jute_defs import CreateMode, OpCode
-from metastore.tree import (CONTAINER_OWNER, DataTree, EphemeralType, Node, ephemeral_type, i32, next_version,
-                            ttl_owner)
+from metastore.tree import (CONTAINER_OWNER, DataTree, EphemeralType, Node, ephemeral_type, i32, is_session_id,
+                            next_version, ttl_owner)
 from metastore.txn import (_APPLY, Check, CloseSession, Create, CreateSession, Delete, Error, Multi, SetACL, SetData,
                            Transaction, apply)
 
@@ -91,8 +91,12 @@ class Preparer:
             _check_version(body.path, node.version, body.version)
             return Check(body.path, node.version)
         if opcode == OpCode.CREATE_SESSION:
+            if not is_session_id(session_id) or session_id in view.sessions():
+                raise BadArguments(None, f"session id {session_id:#x} is invalid or in use")
             return CreateSession(session_id, body)
         if opcode == OpCode.CLOSE_SESSION:
+            if session_id not in view.sessions():
+                raise SessionExpired(None, f"session {session_id:#x} is not open")
             return CloseSession(session_id, tuple(sorted(view.ephemerals(session_id))))
         raise Unimplemented(None, f"opcode {opcode} is not a write")
 

@@ -1,0 +1,80 @@
+"""Whatever a client sends, the leader's preparation yields a transaction that every
+node can apply: prepare never raises, apply never conflicts, and the leader's view of
+the future equals the tree once everything is applied."""
+
+from __future__ import annotations
+
+import struct
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from metastore import envelope as E
+from metastore import jute
+from metastore.jute_defs import OpCode
+from metastore.state_machine import MetastoreStateMachine
+from metastore.txn import Error, MultiResult
+from zab import zxid as Z
+
+names = st.sampled_from(["a", "b", "c", "zookeeper", "x-", "", ".", "..", "\u0000", "ü"])
+paths = st.lists(names, min_size=0, max_size=3).map(lambda parts: "/" + "/".join(parts)) | st.sampled_from(
+    ["", "a", "//", "/a/", "/a//b"])
+ids = st.sampled_from([("world", "anyone"), ("auth", ""), ("digest", "u:x"), ("digest", "bad"),
+                       ("ip", "10.0.0.0/8"), ("ip", "300.1.1.1"), ("nosuch", "x"), ("world", "nobody")])
+acls = st.lists(st.builds(lambda p, i: jute.ACL(p, jute.Id(*i)), st.integers(-1, 40), ids), max_size=3).map(tuple)
+versions = st.integers(-2, 3)
+data = st.binary(max_size=20) | st.none()
+create = st.builds(jute.CreateRequest, paths, data, acls, st.integers(-1, 7))
+ops = st.one_of(
+    st.tuples(st.sampled_from([OpCode.CREATE, OpCode.CREATE2, OpCode.CREATE_CONTAINER]), create),
+    st.tuples(st.just(OpCode.CREATE_TTL), st.builds(jute.CreateTTLRequest, paths, data, acls, st.integers(0, 7),
+                                                    st.integers(-5, 2**41))),
+    st.tuples(st.just(OpCode.DELETE), st.builds(jute.DeleteRequest, paths, versions)),
+    st.tuples(st.just(OpCode.SET_DATA), st.builds(jute.SetDataRequest, paths, data, versions)),
+    st.tuples(st.just(OpCode.SET_ACL), st.builds(jute.SetACLRequest, paths, acls, versions)),
+)
+multi_ops = st.one_of(
+    st.tuples(st.just(OpCode.CREATE), create),
+    st.tuples(st.just(OpCode.DELETE), st.builds(jute.DeleteRequest, paths, versions)),
+    st.tuples(st.just(OpCode.SET_DATA), st.builds(jute.SetDataRequest, paths, data, versions)),
+    st.tuples(st.just(OpCode.CHECK), st.builds(jute.CheckVersionRequest, paths, versions)),
+)
+requests = st.one_of(ops, st.tuples(st.just(OpCode.MULTI), st.lists(multi_ops, max_size=4).map(
+    lambda o: jute.MultiRequest(tuple(o)))))
+sessions = st.sampled_from([0x1_0000_0001, 0x1_0000_0002])
+steps = st.lists(st.tuples(st.sampled_from(["request", "open", "close", "garbage"]), sessions, requests,
+                           st.sampled_from([(), (("digest", "u:x"),)]), st.booleans()), max_size=25)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps)
+def test_prepared_transactions_always_apply(steps):
+    sm = MetastoreStateMachine(max_data_bytes=16)
+    pending: list[tuple[int, bytes]] = []
+    for counter, (kind, session, (opcode, body), auth, commit_now) in enumerate(steps, start=1):
+        zxid = Z.make(1, counter)
+        if kind == "open":
+            env = E.Envelope(E.CREATE_SESSION, 1, counter, (), struct.pack(">i", 5000))
+        elif kind == "close":
+            env = E.Envelope(E.CLOSE_SESSION, 1, counter, (), b"")
+        elif kind == "garbage":
+            env = E.Envelope(E.CLIENT, 1, counter, auth, jute.encode_request(jute.RequestHeader(1, opcode), body)[:7])
+        else:
+            env = E.Envelope(E.CLIENT, 1, counter, auth, jute.encode_request(jute.RequestHeader(1, opcode), body))
+        pending.append((zxid, sm.prepare(zxid, session, E.encode_envelope(env))))
+        if commit_now:  # apply lags prepare by a random amount, as commits lag proposals
+            for z, txn in pending:
+                applied = sm.apply(z, txn)
+                if isinstance(applied.result, MultiResult):
+                    assert len(applied.result.results) == len(applied.txn.body.ops)
+            pending.clear()
+    for z, txn in pending:
+        sm.apply(z, txn)
+    assert sm.prep._view().digest() == sm.tree.digest()
+    assert sm.tree.digest() == sm.tree.recompute_digest()
+
+
+def test_garbage_becomes_an_error_transaction():
+    sm = MetastoreStateMachine()
+    applied = sm.apply(Z.make(1, 1), sm.prepare(Z.make(1, 1), 1, b"\x07garbage"))
+    assert isinstance(applied.txn.body, Error)
