@@ -1,37 +1,22 @@
 """The znode tree: ZooKeeper's DataTree as a pure, deterministic state machine.
 
 Mutations are the effects of committed transactions (metastore/txn.py applies
-them); they take the transaction's zxid and time and nothing else, so every node
-that applies the same transactions holds the same tree, bit for bit.
+them) and take only the transaction's zxid and time, so every node applying the
+same transactions holds the same tree. Stat semantics follow ZooKeeper
+(DataTree, DataNode.copyStat, EphemeralType); docs/metastore_tree.md has the
+table. In short: the stored cversion counts children ever created (it names
+sequential children) and clients see 2 * cversion - numChildren; ephemeralOwner
+also marks containers and TTL nodes, which clients see as 0.
 
-Stat semantics follow ZooKeeper (DataTree, DataNode.copyStat, StatPersisted):
+Precondition failures raise the error a client would get (NoNode, NodeExists,
+...) before anything changes, so the leader can check requests against a tree
+holding its view of the future; a transaction's absolute values (parent
+cversion, resulting version) that do not match raise TxnConflict. savepoint()
+and rollback() undo a half-applied multi in O(its changes).
 
-- create: czxid = mzxid = pzxid = zxid, ctime = mtime = time, versions 0; the
-  parent's internal cversion becomes the transaction's `parent_cversion` (its old
-  value + 1) and its pzxid the zxid.
-- delete: the parent's pzxid becomes the zxid; its internal cversion is unchanged.
-- The internal cversion counts children ever *created* (it names sequential
-  children); the cversion a client sees is 2 * internal - numChildren, i.e. creates
-  plus deletes (so a fresh root, with child "zookeeper" and internal 0, shows -1).
-- setData: version (from the transaction), mzxid, mtime. setACL: aversion.
-- ephemeralOwner holds the owning session of an ephemeral, CONTAINER_OWNER for a
-  container, TTL_MASK | ttl_ms for a TTL node (EphemeralType); clients see 0 for
-  containers and TTL nodes.
-
-Precondition failures raise the ZooKeeper error a client would get (NoNode,
-NodeExists, NotEmpty, ...), before anything changes, so the tree can also serve
-as a view to check requests against. A mismatch between a transaction's absolute
-values (resulting version, parent cversion) and the state raises TxnConflict.
-
-Digest: the sum mod 2**64 of a 64-bit BLAKE2b hash per znode (path, data, ACL,
-stat) and per session (id, timeout), kept up to date on every change, so
-digest() is O(1). /zookeeper/config is left out: its content is each node's own
-configuration, not replicated state (ZooKeeper leaves it out too).
-
-Snapshots: freeze() is a structural copy-on-write view (an O(n) dict copy of
-references; afterwards each node is copied once, with its child-name set, the
-first time it changes); to_bytes() is deterministic (paths sorted) and exact.
-Byte layouts: docs/metastore_tree.md.
+digest() is O(1): a sum of per-znode and per-session hashes kept up to date.
+freeze() is a copy-on-write view (an O(n) copy of references, then each znode
+is copied the first time it changes); to_bytes() is deterministic and exact.
 """
 
 from __future__ import annotations
@@ -185,6 +170,7 @@ class DataTree:
         self._acls: dict[tuple[ACL, ...], list] = {}  # interned ACL -> [acl, encoded, references]
         self._digest = 0
         self._epoch = 0
+        self._undo: list[tuple] | None = None  # (undo function, *args) while a savepoint is open
         self._install_system_nodes()
 
     def _install_system_nodes(self) -> None:
@@ -193,23 +179,31 @@ class DataTree:
         for path in (paths.ROOT, paths.ZOOKEEPER, paths.QUOTA):
             self._insert(path, Node(b"", OPEN_ACL_UNSAFE, 0, 0, 0, self._epoch))
             if path != paths.ROOT:
-                self._link(path)
+                self._rehash(*self._link(path))
         self._install_config_node()
 
     def _install_config_node(self) -> None:
         config = Node(b"", READ_ACL_UNSAFE, 0, 0, 0, self._epoch)
         config.aversion = -1
         self._insert(paths.CONFIG, config)
-        self._link(paths.CONFIG)
+        self._rehash(*self._link(paths.CONFIG))
 
-    def _link(self, path: str) -> None:
-        """Make `path` a child of its parent without touching the parent's counters."""
+    def _link(self, path: str) -> tuple[str, Node]:
+        """Add `path` to its parent's children; returns the parent, for the caller to rehash."""
         parent_path, name = paths.split(path)
         parent = self._writable(parent_path)
         if not parent.children:
             parent.children = set()
         parent.children.add(name)  # type: ignore[union-attr]
-        self._rehash(parent_path, parent)
+        return parent_path, parent
+
+    def _unlink(self, path: str) -> tuple[str, Node]:
+        parent_path, name = paths.split(path)
+        parent = self._writable(parent_path)
+        parent.children.remove(name)  # type: ignore[union-attr]
+        if not parent.children:
+            parent.children = _NO_CHILDREN
+        return parent_path, parent
 
     # -- queries -----------------------------------------------------------------
     def __len__(self) -> int:
@@ -368,7 +362,7 @@ class DataTree:
     def create(self, path: str, data: bytes, acl: Sequence[ACL], owner: int, parent_cversion: int,
                zxid: int, time_ms: int) -> Stat:
         """Create a znode; the parent's internal cversion must become `parent_cversion` (old + 1)."""
-        parent_path, name = paths.split(path)
+        parent_path = paths.split(path)[0]
         parent = self._nodes.get(parent_path)
         if parent is None:
             raise NoNode(path)
@@ -382,10 +376,9 @@ class DataTree:
             raise SessionExpired(path, f"session {owner:#x} does not exist")
         if parent_cversion != i32(parent.cversion + 1):
             raise TxnConflict(f"create {path!r}: parent cversion {parent.cversion} + 1 != {parent_cversion}")
-        parent = self._writable(parent_path)
-        if not parent.children:
-            parent.children = set()
-        parent.children.add(name)  # type: ignore[union-attr]
+        if self._undo is not None:
+            self._undo.append((self._undo_create, path, parent.cversion, parent.pzxid))
+        parent_path, parent = self._link(path)
         parent.cversion = parent_cversion
         parent.pzxid = zxid
         self._rehash(parent_path, parent)
@@ -400,11 +393,9 @@ class DataTree:
         node = self._existing(path)
         if node.children:
             raise NotEmpty(path)
-        parent_path, name = paths.split(path)
-        parent = self._writable(parent_path)
-        parent.children.remove(name)  # type: ignore[union-attr]
-        if not parent.children:
-            parent.children = _NO_CHILDREN
+        if self._undo is not None:
+            self._undo.append((self._undo_delete, path, node, self._nodes[paths.split(path)[0]].pzxid))
+        parent_path, parent = self._unlink(path)
         parent.pzxid = zxid
         self._rehash(parent_path, parent)
         self._remove(path)
@@ -416,14 +407,16 @@ class DataTree:
             raise BadArguments(path, _CONFIG_IS_LOCAL)
         if version != next_version(current.version):
             raise TxnConflict(f"setData {path!r}: version {current.version} is not followed by {version}")
+        if self._undo is not None:
+            self._undo.append((self._restore_data, path, current.data, current.data_hash, current.version,
+                               current.mzxid, current.mtime))
+        self._restore_data(path, data, _data_hash(data), version, zxid, time_ms)
+        return self._nodes[path].stat()
+
+    def _restore_data(self, path: str, data: bytes, data_hash: bytes, version: int, mzxid: int, mtime: int) -> None:
         node = self._writable(path)
-        node.data = data
-        node.data_hash = _data_hash(data)
-        node.version = version
-        node.mzxid = zxid
-        node.mtime = time_ms
+        node.data, node.data_hash, node.version, node.mzxid, node.mtime = data, data_hash, version, mzxid, mtime
         self._rehash(path, node)
-        return node.stat()
 
     def set_acl(self, path: str, acl: Sequence[ACL], aversion: int) -> Stat:
         """Replace the ACL; `aversion` is the resulting ACL version (the current one's successor)."""
@@ -432,13 +425,18 @@ class DataTree:
             raise BadArguments(path, _CONFIG_IS_LOCAL)
         if aversion != next_version(current.aversion):
             raise TxnConflict(f"setACL {path!r}: aversion {current.aversion} is not followed by {aversion}")
+        if self._undo is not None:
+            self._undo.append((self._restore_acl, path, current.acl, current.aversion))
+        self._restore_acl(path, acl, aversion)
+        return self._nodes[path].stat()
+
+    def _restore_acl(self, path: str, acl: Sequence[ACL], aversion: int) -> None:
         node = self._writable(path)
         old = node.acl
         node.acl = self._intern(acl)
         self._release(old)
         node.aversion = aversion
         self._rehash(path, node)
-        return node.stat()
 
     def check_version(self, path: str, version: int) -> None:
         """BadVersion unless the znode is at `version` (a multi's check op)."""
@@ -446,6 +444,7 @@ class DataTree:
             raise BadVersion(path)
 
     def create_session(self, session_id: int, timeout_ms: int) -> None:
+        assert self._undo is None, "sessions change outside savepoints (a multi has no session ops)"
         if not is_session_id(session_id):
             raise BadArguments(None, f"{session_id:#x} is not a valid session id")
         if session_id in self._sessions:
@@ -455,6 +454,7 @@ class DataTree:
 
     def close_session(self, session_id: int, ephemerals: Sequence[str], zxid: int) -> tuple[str, ...]:
         """End a session: delete exactly its ephemerals (which the transaction lists), each as a delete."""
+        assert self._undo is None, "sessions change outside savepoints (a multi has no session ops)"
         timeout_ms = self._sessions.get(session_id)
         if timeout_ms is None:
             raise SessionExpired(None, f"session {session_id:#x} does not exist")
@@ -475,6 +475,44 @@ class DataTree:
         node = self._writable(paths.CONFIG)
         node.data, node.data_hash = data, _data_hash(data)
         node.version, node.mzxid, node.mtime = -1, config_version, time_ms
+
+    # -- savepoints: undo a half-applied multi -------------------------------------
+    def savepoint(self) -> tuple[int, int]:
+        """Start (or nest) recording undo information for znode changes; returns the token
+        for rollback() or release(). Session changes are not allowed meanwhile."""
+        if self._undo is None:
+            self._undo = []
+        return len(self._undo), self.last_zxid
+
+    def rollback(self, savepoint: tuple[int, int]) -> None:
+        """Undo every znode change since `savepoint` (O(changes)); digest and indexes follow."""
+        mark, last_zxid = savepoint
+        log, self._undo = self._undo, None
+        assert log is not None and len(log) >= mark, "rollback without a matching savepoint"
+        while len(log) > mark:
+            undo, *args = log.pop()
+            undo(*args)
+        self.last_zxid = last_zxid
+        self._undo = log if mark else None
+
+    def release(self, savepoint: tuple[int, int]) -> None:
+        """Keep the changes since `savepoint`; the outermost release stops recording."""
+        if savepoint[0] == 0:
+            self._undo = None
+
+    def _undo_create(self, path: str, parent_cversion: int, parent_pzxid: int) -> None:
+        self._remove(path)
+        parent_path, parent = self._unlink(path)
+        parent.cversion, parent.pzxid = parent_cversion, parent_pzxid
+        self._rehash(parent_path, parent)
+
+    def _undo_delete(self, path: str, node: Node, parent_pzxid: int) -> None:
+        parent_path, parent = self._link(path)
+        parent.pzxid = parent_pzxid
+        self._rehash(parent_path, parent)
+        node = node.copy(self._epoch)  # childless: cheap; the old object may be in a frozen view
+        node.hash = 0
+        self._insert(path, node)
 
     # -- snapshots ---------------------------------------------------------------
     def freeze(self) -> FrozenTree:

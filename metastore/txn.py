@@ -232,10 +232,16 @@ def _apply_error(tree: DataTree, zxid: int, time_ms: int, op: Error) -> ErrorRes
 
 
 def _apply_multi(tree: DataTree, zxid: int, time_ms: int, op: Multi) -> MultiResult:
-    # Ops share the zxid and time. A committed multi is all ops or all errors (decode
-    # enforces it), and all ops fit the tree the leader prepared them against; if one
-    # does not, TxnConflict ends the process, so no rollback is needed here.
-    return MultiResult(tuple(_APPLY[type(o)](tree, zxid, time_ms, o) for o in op.ops))
+    # Ops share the zxid and time; later ops see the earlier ones. All or nothing: if
+    # one does not fit (a TxnConflict to come), the ones before it are undone first.
+    savepoint = tree.savepoint()
+    try:
+        results = tuple(_APPLY[type(o)](tree, zxid, time_ms, o) for o in op.ops)
+    except BaseException:
+        tree.rollback(savepoint)
+        raise
+    tree.release(savepoint)
+    return MultiResult(results)
 
 
 _APPLY: dict[type, Callable] = {

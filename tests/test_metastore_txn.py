@@ -118,10 +118,15 @@ def test_a_failed_multi_changes_nothing_and_reports_each_op():
     assert tree.to_bytes()[13:] == before[13:]  # only last_zxid (bytes 5..12) moved
 
 
-def test_a_committed_op_that_does_not_fit_is_a_conflict():
+def test_a_multi_that_does_not_fit_is_a_conflict_and_is_undone_first():
     tree = DataTree()
+    commit(tree, Create("/keep", b"v", OPEN_ACL_UNSAFE, 0, 1))
+    before, digest = tree.to_bytes(), tree.digest()
+    bad = Multi((Create("/x", b"", OPEN_ACL_UNSAFE, 0, 2), SetData("/keep", b"w", 1), Delete("/keep"),
+                 Check("/x", 3)))
     with pytest.raises(TxnConflict):
-        commit(tree, Multi((Create("/x", b"", OPEN_ACL_UNSAFE, 0, 1), Check("/x", 3))))
+        commit(tree, bad, ZXID + 1)
+    assert tree.to_bytes() == before and tree.digest() == digest == tree.recompute_digest()
 
 
 def test_equal_acl_bytes_decode_to_one_shared_tuple():

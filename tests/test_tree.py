@@ -289,3 +289,28 @@ def test_the_digest_follows_every_change_and_tells_states_apart(zk):
     seen.add(zk.tree.digest())
     assert len(seen) == 6
     assert zk.tree.digest() == zk.tree.recompute_digest()
+
+
+def test_nested_savepoints_undo_exactly_their_own_changes(zk):
+    zk.commit(CreateSession(SESSION, 10_000))
+    zk.create("/q")
+    zk.create("/q/e", owner=SESSION)
+    start = zk.tree.to_bytes()
+    outer = zk.tree.savepoint()
+    zk.tree.create("/q/a", b"1", READ_ACL_UNSAFE, 0, 2, zk.zxid + 1, 7)
+    zk.tree.delete("/q/e", zk.zxid + 1)
+    middle = zk.tree.to_bytes()
+    inner = zk.tree.savepoint()
+    zk.tree.set_data("/q/a", b"2", 1, zk.zxid + 2, 8)
+    zk.tree.set_acl("/q", READ_ACL_UNSAFE, 1)
+    zk.tree.delete("/q/a", zk.zxid + 2)
+    zk.tree.rollback(inner)
+    assert zk.tree.to_bytes() == middle and zk.tree.digest() == zk.tree.recompute_digest()
+    zk.tree.rollback(outer)
+    assert zk.tree.to_bytes() == start and zk.tree.digest() == zk.tree.recompute_digest()
+    assert zk.tree.ephemerals(SESSION) == ["/q/e"]
+    kept = zk.tree.savepoint()
+    zk.tree.create("/q/b", b"", OPEN_ACL_UNSAFE, 0, 2, zk.zxid + 1, 7)
+    zk.tree.release(kept)
+    zk.commit(CreateSession(SESSION + 1, 10_000))  # recording stopped: sessions may change again
+    assert "/q/b" in zk.tree

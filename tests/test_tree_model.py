@@ -305,13 +305,13 @@ def run(ops: list, snapshot_at: int):
         expected = model.apply(zxid, time_ms, body)
         assert apply(tree, zxid, decode_txn(raw)) == expected, body
         assert_same_view(model, tree)
-    return tree, log, snapshot, frozen
+    return model, tree, log, snapshot, frozen
 
 
 @MODEL
 @given(st.lists(client_ops, min_size=10, max_size=80), st.integers(min_value=0, max_value=80))
 def test_tree_matches_the_model_and_replay_from_any_snapshot_is_exact(ops, snapshot_at):
-    tree, log, snapshot, frozen = run(ops, snapshot_at)
+    _, tree, log, snapshot, frozen = run(ops, snapshot_at)
     if snapshot is None:
         snapshot, frozen = tree.to_bytes(), tree.freeze()
     assert frozen.to_bytes() == snapshot, "a frozen view changed after the tree moved on"
@@ -322,3 +322,33 @@ def test_tree_matches_the_model_and_replay_from_any_snapshot_is_exact(ops, snaps
     assert restored.digest() == tree.digest() == restored.recompute_digest()
     assert restored.to_bytes() == tree.to_bytes()
     assert restored.last_zxid == tree.last_zxid
+
+
+@settings(MODEL, max_examples=max(EXAMPLES // 3, 40))
+@given(st.lists(client_ops, min_size=10, max_size=60), st.lists(st.one_of(create_op, delete_op, set_op,
+       st.tuples(st.just("set_acl"), index, index, version_choice)), min_size=1, max_size=8))
+def test_rollback_restores_the_tree_exactly(history, attempt):
+    """A half-applied multi on the leader's view: every change since the savepoint is undone."""
+    model, tree, _, _, _ = run(history, snapshot_at=-1)
+    before, digest = tree.to_bytes(), tree.digest()
+    ephemerals = {s: tree.ephemerals(s) for s in tree.sessions()}
+    frozen = tree.freeze()
+    savepoint = tree.savepoint()
+    zxid = tree.last_zxid + 1
+    for op in attempt:
+        try:
+            body = prep_one(model, op)
+        except errors.ZooKeeperError:
+            continue
+        model.apply(zxid, 0, body)
+        apply_op = {Create: lambda b: tree.create(b.path, b.data, b.acl, b.ephemeral_owner, b.parent_cversion,
+                                                  zxid, 0),
+                    Delete: lambda b: tree.delete(b.path, zxid),
+                    SetData: lambda b: tree.set_data(b.path, b.data, b.version, zxid, 0),
+                    SetACL: lambda b: tree.set_acl(b.path, b.acl, b.version)}[type(body)]
+        apply_op(body)
+    tree.rollback(savepoint)
+    assert tree.to_bytes() == before == frozen.to_bytes()
+    assert tree.digest() == digest == tree.recompute_digest()
+    assert {s: tree.ephemerals(s) for s in tree.sessions()} == ephemerals
+    assert tree.containers() == DataTree.from_bytes(before).containers()
