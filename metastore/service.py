@@ -18,7 +18,9 @@ import itertools
 import logging
 import struct
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import trio
 
@@ -33,13 +35,15 @@ from metastore.state_machine import Applied, MetastoreStateMachine
 from metastore.txn import SessionClosed, SessionCreated
 from metastore.watches import WatchKind, WatchManager
 from zab.actions import Delivered, Phase, RoleChanged, SessionsTouched
-from zab.driver import PeerDriver
+from zab.driver import Pending, PeerDriver
 from zab.errors import NoLeader, OutcomeUnknown
 
 log = logging.getLogger("quire.metastore")
+Job = Callable[[], Awaitable[bool]]
 
 RECEIVE_BYTES = 1 << 16
 OUTGOING_MAX = 10_000
+PIPELINE_MAX = 1_000  # requests of one connection started but not yet answered
 HANDSHAKE_TIMEOUT_S = 10.0
 
 
@@ -223,16 +227,39 @@ class MetastoreService:
                     frames = reader.feed(data)
             if not await self._connect(conn, frames.pop(0)):
                 return
+        except (JuteError, trio.TooSlowError) as e:
+            log.info("event=client_dropped conn=%s peer=%s error=%r", conn.id, conn.peer, e)
+            return
+        jobs_send, jobs_recv = trio.open_memory_channel(PIPELINE_MAX)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._reply_in_order, conn, jobs_recv, nursery.cancel_scope)
+            async with jobs_send:
+                await self._read_requests(conn, reader, frames, jobs_send)
+
+    async def _read_requests(self, conn: Connection, reader: jute.FrameReader, frames: list[bytes],
+                             jobs: trio.MemorySendChannel) -> None:
+        """Decode requests in order and start them; replies are produced by _reply_in_order."""
+        try:
             while True:
                 for payload in frames:
-                    if not await self._request(conn, payload):
+                    job = await self._request(conn, payload)
+                    if job is None:
                         return
+                    if job is not True:
+                        await jobs.send(job)
                 data = await conn.stream.receive_some(RECEIVE_BYTES)
                 if not data:
                     return
                 frames = reader.feed(data)
-        except (JuteError, trio.TooSlowError) as e:
+        except JuteError as e:
             log.info("event=client_dropped conn=%s peer=%s error=%r", conn.id, conn.peer, e)
+
+    async def _reply_in_order(self, conn: Connection, jobs: trio.MemoryReceiveChannel,
+                              scope: trio.CancelScope) -> None:
+        async for job in jobs:
+            if not await job():
+                scope.cancel()  # the connection ends here: stop reading requests too
+                return
 
     async def _connect(self, conn: Connection, payload: bytes) -> bool:
         req = jute.decode_connect_request(payload)
@@ -274,13 +301,15 @@ class MetastoreService:
         return session_id, timeout
 
     # -- requests ------------------------------------------------------------------------
-    async def _request(self, conn: Connection, payload: bytes) -> bool:
-        """Answer one request; False closes the connection."""
+    async def _request(self, conn: Connection, payload: bytes) -> Job | bool | None:
+        """Start one request: None closes the connection, True means already answered,
+        a Job is run in order by _reply_in_order. Writes and syncs are handed to Zab
+        here, in the order they arrived, so one connection can pipeline them."""
         try:
             header, body = jute.decode_request(payload)
         except UnknownOpcode as e:
             log.info("event=unknown_opcode conn=%s error=%r", conn.id, e)
-            return False
+            return None
         conn.active = True
         self.stats["requests"] += 1
         op = header.type
@@ -288,56 +317,80 @@ class MetastoreService:
             conn.send(jute.encode_reply(jute.ReplyHeader(Xid.PING, self.sm.last_zxid, 0)))
             return True
         if op == OpCode.AUTH:
-            return self._auth(conn, header, body)
-        if op == OpCode.CLOSE_SESSION:
-            await self._close_session(conn, header)
-            return False
+            return True if self._auth(conn, header, body) else None
+        if op in WRITE_OPS or op in (OpCode.SYNC, OpCode.CLOSE_SESSION):
+            return await self._start(conn, header, body, payload)
         if op in (OpCode.SET_WATCHES, OpCode.SET_WATCHES2):
-            await self._wait_processed()
-            self._set_watches(conn, body)
-            conn.send(jute.encode_reply(jute.ReplyHeader(Xid.SET_WATCHES, self.sm.last_zxid, 0)))
-            return True
-        if op in WRITE_OPS:
-            return await self._write(conn, header, body, payload)
-        if op == OpCode.SYNC:
-            return await self._sync(conn, header, body)
-        await self._wait_processed()
+            return partial(self._set_watches_job, conn, body)
         if op in READ_OPS:
-            reply = read_reply(self.sm.tree, op, body, conn.session_id, conn.auth)
-            if reply.watch is not None and reply.err in (0, Err.NO_NODE):
-                self.watches.add(conn.id, reply.watch[0], reply.watch[1])
-            self._reply(conn, header.xid, reply.err, reply.body)
-        elif op in (OpCode.ADD_WATCH, OpCode.REMOVE_WATCHES, OpCode.CHECK_WATCHES):
-            self._watch_op(conn, header, body)
-        else:
-            self._reply(conn, header.xid, Err.UNIMPLEMENTED)
+            return partial(self._read_job, conn, header, body)
+        if op in (OpCode.ADD_WATCH, OpCode.REMOVE_WATCHES, OpCode.CHECK_WATCHES):
+            return partial(self._watch_job, conn, header, body)
+        return partial(self._error_job, conn, header.xid, Err.UNIMPLEMENTED)
+
+    async def _start(self, conn: Connection, header, body, payload: bytes) -> Job | None:
+        op, cxid = header.type, next(self._cxids)
+        try:
+            if op == OpCode.SYNC:
+                pending = await self.driver.start_sync(conn.session_id, cxid)
+            elif op == OpCode.CLOSE_SESSION:
+                # The client asked: answer it before closing (the delivery would close it first).
+                if self.by_session.get(conn.session_id) is conn:
+                    del self.by_session[conn.session_id]
+                env = E.Envelope(E.CLOSE_SESSION, self.cfg.node_id, _now_ms(), (), b"")
+                pending = await self.driver.start_submit(conn.session_id, cxid, E.encode_envelope(env))
+            else:
+                env = E.Envelope(E.CLIENT, self.cfg.node_id, _now_ms(),
+                                 tuple((i.scheme, i.id) for i in conn.auth), payload)
+                pending = await self.driver.start_submit(conn.session_id, cxid, E.encode_envelope(env))
+        except NoLeader:
+            return None  # ConnectionLoss for the client: it reconnects elsewhere
+        return partial(self._finish_job, conn, header, body, pending)
+
+    async def _finish_job(self, conn: Connection, header, body, pending: Pending) -> bool:
+        try:
+            result = await pending.result()
+        except (NoLeader, OutcomeUnknown) as e:
+            log.info("event=request_lost conn=%s error=%r", conn.id, e)
+            return False  # ConnectionLoss for the client: it reconnects and finds out
+        await self._wait_processed()
+        if header.type == OpCode.SYNC:
+            self._reply(conn, header.xid, 0, jute.SyncResponse(body.path))
+            return True
+        assert isinstance(result, Applied)
+        if header.type == OpCode.CLOSE_SESSION:
+            self._reply(conn, header.xid, 0, zxid=result.zxid)
+            return False
+        reply = write_reply(header.type, result.result, body)
+        self._reply(conn, header.xid, reply.err, reply.body, zxid=result.zxid)
+        return True
+
+    async def _read_job(self, conn: Connection, header, body) -> bool:
+        await self._wait_processed()
+        reply = read_reply(self.sm.tree, header.type, body, conn.session_id, conn.auth)
+        if reply.watch is not None and reply.err in (0, Err.NO_NODE):
+            self.watches.add(conn.id, reply.watch[0], reply.watch[1])
+        self._reply(conn, header.xid, reply.err, reply.body)
+        return True
+
+    async def _set_watches_job(self, conn: Connection, body) -> bool:
+        await self._wait_processed()
+        self._set_watches(conn, body)
+        conn.send(jute.encode_reply(jute.ReplyHeader(Xid.SET_WATCHES, self.sm.last_zxid, 0)))
+        return True
+
+    async def _watch_job(self, conn: Connection, header, body) -> bool:
+        await self._wait_processed()
+        self._watch_op(conn, header, body)
+        return True
+
+    async def _error_job(self, conn: Connection, xid: int, err: int) -> bool:
+        self._reply(conn, xid, err)
         return True
 
     def _reply(self, conn: Connection, xid: int, err: int, body: object = None, zxid: int | None = None) -> None:
         zxid = self.sm.last_zxid if zxid is None else zxid
         conn.send(jute.encode_reply(jute.ReplyHeader(xid, zxid, err), body if err == 0 else None))
-
-    async def _write(self, conn: Connection, header, body, payload: bytes) -> bool:
-        env = E.Envelope(E.CLIENT, self.cfg.node_id, _now_ms(), tuple((i.scheme, i.id) for i in conn.auth), payload)
-        try:
-            applied = await self.driver.submit(conn.session_id, next(self._cxids), E.encode_envelope(env))
-        except (NoLeader, OutcomeUnknown) as e:
-            log.info("event=write_lost conn=%s error=%r", conn.id, e)
-            return False  # ConnectionLoss for the client: it reconnects and finds out
-        assert isinstance(applied, Applied)
-        await self._wait_processed()
-        reply = write_reply(header.type, applied.result, body)
-        self._reply(conn, header.xid, reply.err, reply.body, zxid=applied.zxid)
-        return True
-
-    async def _sync(self, conn: Connection, header, body) -> bool:
-        try:
-            await self.driver.sync(conn.session_id, next(self._cxids))
-        except (NoLeader, OutcomeUnknown):
-            return False
-        await self._wait_processed()
-        self._reply(conn, header.xid, 0, jute.SyncResponse(body.path))
-        return True
 
     def _auth(self, conn: Connection, header, body: jute.AuthPacket) -> bool:
         if body.scheme != "digest":
@@ -349,18 +402,6 @@ class MetastoreService:
             conn.auth.append(ident)
         conn.send(jute.encode_reply(jute.ReplyHeader(Xid.AUTH, self.sm.last_zxid, 0)))
         return True
-
-    async def _close_session(self, conn: Connection, header) -> None:
-        # The client asked: answer it before closing (the delivery would close it first).
-        if self.by_session.get(conn.session_id) is conn:
-            del self.by_session[conn.session_id]
-        env = E.Envelope(E.CLOSE_SESSION, self.cfg.node_id, _now_ms(), (), b"")
-        try:
-            applied = await self.driver.submit(conn.session_id, next(self._cxids), E.encode_envelope(env))
-            await self._wait_processed()
-            self._reply(conn, header.xid, 0, zxid=applied.zxid)
-        except (NoLeader, OutcomeUnknown):
-            pass
 
     # -- watches -----------------------------------------------------------------------------
     def _set_watches(self, conn: Connection, req) -> None:

@@ -44,6 +44,23 @@ class _Waiter:
     in_core: bool = False  # the core has seen the request; a role change now makes its outcome unknown
 
 
+@dataclass(eq=False)
+class Pending:
+    """A request handed to the peer, not yet answered."""
+    driver: "PeerDriver"
+    key: tuple[int, int]
+    waiter: _Waiter
+
+    async def result(self) -> object:
+        try:
+            await self.waiter.done.wait()
+        finally:
+            self.driver._waiters.pop(self.key, None)
+        if self.waiter.error is not None:
+            raise self.waiter.error
+        return self.waiter.result
+
+
 class PeerDriver:
     """Runs one Zab peer. `await nursery.start(driver.run)`, then `submit` writes."""
 
@@ -178,9 +195,13 @@ class PeerDriver:
     async def sync(self, session_id: int, cxid: int) -> int:
         """A client's `sync`: returns once this node has delivered every transaction the
         leader had committed when it saw the request; returns that zxid."""
-        result = await self._call(session_id, cxid, ClientSync(session_id, cxid))
+        result = await (await self.start_sync(session_id, cxid)).result()
         assert isinstance(result, int)
         return result
+
+    async def start_sync(self, session_id: int, cxid: int) -> "Pending":
+        """Hand a `sync` to the peer now; await `.result()` later (see start_submit)."""
+        return await self._start(session_id, cxid, ClientSync(session_id, cxid))
 
     def touch(self, session_ids: tuple[int, ...]) -> None:
         """Report client sessions active on this node (the leader decides expiry)."""
@@ -196,9 +217,18 @@ class PeerDriver:
         Raises NoLeader (retry later) or OutcomeUnknown (the leader changed while
         the request was in flight).
         """
-        return await self._call(session_id, cxid, ClientRequest(session_id, cxid, request))
+        return await (await self.start_submit(session_id, cxid, request)).result()
 
-    async def _call(self, session_id: int, cxid: int, event: Event) -> object:
+    async def start_submit(self, session_id: int, cxid: int, request: bytes) -> "Pending":
+        """Hand a write to the peer now and return without waiting for it to commit.
+
+        Writes started one after another from one task are proposed in that order, so
+        a client connection can pipeline many writes and still see ZooKeeper's FIFO
+        order; await `.result()` of each for its outcome.
+        """
+        return await self._start(session_id, cxid, ClientRequest(session_id, cxid, request))
+
+    async def _start(self, session_id: int, cxid: int, event: Event) -> "Pending":
         if not self._running:
             raise NoLeader(f"node {self.cfg.my_id} is not running")
         key = (session_id, cxid)
@@ -207,12 +237,10 @@ class PeerDriver:
         waiter = self._waiters[key] = _Waiter()
         try:
             await self._events_send.send(event)
-            await waiter.done.wait()
-        finally:
+        except BaseException:
             self._waiters.pop(key, None)
-        if waiter.error is not None:
-            raise waiter.error
-        return waiter.result
+            raise
+        return Pending(self, key, waiter)
 
     def _answer(self, session_id: int, cxid: int, *, result: object = None,
                 error: Exception | None = None) -> None:
