@@ -90,6 +90,7 @@ def next_version(version: int) -> int:
 
 
 _NO_CHILDREN: frozenset[str] = frozenset()
+_JAVA_TRIM = "".join(map(chr, range(33)))  # what Java's String.trim() strips
 # /zookeeper/config holds each node's own view of the ensemble (set_config_node), not
 # replicated state: no transaction may change it or create under it. (Its READ-only ACL
 # already refuses that to clients; ZooKeeper would let a super user change its ACL.)
@@ -258,7 +259,7 @@ class DataTree:
     def ephemerals(self, session_id: int, prefix: str = "/") -> list[str]:
         """The session's ephemerals whose path starts with `prefix` (a plain string prefix), sorted."""
         owned = self._ephemerals.get(session_id, ())
-        trimmed = prefix.strip("".join(map(chr, range(33))))  # Java's String.trim()
+        trimmed = prefix.strip(_JAVA_TRIM)
         if trimmed in ("", "/"):
             return sorted(owned)
         return sorted(p for p in owned if p.startswith(prefix))
