@@ -21,7 +21,7 @@ from metastore.tree import CONTAINER_OWNER, DataTree, ttl_owner
 from metastore.txn import (Check, CloseSession, Create, CreateSession, Delete, Error, Multi, SetACL, SetData,
                            Transaction, decode_txn, encode_txn)
 
-FUZZ = settings(max_examples=300, derandomize=True, deadline=None, database=None,
+FUZZ = settings(max_examples=200, derandomize=True, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow])
 ALLOCATION_LIMIT_BYTES = 1 << 20
 
