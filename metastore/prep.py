@@ -4,7 +4,7 @@ The leader checks each write against its view of the *future* tree: the
 committed tree plus every transaction it has prepared but not yet seen commit
 (paper section 1). The view is a second DataTree that every prepared
 transaction is applied to at once; it is rebuilt from the committed tree when
-leadership changes (forget) or when a failed multi left it half-changed.
+leadership changes (forget); a failed multi is rolled back in it with a savepoint.
 A request that fails becomes an Error transaction, so its reply stays in order
 with the others, as in ZooKeeper.
 """
@@ -53,7 +53,7 @@ class Preparer:
 
     def _view(self) -> DataTree:
         if self._future is None:
-            # O(size of the tree): only at a leadership change or after a failed multi.
+            # O(size of the tree): only when leadership changes.
             self._future = DataTree.from_bytes(self.tree.to_bytes())
             for zxid, txn in self._pending:
                 apply(self._future, zxid, txn)
@@ -102,17 +102,19 @@ class Preparer:
 
     def _multi(self, view: DataTree, zxid: int, session_id: int, auth: Sequence[A.Id], body: J.MultiRequest):
         ops = []
+        savepoint = view.savepoint()
         for i, (opcode, record) in enumerate(body.ops):
             try:
-                op = self._op(view, session_id, auth, opcode, record)
                 if opcode not in _CREATE_OPS | {OpCode.DELETE, OpCode.SET_DATA, OpCode.CHECK}:
                     raise BadArguments(None, f"opcode {opcode} is not allowed in a multi")
+                op = self._op(view, session_id, auth, opcode, record)
                 _APPLY[type(op)](view, zxid, self._time_ms, op)  # later ops see this one
             except ZooKeeperError as e:
-                self._future = None  # the view holds the ops before this one: rebuild it
+                view.rollback(savepoint)  # all or nothing, in the future view too
                 codes = [0] * i + [e.code] + [RuntimeInconsistency.code] * (len(body.ops) - i - 1)
                 return Multi(tuple(Error(c) for c in codes))
             ops.append(op)
+        view.release(savepoint)
         return Multi(tuple(ops))
 
     # -- writes ---------------------------------------------------------------------------
