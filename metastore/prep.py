@@ -91,11 +91,11 @@ class Preparer:
             _check_version(body.path, node.version, body.version)
             return Check(body.path, node.version)
         if opcode == OpCode.CREATE_SESSION:
-            if not is_session_id(session_id) or session_id in view.sessions():
+            if not is_session_id(session_id) or view.session_timeout(session_id) is not None:
                 raise BadArguments(None, f"session id {session_id:#x} is invalid or in use")
             return CreateSession(session_id, body)
         if opcode == OpCode.CLOSE_SESSION:
-            if session_id not in view.sessions():
+            if view.session_timeout(session_id) is None:
                 raise SessionExpired(None, f"session {session_id:#x} is not open")
             return CloseSession(session_id, tuple(sorted(view.ephemerals(session_id))))
         raise Unimplemented(None, f"opcode {opcode} is not a write")
@@ -137,7 +137,7 @@ class Preparer:
         stored_acl = A.fixup_acl(req.path, [_acl(a) for a in req.acl], auth)
         owner = 0
         if mode in _EPHEMERAL:
-            if session_id not in view.sessions():
+            if view.session_timeout(session_id) is None:
                 raise SessionExpired(req.path, f"session {session_id:#x} is not open")
             owner = session_id
         elif mode is CreateMode.CONTAINER:
