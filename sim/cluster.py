@@ -57,7 +57,7 @@ class SimNode:
 class SimCluster:
     def __init__(self, voters: int = 3, observers: int = 0, seed: int = 0, *, tick_ms: int = 50,
                  crash_keeps_unsynced: bool = True, disk_latency_ms: dict[int, int] | None = None,
-                 **config: int) -> None:
+                 state_machine: Callable[[], object] = KVStateMachine, **config: int) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.net = SimNetwork(self.rng)
@@ -65,6 +65,7 @@ class SimCluster:
         self.tick_ms = tick_ms
         self.crash_keeps_unsynced = crash_keeps_unsynced
         self.disk_latency_ms = dict(disk_latency_ms or {})
+        self.state_machine = state_machine
         ids = list(range(1, voters + observers + 1))
         self.voters = frozenset(ids[:voters])
         self.observers = frozenset(ids[voters:])
@@ -97,7 +98,7 @@ class SimCluster:
         assert not node.alive, f"node {i} is running"
         node.incarnation += 1
         recovered = node.disk.recover()
-        node.peer = Peer(self.zab_config(i), KVStateMachine(), recovered)
+        node.peer = Peer(self.zab_config(i), self.state_machine(), recovered)
         node.prev_delivered = recovered.snapshot_zxid
         node.queue, node.flush_scheduled = [], False
         self._log(f"restart {i} last={node.peer.last_zxid:#x}")
@@ -140,15 +141,21 @@ class SimCluster:
 
     # -- clients ------------------------------------------------------------------
     def put(self, node: int, key: str, value: str, version: int | None = None) -> ClientOp:
+        """A write of the key-value demo state machine."""
+        return self.submit(node, encode_put(key, value, version), key=key, value=value)
+
+    def submit(self, node: int, request: bytes, *, session_id: int | None = None, key: str = "",
+               value: str = "") -> ClientOp:
+        """Any write request for the cluster's state machine, through `node`."""
         self._cxid += 1
-        op = ClientOp(node, key, value, (node << 48) | 1, self._cxid)
+        op = ClientOp(node, key, value, (node << 48) | 1 if session_id is None else session_id, self._cxid)
         self.ops.append(op)
         n = self.nodes[node]
         if not n.alive:
             op.status = "failed"
             return op
         n.pending[(op.session_id, op.cxid)] = op
-        self._at(self.now, "request", node, n.incarnation, op.session_id, op.cxid, encode_put(key, value, version))
+        self._at(self.now, "request", node, n.incarnation, op.session_id, op.cxid, request)
         return op
 
     def inject(self, node: int, event) -> None:
@@ -227,7 +234,7 @@ class SimCluster:
                 node.prev_delivered = a.txn.zxid
                 op = node.pending.pop((a.txn.session_id, a.txn.cxid), None)
                 if op is not None:
-                    op.result = decode_result(a.result)
+                    op.result = decode_result(a.result) if isinstance(a.result, bytes) else a.result
                     op.status, op.zxid = "acked", a.txn.zxid
             elif isinstance(a, RequestFailed):
                 op = node.pending.pop((a.session_id, a.cxid), None)
