@@ -7,7 +7,9 @@ them, and they are never logged (the transaction is).
 Layout, big-endian: u8 version, u8 kind, u8 origin node id, i64 time_ms, u16 auth
 id count, then per id two u16-length UTF-8 strings (scheme, id), then the payload:
 for CLIENT, the jute request (RequestHeader + body) as the client sent it; for
-CREATE_SESSION, the negotiated timeout as i32 ms; for CLOSE_SESSION, nothing.
+CREATE_SESSION, the negotiated timeout as i32 ms; for CLOSE_SESSION, nothing; for
+DELETE_CONTAINER (the leader's cleanup of empty containers and expired TTL nodes),
+the path as UTF-8.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import struct
 from dataclasses import dataclass
 
 VERSION = 1
-CLIENT, CREATE_SESSION, CLOSE_SESSION = 0, 1, 2
+CLIENT, CREATE_SESSION, CLOSE_SESSION, DELETE_CONTAINER = 0, 1, 2, 3
 _HEAD = struct.Struct(">BBBqH")
 _LEN = struct.Struct(">H")
 
@@ -53,7 +55,7 @@ def decode_envelope(buf: bytes) -> Envelope:
     version, kind, origin, time_ms, n = _HEAD.unpack_from(buf)
     if version != VERSION:
         raise EnvelopeError(f"envelope version {version}, expected {VERSION}")
-    if kind not in (CLIENT, CREATE_SESSION, CLOSE_SESSION):
+    if kind not in (CLIENT, CREATE_SESSION, CLOSE_SESSION, DELETE_CONTAINER):
         raise EnvelopeError(f"unknown envelope kind {kind}")
     pos = _HEAD.size
     auth = []

@@ -94,6 +94,8 @@ class Preparer:
             if not is_session_id(session_id) or view.session_timeout(session_id) is not None:
                 raise BadArguments(None, f"session id {session_id:#x} is invalid or in use")
             return CreateSession(session_id, body)
+        if opcode == OpCode.DELETE_CONTAINER:
+            return self._delete_container(view, body)
         if opcode == OpCode.CLOSE_SESSION:
             if view.session_timeout(session_id) is None:
                 raise SessionExpired(None, f"session {session_id:#x} is not open")
@@ -157,6 +159,16 @@ class Preparer:
         if node.children:
             raise NotEmpty(req.path)
         return Delete(req.path)
+
+    def _delete_container(self, view: DataTree, path: str) -> Delete:
+        """ZooKeeper's deleteContainer: the leader removes an empty container or an
+        expired TTL node; a child created meanwhile makes it NotEmpty, not deleted."""
+        node = _existing(view, path)
+        if ephemeral_type(node.owner) not in (EphemeralType.CONTAINER, EphemeralType.TTL):
+            raise BadArguments(path, "not a container or TTL node")
+        if node.children:
+            raise NotEmpty(path)
+        return Delete(path)
 
     def _set_data(self, view: DataTree, auth: Sequence[A.Id], req: J.SetDataRequest) -> SetData:
         paths.validate_path(req.path)

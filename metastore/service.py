@@ -43,7 +43,8 @@ Job = Callable[[], Awaitable[bool]]
 
 RECEIVE_BYTES = 1 << 16
 OUTGOING_MAX = 10_000
-PIPELINE_MAX = 1_000  # requests of one connection started but not yet answered
+PIPELINE_MAX = 1_000
+CONTAINER_CHECK_ROUNDS = 20  # maintenance rounds between container/TTL sweeps  # requests of one connection started but not yet answered
 HANDSHAKE_TIMEOUT_S = 10.0
 
 
@@ -153,6 +154,7 @@ class MetastoreService:
     async def _maintain_sessions(self, nursery: trio.Nursery) -> None:
         """Every node reports its active sessions; the leader expires the silent ones."""
         period_s = max(self.cfg.tick_ms, 20) / 1000
+        rounds = 0
         while True:
             await trio.sleep(period_s)
             active = [c.session_id for c in self.connections.values() if c.session_id and c.active]
@@ -170,14 +172,19 @@ class MetastoreService:
                 self.tracker.reset(self.sm.tree.sessions(), _now_ms())
                 self._tracking = True
             for sid in self.tracker.expired(_now_ms()):
-                nursery.start_soon(self._submit_close, sid)
+                nursery.start_soon(self._submit_internal, E.CLOSE_SESSION, sid, b"")
+            rounds += 1
+            if rounds % CONTAINER_CHECK_ROUNDS == 0:
+                for path in self.sm.tree.container_candidates(_now_ms()):
+                    nursery.start_soon(self._submit_internal, E.DELETE_CONTAINER, 0, path.encode())
 
-    async def _submit_close(self, session_id: int) -> None:
-        env = E.Envelope(E.CLOSE_SESSION, self.cfg.node_id, _now_ms(), (), b"")
+    async def _submit_internal(self, kind: int, session_id: int, payload: bytes) -> None:
+        """Leader housekeeping: expire a session, delete an empty container or TTL node."""
+        env = E.Envelope(kind, self.cfg.node_id, _now_ms(), (), payload)
         try:
             await self.driver.submit(session_id, next(self._cxids), E.encode_envelope(env))
         except (NoLeader, OutcomeUnknown) as e:
-            log.info("event=expire_retry session=%#x error=%r", session_id, e)
+            log.info("event=housekeeping_retry kind=%s session=%#x error=%r", kind, session_id, e)
 
     # -- connections ---------------------------------------------------------------------
     async def _handle(self, stream: trio.SocketStream) -> None:

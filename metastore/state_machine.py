@@ -44,7 +44,7 @@ class MetastoreStateMachine:
         try:
             env = E.decode_envelope(request)
             opcode, body = _decode(env)
-        except (E.EnvelopeError, JuteError, struct.error):
+        except (E.EnvelopeError, JuteError, struct.error, UnicodeDecodeError):
             return encode_txn(Transaction(0, Error(MarshallingError.code)))
         return encode_txn(self.prep.prepare(zxid, session_id, env, opcode, body))
 
@@ -79,6 +79,8 @@ def _decode(env: E.Envelope) -> tuple[int, object]:
         return OpCode.CREATE_SESSION, timeout_ms
     if env.kind == E.CLOSE_SESSION:
         return OpCode.CLOSE_SESSION, None
+    if env.kind == E.DELETE_CONTAINER:
+        return OpCode.DELETE_CONTAINER, env.payload.decode()
     header, body = decode_request(env.payload)
     return header.type, body
 

@@ -42,7 +42,7 @@ multi_ops = st.one_of(
 requests = st.one_of(ops, st.tuples(st.just(OpCode.MULTI), st.lists(multi_ops, max_size=4).map(
     lambda o: jute.MultiRequest(tuple(o)))))
 sessions = st.sampled_from([0x1_0000_0001, 0x1_0000_0002])
-steps = st.lists(st.tuples(st.sampled_from(["request", "open", "close", "garbage"]), sessions, requests,
+steps = st.lists(st.tuples(st.sampled_from(["request", "open", "close", "garbage", "sweep"]), sessions, requests,
                            st.sampled_from([(), (("digest", "u:x"),)]), st.booleans()), max_size=25)
 
 
@@ -57,6 +57,8 @@ def test_prepared_transactions_always_apply(steps):
             env = E.Envelope(E.CREATE_SESSION, 1, counter, (), struct.pack(">i", 5000))
         elif kind == "close":
             env = E.Envelope(E.CLOSE_SESSION, 1, counter, (), b"")
+        elif kind == "sweep":
+            env = E.Envelope(E.DELETE_CONTAINER, 1, counter, (), getattr(body, "path", "/").encode())
         elif kind == "garbage":
             env = E.Envelope(E.CLIENT, 1, counter, auth, jute.encode_request(jute.RequestHeader(1, opcode), body)[:7])
         else:
@@ -78,3 +80,32 @@ def test_garbage_becomes_an_error_transaction():
     sm = MetastoreStateMachine()
     applied = sm.apply(Z.make(1, 1), sm.prepare(Z.make(1, 1), 1, b"\x07garbage"))
     assert isinstance(applied.txn.body, Error)
+
+
+def test_an_emptied_container_and_an_expired_ttl_node_are_deleted_by_the_leader_sweep():
+    sm = MetastoreStateMachine()
+    zxids = iter(Z.make(1, c) for c in range(1, 100))
+
+    def run(env: E.Envelope):
+        z = next(zxids)
+        return sm.apply(z, sm.prepare(z, 0, E.encode_envelope(env)))
+
+    def client(opcode, body, time_ms=1_000):
+        return run(E.Envelope(E.CLIENT, 1, time_ms, (), jute.encode_request(jute.RequestHeader(1, opcode), body)))
+
+    open_acl = (jute.ACL(31, jute.Id("world", "anyone")),)
+    client(OpCode.CREATE_CONTAINER, jute.CreateRequest("/box", b"", open_acl, 4))
+    client(OpCode.CREATE_TTL, jute.CreateTTLRequest("/ttl", b"", open_acl, 5, 500))
+    assert sm.tree.container_candidates(1_100) == []  # a container that never had a child stays
+    client(OpCode.CREATE, jute.CreateRequest("/box/item", b"", open_acl, 0))
+    client(OpCode.DELETE, jute.DeleteRequest("/box/item", -1))
+    assert sm.tree.container_candidates(1_200) == ["/box"]
+    assert sm.tree.container_candidates(2_000) == ["/box", "/ttl"]
+    for path in sm.tree.container_candidates(2_000):
+        run(E.Envelope(E.DELETE_CONTAINER, 1, 2_000, (), path.encode()))
+    assert "/box" not in sm.tree and "/ttl" not in sm.tree
+    # a sweep racing a new child is refused, not applied
+    client(OpCode.CREATE_CONTAINER, jute.CreateRequest("/box2", b"", open_acl, 4))
+    client(OpCode.CREATE, jute.CreateRequest("/box2/kid", b"", open_acl, 0))
+    applied = run(E.Envelope(E.DELETE_CONTAINER, 1, 3_000, (), b"/box2"))
+    assert isinstance(applied.txn.body, Error) and "/box2/kid" in sm.tree
