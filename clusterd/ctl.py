@@ -1,6 +1,8 @@
 """`clusterctl`: start, stop, inspect and use a local cluster described by a cluster.toml.
 
     clusterctl [--config FILE] up | down | status [--json] | put KEY VALUE [--version N] | get KEY | demo
+    and, on a client_protocol = "zookeeper" cluster, the metastore commands of clusterd/zkctl.py
+    (ls, get PATH, stat, create, set, rm, cas); `get` reads a znode there, a KV key otherwise.
 
 Exit status: 0 done, 1 the operation failed, 2 the command line or the config was refused.
 """
@@ -15,7 +17,7 @@ from typing import Any
 
 import trio
 
-from clusterd import demo, localcluster
+from clusterd import demo, localcluster, zkctl
 from clusterd.config import ClusterConfig, ConfigError, NodeConfig, load
 from clusterd.kvclient import KVError, SyncKVClient
 from clusterd.localcluster import ClusterError
@@ -65,8 +67,11 @@ def _parser() -> argparse.ArgumentParser:
     put.add_argument("key")
     put.add_argument("value")
     put.add_argument("--version", type=int, default=None, help="only if KEY is at this version (0: absent)")
-    get = command("get", cmd_get, "print KEY's value as a node sees it (version and zxid on stderr)")
-    get.add_argument("key")
+    get = command("get", cmd_get, "print KEY's value as a node sees it (version and zxid on stderr); "
+                  "zookeeper: znode PATH's data")
+    get.add_argument("key", metavar="KEY|PATH")
+    get.add_argument("--json", action="store_true", help="zookeeper: print JSON")
+    zkctl.add_commands(command)
     demo = command("demo", cmd_demo, "a fresh cluster under load, its leader SIGKILLed, every write checked")
     demo.add_argument("--writes", type=int, default=2000, help="acknowledged writes to aim for (default 2000)")
     demo.add_argument("--clients", type=int, default=4, help="concurrent clients (default 4)")
@@ -126,12 +131,16 @@ def cmd_status(config: ClusterConfig, args: argparse.Namespace) -> int:
 # -- put / get ----------------------------------------------------------------
 
 def cmd_put(config: ClusterConfig, args: argparse.Namespace) -> int:
+    if config.client_protocol == "zookeeper":
+        return zkctl.refuse_put(config)
     written = SyncKVClient(config.client_addresses(), retry_for_s=10.0).put(args.key, args.value, args.version)
     print(f"ok version={written.version} zxid={fmt(written.zxid)}")
     return 0
 
 
 def cmd_get(config: ClusterConfig, args: argparse.Namespace) -> int:
+    if config.client_protocol == "zookeeper":
+        return zkctl.cmd_get_zk(config, args)
     item = SyncKVClient(config.client_addresses(), retry_for_s=10.0).get(args.key)
     if item is None:
         print(f"clusterctl: no key {args.key!r}", file=sys.stderr)
