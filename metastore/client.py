@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from metastore import jute_records as J
 from metastore.client_core import ANY_VERSION, State, Version, WatchEvent, WatchKind, wire_version
 from metastore.client_ops import Op, create_request, multi_request, multi_results
-from metastore.client_session import SessionDriver, _Arm, _credential
+from metastore.client_session import SessionDriver, WatchArm, credential_bytes
 from metastore.client_watches import PersistentWatch, Watch
 from metastore.errors import AuthFailed, BadArguments, BadVersion, NodeExists, NoNode, ZooKeeperError, error_for_code
 from metastore.jute_defs import AddWatchMode, Err, OpCode, WatcherType, Xid
@@ -45,14 +45,14 @@ class MetaClient(SessionDriver):
             raise BadArguments(path, f"{len(data)} bytes of data exceed the limit of {self._max_data_bytes}")
 
     @staticmethod
-    def _arm(watch: Watch | None, path: str, kinds: dict[int, WatchKind]) -> _Arm | None:
+    def _arm(watch: Watch | None, path: str, kinds: dict[int, WatchKind]) -> WatchArm | None:
         if watch is None:
             return None
         if not isinstance(watch, Watch):
             raise TypeError(f"watch= takes a Watch, got {watch!r}")
-        return _Arm(path, watch, kinds)
+        return WatchArm(path, watch, kinds)
 
-    async def _simple(self, opcode: OpCode, body: object, path: str, arm: _Arm | None = None) -> object:
+    async def _simple(self, opcode: OpCode, body: object, path: str, arm: WatchArm | None = None) -> object:
         header, reply = await self._call(opcode, body, path, arm)
         if header.err != Err.OK:
             raise error_for_code(header.err, path)
@@ -149,7 +149,7 @@ class MetaClient(SessionDriver):
         """Authenticate this session (ZooKeeper's addAuth; the server knows "digest",
         credential "user:password"). Replayed on every reconnect. A refusal ends the
         session: AuthFailed, and the client goes LOST."""
-        cred = _credential(credential)
+        cred = credential_bytes(credential)
         header, _ = await self._call(OpCode.AUTH, J.AuthPacket(0, scheme, cred), xid=Xid.AUTH)
         if header.err != Err.OK:
             self._lose(AuthFailed, f"the server refused {scheme!r} credentials")
@@ -161,7 +161,7 @@ class MetaClient(SessionDriver):
         watch = PersistentWatch(self, path, recursive, max_buffer)
         mode = AddWatchMode.PERSISTENT_RECURSIVE if recursive else AddWatchMode.PERSISTENT
         await self._simple(OpCode.ADD_WATCH, J.AddWatchRequest(path, int(mode)), path,
-                           _Arm(path, watch, {Err.OK: watch.kind}))
+                           WatchArm(path, watch, {Err.OK: watch.kind}))
         return watch
 
     async def _remove_persistent(self, watch: PersistentWatch) -> None:

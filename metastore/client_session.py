@@ -31,7 +31,6 @@ from metastore.errors import AuthFailed, ConnectionLoss, SessionExpired, ZooKeep
 from metastore.jute_defs import (DEFAULT_MAX_BUFFER_BYTES, DEFAULT_MAX_FRAME_BYTES, PASSWORD_BYTES, Err, EventType,
                                  JuteError, KeeperState, OpCode, Xid)
 
-
 log = logging.getLogger("quire.metastore.client")
 
 RECEIVE_BYTES = 1 << 16
@@ -44,7 +43,7 @@ Sink = Watch | PersistentWatch
 
 
 @dataclass(frozen=True, slots=True)
-class _Arm:
+class WatchArm:
     """Register `sink` for `path` if the reply's error code is a key of `kinds`."""
 
     path: str
@@ -57,7 +56,7 @@ class _Call:
 
     __slots__ = ("opcode", "path", "arm", "slots", "done", "header", "body", "error")
 
-    def __init__(self, opcode: int, path: str | None, arm: _Arm | None, slots: trio.Semaphore | None) -> None:
+    def __init__(self, opcode: int, path: str | None, arm: WatchArm | None, slots: trio.Semaphore | None) -> None:
         self.opcode, self.path, self.arm, self.slots = opcode, path, arm, slots
         self.done = trio.Event()
         self.header: J.ReplyHeader | None = None
@@ -125,7 +124,7 @@ class SessionDriver:
         self._rng = rng or random.Random()
         self._hosts = HostRing(hosts, self._rng)
         self._requested_timeout_ms = session_timeout_ms
-        self._auth: list[tuple[str, bytes]] = [(scheme, _credential(c)) for scheme, c in auth]
+        self._auth: list[tuple[str, bytes]] = [(scheme, credential_bytes(c)) for scheme, c in auth]
         self._start_timeout_s = start_timeout_s
         # How long a request waits for a connection while SUSPENDED (default: the session timeout).
         self._reconnect_wait_s = reconnect_wait_s
@@ -532,7 +531,7 @@ class SessionDriver:
             sink._deliver(event)
 
     # -- requests -----------------------------------------------------------------------
-    async def _call(self, opcode: OpCode, body: object, path: str | None = None, arm: _Arm | None = None,
+    async def _call(self, opcode: OpCode, body: object, path: str | None = None, arm: WatchArm | None = None,
                     *, xid: int | None = None) -> tuple[J.ReplyHeader, object]:
         await self._slots.acquire()
         try:
@@ -577,5 +576,5 @@ class SessionDriver:
         raise ConnectionLoss(path, f"not connected to any server within {wait_s:g} s")
 
 
-def _credential(credential: bytes | str) -> bytes:
+def credential_bytes(credential: bytes | str) -> bytes:
     return credential.encode() if isinstance(credential, str) else bytes(credential)
