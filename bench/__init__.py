@@ -1,5 +1,8 @@
 """On-demand benchmarks of a local Quire cluster, side by side with Apache ZooKeeper.
 
+Two parts: the Zab layer (KV demo client) and the metastore (kazoo over the
+ZooKeeper client protocol, against both systems).
+
 Run with `python -m bench.run [--quick]` (or `bash bench/run.sh`); results go to
 docs/benchmarks.md. Nothing here is part of the test suite: tests/ never imports it.
 
@@ -17,5 +20,7 @@ Modules:
     profile    py-spy sampling of the Quire leader, folded into top functions
     timeline   Quire failovers reconstructed from the node logs
     logscan    warnings and errors from every server log, grouped
+    kzbench    the metastore part: one kazoo workload against ZooKeeper and Quire's ZooKeeper protocol
+    kzworker   one kazoo client process of that part (several run at once)
     report     the markdown of docs/benchmarks.md
 """

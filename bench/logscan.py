@@ -85,3 +85,20 @@ def _quire_message(line: str) -> str:
 
 def _pattern(text: str) -> str:
     return _NUMBERS.sub("#", text)
+
+
+def scan_clients(folder: Path, label: str) -> Scan:
+    """The kazoo worker processes' stderr (`client<N>.log`): kazoo's warnings and errors, tracebacks."""
+    scan = Scan(label)
+    for log in sorted(folder.rglob("client*.log")):
+        scan.files += 1
+        source = f"{log.parent.parent.parent.name}/{log.parent.name}/{log.stem}"  # e.g. quire/write-100-128/client1
+        lines = log.read_text(errors="replace").splitlines()
+        for i, line in enumerate(lines):
+            level = next((w for w in (" WARNING ", " ERROR ", " CRITICAL ") if w in line), None)
+            if level is None and not line.startswith("Traceback"):
+                continue
+            example = "\n".join(lines[i:i + 12]) if line.startswith("Traceback") else line
+            text = line.split(level, 1)[1] if level else line
+            scan.add(f"{level.strip() + ' ' if level else ''}{_pattern(text)[:120]}", source, example)
+    return scan

@@ -68,7 +68,7 @@ def facts(data_dir: Path, repo: Path) -> dict[str, str]:
 def _git_state(repo: Path) -> str:
     """HEAD, and the server files that differ from it (other people edit the tree while we measure)."""
     head = _run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"])
-    dirty = _run(["git", "-C", str(repo), "status", "--porcelain", "--", "zab", "clusterd", "cluster.toml"])
+    dirty = _run(["git", "-C", str(repo), "status", "--porcelain", "--", "zab", "clusterd", "metastore", "cluster.toml"])
     return head + (f" plus uncommitted changes to {', '.join(line[3:] for line in dirty.splitlines())}"
                    if dirty else "")
 
@@ -91,6 +91,28 @@ def process_cpu_seconds(pid: int) -> float | None:
     except (FileNotFoundError, ProcessLookupError, IndexError):
         return None
     return (int(parts[11]) + int(parts[12])) / _CLOCK_TICKS
+
+
+def sched_seconds(pid: int, *, main_thread_only: bool = False) -> tuple[float, float] | None:
+    """(on a CPU, runnable but waiting for one) seconds of a process's threads, from /proc/.../schedstat.
+
+    With `main_thread_only`, only the thread whose id is the pid (a trio node's event loop). None if the
+    process is gone. The second figure says whether a process was starved of CPU rather than idle.
+    """
+    tids = [str(pid)] if main_thread_only else None
+    try:
+        tids = tids or os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return None
+    run = wait = 0
+    for tid in tids:
+        try:
+            fields = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        run += int(fields[0])
+        wait += int(fields[1])
+    return run / 1e9, wait / 1e9
 
 
 def busy_fraction(interval_s: float = 1.0) -> float:
@@ -169,3 +191,68 @@ def top_processes(exclude: Iterable[int] = (), limit: int = 5) -> list[str]:
     skip = {str(p) for p in exclude} | {str(os.getpid())}
     rows = [line for line in out.splitlines() if line.split(None, 1)[0] not in skip and " ps -eo " not in line]
     return [row[:160] for row in rows[:limit]]
+
+
+# -- syscalls and context switches (perf stat, when the kernel lets us) ------------------------
+
+PERF_EVENTS = ("raw_syscalls:sys_enter", "context-switches")
+
+
+class PerfCounter:
+    """`perf stat` counting system calls and context switches of some processes (all their threads).
+
+    Counting a tracepoint costs the traced process little (no sampling, no ptrace). Without `perf`, or
+    where the kernel refuses it, `counts()` returns None for that process and the report says n/a.
+    """
+
+    def __init__(self, pids: dict[str, int], folder: Path) -> None:
+        self.pids = pids
+        self.folder = folder
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self) -> PerfCounter:
+        perf = _which("perf")
+        if perf is None:
+            return self
+        self.folder.mkdir(parents=True, exist_ok=True)
+        for name, pid in self.pids.items():
+            out = self.folder / f"perf.{name}.csv"
+            out.unlink(missing_ok=True)
+            self.procs[name] = subprocess.Popen(
+                [perf, "stat", "-x,", "-o", str(out), "-e", ",".join(PERF_EVENTS), "-p", str(pid)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return self
+
+    def stop(self) -> dict[str, dict[str, int] | None]:
+        """name -> {"syscalls": n, "context_switches": n}, or None where perf did not count."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(2)  # SIGINT: perf stat prints its counts and exits
+        result: dict[str, dict[str, int] | None] = {}
+        for name, proc in self.procs.items():
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            result[name] = _parse_perf(self.folder / f"perf.{name}.csv")
+        return result
+
+
+def _parse_perf(path: Path) -> dict[str, int] | None:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    counts = {}
+    for line in text.splitlines():
+        parts = line.split(",")
+        if len(parts) >= 3 and parts[2] in PERF_EVENTS and parts[0].strip().isdigit():
+            counts["syscalls" if parts[2].startswith("raw_syscalls") else "context_switches"] = int(parts[0])
+    return counts if len(counts) == 2 else None
+
+
+def _which(name: str) -> str | None:
+    import shutil
+
+    return shutil.which(name)

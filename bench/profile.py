@@ -30,6 +30,7 @@ SAMPLE_RATE_HZ = 200
 _FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
 # Areas of the code a frame can belong to, by file path fragment: first match wins.
 AREAS = (("json", "json/"), ("zab codec", "zab/codec"), ("zab core", "zab/"), ("clusterd", "clusterd/"),
+         ("metastore jute", "metastore/jute"), ("metastore tree", "metastore/tree"), ("metastore", "metastore/"),
          ("trio", "trio/"), ("logging", "logging/"), ("socket/selectors", "socket"),
          ("threading", "threading"), ("crc32c", "crc32c"))
 
@@ -73,6 +74,8 @@ class Run:
     cpu: LeaderCpu
     throughput: float
     spy_log: str
+    follower: Profile | None = None  # the metastore part also samples one follower (GIL holder only)
+    follower_cpu: LeaderCpu | None = None
 
 
 def run(folder: Path, spec: Spec) -> Run:
@@ -85,38 +88,56 @@ def run(folder: Path, spec: Spec) -> Run:
 async def _profile(cluster: QuireCluster, spec: Spec, binary: str, folder: Path) -> Run:
     leader = await cluster.leader()
     pid = cluster.pid(leader)
-    modes = {"active": [], "gil": ["--gil"]}
     spies: dict[str, subprocess.Popen[bytes]] = {}
     cpu_before: list[tuple[float, float, float]] = []
 
-    async def start_spies() -> None:
-        for mode, extra in modes.items():
-            command = [binary, "record", "--pid", str(pid), "--rate", str(SAMPLE_RATE_HZ), "--nonblocking",
-                       "--format", "raw", "--output", str(folder / f"leader.{mode}.txt"), *extra]
-            with open(folder / f"py-spy.{mode}.log", "wb") as sink:
-                spies[mode] = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
+    async def start() -> None:
+        spies.update(start_spies(binary, pid, folder))
         await trio.sleep(0.5)  # py-spy attaches before the timed phase starts
-        cpu_before.append((time.monotonic(), *_user_system(pid)))
+        cpu_before.append((time.monotonic(), *user_system(pid)))
 
     outcome = await workload.quire_writes(cluster.client_addresses(), writes=spec.writes,
                                           concurrency=spec.concurrency, value_bytes=spec.value_bytes,
-                                          warmup=spec.warmup, after_warmup=start_spies)
-    t1, user1, system1 = time.monotonic(), *_user_system(pid)
-    for spy in spies.values():
-        spy.send_signal(signal.SIGINT)  # py-spy writes its output on Ctrl-C
-    for spy in spies.values():
-        await trio.to_thread.run_sync(spy.wait)
+                                          warmup=spec.warmup, after_warmup=start)
+    t1, user1, system1 = time.monotonic(), *user_system(pid)
+    profiles, logs = await trio.to_thread.run_sync(stop_spies, spies, folder, f"node{leader}")
     t0, user0, system0 = cpu_before[0]
-    profiles = []
-    for mode in modes:
-        out = folder / f"leader.{mode}.txt"
-        profiles.append(fold(out.read_text() if out.exists() else "", f"node{leader}", mode))
-    logs = "".join((folder / f"py-spy.{mode}.log").read_text(errors="replace") for mode in modes)
     return Run(profiles, LeaderCpu(t1 - t0, user1 - user0, system1 - system0),
                outcome.ok / outcome.elapsed_s if outcome.elapsed_s else 0.0, logs)
 
 
-def _user_system(pid: int) -> tuple[float, float]:
+MODES = {"active": [], "gil": ["--gil"]}
+
+
+def start_spies(binary: str, pid: int, folder: Path, *, modes: tuple[str, ...] = tuple(MODES),
+                prefix: str = "leader") -> dict[str, subprocess.Popen[bytes]]:
+    """py-spy samplers on `pid`, one per mode (every non-idle thread; the GIL holder), raw output in `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    spies = {}
+    for mode in modes:
+        command = [binary, "record", "--pid", str(pid), "--rate", str(SAMPLE_RATE_HZ), "--nonblocking",
+                   "--format", "raw", "--output", str(folder / f"{prefix}.{mode}.txt"), *MODES[mode]]
+        with open(folder / f"py-spy.{prefix}.{mode}.log", "wb") as sink:
+            spies[mode] = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
+    return spies
+
+
+def stop_spies(spies: dict[str, subprocess.Popen[bytes]], folder: Path, node: str, *,
+               prefix: str = "leader") -> tuple[list[Profile], str]:
+    """SIGINT the samplers (py-spy writes its output on Ctrl-C), fold what they wrote; (profiles, their logs)."""
+    for spy in spies.values():
+        spy.send_signal(signal.SIGINT)
+    for spy in spies.values():
+        spy.wait()
+    profiles = []
+    for mode in spies:
+        out = folder / f"{prefix}.{mode}.txt"
+        profiles.append(fold(out.read_text() if out.exists() else "", node, mode))
+    logs = "".join((folder / f"py-spy.{prefix}.{mode}.log").read_text(errors="replace") for mode in spies)
+    return profiles, logs
+
+
+def user_system(pid: int) -> tuple[float, float]:
     parts = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
     return int(parts[11]) / ticks, int(parts[12]) / ticks

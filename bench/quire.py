@@ -39,8 +39,11 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
-def write_config(folder: Path) -> Path:
-    """Copy the shipped cluster.toml into `folder` with fresh ports; every host stays 127.0.0.1."""
+def write_config(folder: Path, *, client_protocol: str | None = None) -> Path:
+    """Copy the shipped cluster.toml into `folder` with fresh ports; every host stays 127.0.0.1.
+
+    `client_protocol` (e.g. "zookeeper") is set under [cluster] when given; otherwise the shipped value holds.
+    """
     shipped_path = REPO / "cluster.toml"
     shipped = cfg.load(shipped_path)
     text = shipped_path.read_text()
@@ -50,6 +53,10 @@ def write_config(folder: Path) -> Path:
         for key in cfg.PORT_KEYS:
             text, n = re.subn(rf"(?m)^{key} = {getattr(node, key)}$", f"{key} = {next(ports)}", text)
             assert n == 1, f"{key} of node {node.id} not found exactly once in {shipped_path}"
+    if client_protocol is not None:
+        text = re.sub(r'(?m)^client_protocol = .*\n', "", text)
+        text, n = re.subn(r"(?m)^\[cluster\]\n", f'[cluster]\nclient_protocol = "{client_protocol}"\n', text)
+        assert n == 1, f"no [cluster] table in {shipped_path}"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "cluster.toml"
     path.write_text(text)
@@ -59,9 +66,9 @@ def write_config(folder: Path) -> Path:
 class QuireCluster:
     """Three clusterd processes of one config; `stop()` (or the context manager) ends them all."""
 
-    def __init__(self, folder: Path, *, log_level: str = "info") -> None:
+    def __init__(self, folder: Path, *, log_level: str = "info", client_protocol: str | None = None) -> None:
         self.folder = folder
-        self.config = cfg.load(write_config(folder))
+        self.config = cfg.load(write_config(folder, client_protocol=client_protocol))
         self.nodes = {n.id: n for n in self.config.nodes if n.in_ensemble}
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.log_level = log_level

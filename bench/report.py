@@ -11,11 +11,13 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from bench import stats
+from collections import Counter
+
+from bench import kzbench, stats
 from bench.election import Sample
 from bench.profile import Profile
 from bench.stats import fmt_num, fmt_ratio, ratio
-from bench.suite import Results
+from bench.suite import QUIET_WAIT_SECTION_S, Results
 from bench.throughput import FsyncStats, Result
 
 ANALYSIS_START = "<!-- analysis:start (hand-written; kept when the file is regenerated) -->"
@@ -34,8 +36,13 @@ def existing_analysis(path: Path) -> str:
 
 
 def render(r: Results, analysis: str) -> str:
-    parts = [_intro(), _environment(r), _summary(r), _elections(r), _throughput(r), _fsync(r), _profile(r),
-             f"## Analysis\n\n{ANALYSIS_START}\n{analysis}\n{ANALYSIS_END}\n", _problems(r)]
+    parts = [_intro(), _environment(r), _kz_summary(r)]
+    if "zab" in r.parts:
+        parts += [_summary(r), _elections(r), _throughput(r), _fsync(r), _profile(r)]
+    else:
+        parts.append("## Zab layer (KV demo client)\n\nNot run in this run (`--only metastore`).\n")
+    parts += [_kz_rows(r), _kz_failover(r), _kz_profile(r),
+              f"## Analysis\n\n{ANALYSIS_START}\n{analysis}\n{ANALYSIS_END}\n", _problems(r)]
     return "\n".join(parts)
 
 
@@ -49,13 +56,21 @@ def _ms(seconds: float | None) -> str:
 def _intro() -> str:
     return """# Benchmarks
 
-Quire's Zab broadcast on a local 3-node cluster, with Apache ZooKeeper (Debian's
-`zookeeper` package) run the same way on the same machine as the reference.
+A local 3-node Quire cluster beside Apache ZooKeeper 3.8 (Debian's `zookeeper`
+package) run the same way on the same machine as the reference, in two parts:
+
+* **Metastore** (`bench/kzbench.py`, `bench/kzworker.py`): one kazoo-driven workload, unchanged, against
+  the ZooKeeper ensemble and against `clusterd` with `client_protocol = "zookeeper"`, in one run, reported
+  as Quire/ZooKeeper ratios against the targets of issue 3.
+* **Zab layer** (the rest of `bench/`): failover, broadcast throughput and group commit, measured with the
+  KV demo client (Quire) and kazoo (ZooKeeper).
+
 The suite runs on demand, never as part of the tests (tests/ does not import bench/):
 
     bash bench/run.sh            # installs zookeeper, kazoo, py-spy if missing, then runs the suite
                                  # (PYTHON=/path/to/venv/bin/python: an interpreter with this project installed)
-    python -m bench.run          # the suite alone (4 to 10 minutes); --quick for a smoke run
+    python -m bench.run          # the suite alone (about 10 to 15 minutes); --quick for a smoke run
+    python -m bench.run --only metastore   # one part only (the report then holds only that part)
     python -m bench.run --help   # --no-zk, --keep (keep the temp dirs and logs), --workdir, --output
 
 Every benchmark starts its own cluster from a copy of cluster.toml (or a zoo.cfg
@@ -84,18 +99,21 @@ def _environment(r: Results) -> str:
                   *r.busy_processes, "```", ""]
     if r.busy_sections:
         busy = ", ".join(f"{name} ({100 * b:.0f}%)" for name, b in r.busy_sections)
-        lines += [f"Sections that started on a busy machine after waiting 30 s (CPU busy before the start): {busy}.",
+        lines += [f"Sections that started on a busy machine after waiting {QUIET_WAIT_SECTION_S:g} s "
+                  f"(CPU busy before the start): {busy}.",
                   ""]
     s = r.sizes
     lines += [f"Sizes: {s.election_runs} elections per system; {s.single_writes} timed writes with 1 outstanding "
               f"(after {s.warmup_single} warm-up writes), {s.many_writes} with {s.many} outstanding (after "
               f"{s.warmup_many}); disk loop {s.fsync_loop_s:g} s; status polled every "
-              f"{1000 * s.poll_interval_s:g} ms.", ""]
+              f"{1000 * s.poll_interval_s:g} ms. Metastore part: {s.kz_window_s:g} s timed window per row after "
+              f"{s.kz_warmup_s:g} s of warm-up in each client process; {s.kz_failovers} leader SIGKILLs per "
+              f"system; {s.kz_profile_s:g} s py-spy window.", ""]
     return "\n".join(lines)
 
 
 def _summary(r: Results) -> str:
-    rows = ["## Summary", "",
+    rows = ["## Summary: Zab layer (KV demo client)", "",
             "Quire/ZooKeeper ratio: above 1 means Quire takes longer (times) or does more (rates).", "",
             "| figure | Quire | ZooKeeper | Quire/ZK |", "| --- | ---: | ---: | ---: |"]
 
@@ -252,13 +270,14 @@ def _profile(r: Results) -> str:
 _SAMPLING = "`record --nonblocking --rate 200`"
 
 
-def _profile_tables(p: Profile) -> list[str]:
+def _profile_tables(p: Profile, role: str = "Leader") -> list[str]:
     title = "holding the GIL" if p.mode == "gil" else "any thread not idle"
-    lines = [f"### Leader ({p.leader}), {title}: {p.samples} samples", "",
+    lines = [f"### {role} ({p.leader}), {title}: {p.samples} samples", "",
              "| self % | function (self time) | | total % | function (inclusive, project code) |",
              "| ---: | --- | --- | ---: | --- |"]
     top_self = p.self_counts.most_common(TOP_FUNCTIONS)
-    ours = [(f, c) for f, c in p.total_counts.most_common() if f.split("(")[-1].startswith(("zab/", "clusterd/"))
+    ours = [(f, c) for f, c in p.total_counts.most_common()
+            if f.split("(")[-1].startswith(("zab/", "clusterd/", "metastore/"))
             and not f.startswith(("main ", "<module>", "run_node", "_start_services"))][:TOP_FUNCTIONS]
     for i in range(max(len(top_self), len(ours))):
         left = f"{p.share(top_self[i][1]):.1f} | `{top_self[i][0]}`" if i < len(top_self) else " | "
@@ -283,6 +302,7 @@ def _problems(r: Results) -> str:
         lines.append(f"- {w.system} {w.spec.name}: client errors {dict(w.outcome.errors)}")
     if errors:
         lines.append("")
+    lines += _kz_problems(r)
     for scan in r.scans:
         findings = scan.findings
         if not findings:
@@ -324,3 +344,231 @@ def _cpu_ms_per_write(w: Result) -> float | None:
         return None
     servers = sum(v for k, v in w.cpu.cores.items() if k != "bench client")
     return 1000 * servers * w.cpu.wall_s / w.outcome.ok
+
+
+# -- the metastore part (bench/kzbench.py) ----------------------------------------------------------
+
+_KZ_TARGETS = {  # key -> (figure, how the ratio is read, target ratio) per issue 3
+    "write-100-128": ("rate", ">=", 1.0), "write-1024-128": ("rate", ">=", 1.0),
+    "sync-100": ("p50", "<=", 1.5), "read-100": ("rate", ">=", 0.8), "cas": ("rate", ">=", 1.0),
+}
+FAILOVER_TARGET_S = 0.35
+
+
+def _kz_rate_unit(load: kzbench.Load) -> str:
+    return {"write": "writes/s", "read": "reads/s", "cas": "increments/s"}[load.op]
+
+
+def _kz_verdict(value: float | None, sense: str, target: float) -> str:
+    if value is None:
+        return "n/a"
+    met = value >= target if sense == ">=" else value <= target
+    return "yes" if met else "**no**"
+
+
+def _kz_summary(r: Results) -> str:
+    lines = ["## Summary: metastore over the ZooKeeper client protocol (kazoo)", ""]
+    m = r.metastore
+    if m is None:
+        return "\n".join(lines + ["Not run in this run (see Problems).", ""])
+    lines += ["The same kazoo workload against ZooKeeper and against Quire (`client_protocol = \"zookeeper\"`), "
+              "rows interleaved in one run (section 5). Ratio Quire/ZooKeeper: above 1 means Quire takes longer "
+              "(times) or does more (rates). Targets from issue 3; server CPU is utime+stime of the three "
+              "server processes over the timed window, per acknowledged operation.", "",
+              "| figure | Quire | ZooKeeper | Quire/ZK | target | met |", "| --- | ---: | ---: | ---: | ---: | :---: |"]
+
+    def add(name: str, q: float | None, z: float | None, fmt,  # noqa: ANN001 - a formatter
+            target: str = "", verdict: str = "") -> None:
+        lines.append(f"| {name} | {fmt(q)} | {fmt(z)} | {fmt_ratio(ratio(q, z))} | {target} | {verdict} |")
+
+    def ms(v: float | None) -> str:
+        return "n/a" if v is None or math.isnan(v) else f"{v:,.2f} ms"
+
+    def us(v: float | None) -> str:
+        return "n/a" if v is None else f"{v:,.0f} us"
+
+    def num(v: float | None) -> str:
+        return fmt_num(v, 0)
+
+    for load in kzbench.loads():
+        q, z = m.row("Quire", load.key), m.row("ZooKeeper", load.key)
+        target = _KZ_TARGETS.get(load.key)
+        if load.key.startswith("sync"):
+            for pct in (50, 99):
+                qv, zv = q and q.latency_ms(pct), z and z.latency_ms(pct)
+                t = target if target and pct == 50 else None
+                add(f"{load.title}: p{pct} latency", qv, zv, ms, f"<= {t[2]:g}x" if t else "",
+                    _kz_verdict(ratio(qv, zv), t[1], t[2]) if t else "")
+            continue
+        qv, zv = q and q.rate, z and z.rate
+        add(f"{load.title}: {_kz_rate_unit(load)}", qv, zv, num, f"{target[1]} {target[2]:g}x" if target else "",
+            _kz_verdict(ratio(qv, zv), target[1], target[2]) if target else "")
+        if load.op == "write" and load.outstanding == 128:
+            qc, zc = q and q.server_cpu_us_per_op, z and z.server_cpu_us_per_op
+            add(f"{load.title}: server CPU per write", qc, zc, us, "<= 1x", _kz_verdict(ratio(qc, zc), "<=", 1.0))
+    qf, zf = _kz_failover_median(m, "Quire"), _kz_failover_median(m, "ZooKeeper")
+    lines.append(f"| writes resume after SIGKILL of the leader: median | {_ms(qf)} | {_ms(zf)} | "
+                 f"{fmt_ratio(ratio(qf, zf))} | <= {1000 * FAILOVER_TARGET_S:.0f} ms | "
+                 f"{_kz_verdict(qf, '<=', FAILOVER_TARGET_S)} |")
+    lines.append("")
+    sat = m.row("Quire", kzbench.SATURATING), m.row("ZooKeeper", kzbench.SATURATING)
+    for row in sat:
+        if row is not None:
+            lines.append(f"- Bottleneck at saturation ({row.system}, {row.load.title}): {row.bottleneck()}.")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _share(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.0f}%"
+
+
+def _kz_failover_median(m: kzbench.Results, system: str) -> float | None:
+    times = [s.resume_s for s in m.failovers.get(system, []) if s.resume_s is not None]
+    return stats.median(times) if times else None
+
+
+def _kz_rows(r: Results) -> str:
+    lines = ["## 5. Metastore: every kazoo row", ""]
+    m = r.metastore
+    if m is None:
+        return "\n".join(lines + ["Not run.", ""])
+    lines += [f"Both systems run side by side for the whole part (an idle Quire cluster uses about 0.06 cores, an "
+              f"idle ZooKeeper ensemble about 0.01: it shows under 'others' while the other system is measured). "
+              f"Each row: P kazoo processes (`bench/kzworker.py`) x N outstanding requests each, "
+              f"{m.warmup_s:g} s of warm-up, then one common {m.window_s:g} s window; only operations "
+              f"acknowledged inside it count. Processes are spread over the three servers (process i on server "
+              f"i mod 3), except the synchronous rows, which run one process on the leader. Writes: `set` of the "
+              f"value to one of {kzbench.KEYS} znodes in turn (1 outstanding: blocking `set()`; more: `set_async` "
+              f"under a semaphore). Reads: `get_async` of the same znodes. CAS: 4 processes increment one "
+              f"counter with `get` then `set(version=...)`, retrying on BadVersion; latency is per acknowledged "
+              f"increment, retries included. Before the first row each system ran {kzbench.JIT_WARMUP_S:g} s of "
+              f"untimed saturating writes (the JVM's JIT).", "",
+              "CPU over the window, from /proc/<pid>/stat utime+stime, in cores: servers (the three server "
+              "processes), leader (its share of that), clients (the kazoo processes), others (everything else on "
+              "the machine, from /proc/stat). Per-operation CPU is cores x window / acknowledged operations. "
+              "'Leader run / wait': from /proc/<pid>/task/<tid>/schedstat, the share of the window the leader was "
+              "on a CPU and runnable but waiting for one; for Quire its event-loop thread (the one thread that "
+              "runs all its Python code), for ZooKeeper all its threads summed (so it can exceed 100%). "
+              "Run + wait near 100% for Quire means its event loop never idled: it was the serial bottleneck, "
+              "and the wait part is what a less crowded machine would give back.", "",
+              "| system | row | ok | errors | rate/s | p50 | p99 | max | server CPU/op | client CPU/op | "
+              "servers | leader | clients | others | machine | leader run / wait |",
+              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+              "| ---: |"]
+    for row in m.rows:
+        lat = row.latencies
+        c = row.cpu
+        lines.append(
+            f"| {row.system} | {row.load.title} | {row.ok} | {sum(row.errors.values())} | {row.rate:,.0f} | "
+            f"{_ms(stats.percentile(lat, 50))} | {_ms(stats.percentile(lat, 99))} | {_ms(max(lat) if lat else None)} | "
+            f"{fmt_num(row.server_cpu_us_per_op, 0)} us | {fmt_num(row.client_cpu_us_per_op, 0)} us | "
+            f"{row.cores():.2f} | {row.leader_cores:.2f} ({row.leader}) | {row.cores(clients=True):.2f} | "
+            f"{c.others_cores:.2f} | {c.machine_cores:.2f} | {_share(row.leader_run)} / {_share(row.leader_wait)} |")
+    lines += ["", "Which side was the bottleneck, row by row (machine saturated when at least 85% of its CPUs were "
+              "busy):", "", "| row | ZooKeeper | Quire |", "| --- | --- | --- |"]
+    for load in kzbench.loads():
+        cells = [(x.bottleneck() if (x := m.row(sys_, load.key)) else "n/a") for sys_ in ("ZooKeeper", "Quire")]
+        lines.append(f"| {load.title} | {cells[0]} | {cells[1]} |")
+    lines.append("")
+    lines += ["System calls and context switches per acknowledged operation over the window (`perf stat -e "
+              "raw_syscalls:sys_enter,context-switches -p <pid>` on each server, all threads; n/a where perf is "
+              "missing or not allowed):", "",
+              "| row | ZK leader syscalls | ZK all servers syscalls | ZK context switches | Quire leader syscalls | "
+              "Quire all servers syscalls | Quire context switches |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for load in kzbench.loads():
+        cells = []
+        for sys_ in ("ZooKeeper", "Quire"):
+            x = m.row(sys_, load.key)
+            cells += ([fmt_num(x.per_op("syscalls", [x.leader]), 1), fmt_num(x.per_op("syscalls"), 1),
+                       fmt_num(x.per_op("context_switches"), 1)] if x else ["n/a"] * 3)
+        lines.append(f"| {load.title} | " + " | ".join(cells) + " |")
+    lines.append("")
+    cas = [x for x in m.rows if x.load.op == "cas"]
+    if cas:
+        lines += ["CAS under contention: " + "; ".join(
+            f"{x.system} {x.rate:,.0f} increments/s with {x.retries} BadVersion retries "
+            f"({x.retries / x.ok if x.ok else float('nan'):.2f} per increment)" for x in cas) + ".", ""]
+    for check in m.counter_checks:
+        lines.append(f"- {check}")
+    if m.counter_checks:
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _kz_failover(r: Results) -> str:
+    lines = ["## 6. Metastore: writes resume after SIGKILL of the leader", ""]
+    m = r.metastore
+    if m is None or not m.failovers:
+        return "\n".join(lines + ["Not run (see Problems).", ""])
+    lines += ["Before each run all three servers serve (`srvr`: one `Mode: leader`, two `Mode: follower`; Quire "
+              "also every node in phase broadcast). One kazoo client is pinned to each survivor and sets a znode in "
+              "a loop (blocking `set`, retried at once after an error; kazoo reconnects every 10 ms). Once both "
+              f"have had {kzbench.PRE_KILL_ACKS} writes acknowledged, the leader (found with `srvr`) is SIGKILLed. "
+              "Resume: from the SIGKILL to the acknowledgement of the first write *sent after* it, on either "
+              "survivor (a write sent before may be acknowledged after the kill: the old leader committed it). "
+              "Both: until each survivor's client had one. The killed server is restarted before the next run.",
+              "", "| system | runs | resume: median | min | max | both survivors: median | max | failed runs |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for system, samples in m.failovers.items():
+        resume = [s.resume_s for s in samples if s.resume_s is not None]
+        both = [s.both_s for s in samples if s.both_s is not None]
+        failed = sum(1 for s in samples if s.resume_s is None)
+        lines.append(f"| {system} | {len(samples)} | {_ms(_med(resume))} | {_ms(min(resume) if resume else None)} | "
+                     f"{_ms(_max(resume))} | {_ms(_med(both))} | {_ms(_max(both))} | {failed} |")
+    lines.append("")
+    for system, samples in m.failovers.items():
+        cells = ", ".join(f"{1000 * s.resume_s:.0f}" if s.resume_s is not None else "none" for s in samples)
+        errors = sum((s.errors for s in samples), Counter())
+        lines += [f"{system}, every run (ms): {cells}. Client errors while the leader was gone: "
+                  f"{dict(errors) or 'none'}.", ""]
+        notes = [f"{s.killed}: {s.note}" for s in samples if s.note]
+        if notes:
+            lines += [f"- {n}" for n in notes] + [""]
+    return "\n".join(lines)
+
+
+def _kz_profile(r: Results) -> str:
+    lines = ["## 7. Metastore: profile of the Quire leader under saturating kazoo writes", ""]
+    m = r.metastore
+    p = m.profile if m else None
+    if p is None:
+        return "\n".join(lines + ["Not run (see Problems).", ""])
+    cpu = p.cpu
+    load = next(x for x in kzbench.loads() if x.key == kzbench.SATURATING)
+    lines += [f"py-spy {_SAMPLING} on the Quire leader during a {m.profile_s:g} s window of the row "
+              f"\"{load.title}\" ({p.throughput:,.0f} writes/s with the two samplers attached). The leader used "
+              f"{(cpu.user_s + cpu.system_s) / cpu.wall_s:.2f} cores: {cpu.user_s / cpu.wall_s:.2f} user, "
+              f"{cpu.system_s / cpu.wall_s:.2f} system (from /proc over {cpu.wall_s:.1f} s). As in section 4: "
+              "`--gil` counts the thread holding the GIL, the other profile every thread that is not idle.", ""]
+    for prof in p.profiles:
+        lines += _profile_tables(prof)
+    if p.follower is not None and p.follower_cpu is not None:
+        fc = p.follower_cpu
+        lines += [f"A follower serving kazoo clients, sampled at the same time (GIL holder only); it used "
+                  f"{(fc.user_s + fc.system_s) / fc.wall_s:.2f} cores ({fc.user_s / fc.wall_s:.2f} user, "
+                  f"{fc.system_s / fc.wall_s:.2f} system).", ""]
+        lines += _profile_tables(p.follower, "Follower")
+    return "\n".join(lines)
+
+
+def _kz_problems(r: Results) -> list[str]:
+    m = r.metastore
+    if m is None:
+        return []
+    lines = []
+    for row in m.rows:
+        if row.errors:
+            lines.append(f"- metastore {row.system} {row.load.title}: client errors {dict(row.errors)}; e.g. "
+                         + "; ".join(f"`{e}`" for e in row.error_samples[:2]))
+        if row.bad_reads:
+            lines.append(f"- metastore {row.system} {row.load.title}: {row.bad_reads} reads returned a value of "
+                         "the wrong length")
+    for check in m.counter_checks:
+        if "DIFFERENT" in check:
+            lines.append(f"- CAS counter mismatch: {check}")
+    for system, samples in m.failovers.items():
+        for s in samples:
+            if s.note:
+                lines.append(f"- metastore failover {system} ({s.killed}): {s.note}")
+    return lines + [""] if lines else []

@@ -1,4 +1,7 @@
-"""`python -m bench.run [--quick] [--no-zk] [--keep] [--workdir DIR] [--output FILE]`: run the suite, write the report.
+"""`python -m bench.run [--quick] [--only zab|metastore] [--no-zk] [--keep] [...]`: run the suite, write the report.
+
+Two parts run by default: the Zab layer with the KV demo client, and the
+metastore (kazoo against ZooKeeper and against Quire's ZooKeeper protocol).
 
 Exit status 0 when every section ran, 1 when some failed (the report says
 which and why), 2 for a bad command line.
@@ -13,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from bench import report
-from bench.suite import FULL, QUICK, Suite
+from bench.suite import FULL, PARTS, QUICK, Suite
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -23,7 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="quire-bench-", dir=args.workdir))
     print(f"bench: working in {workdir}")
     try:
-        suite = Suite(workdir, QUICK if args.quick else FULL, with_zk=not args.no_zk, repo=REPO)
+        parts = (args.only,) if args.only else PARTS
+        suite = Suite(workdir, QUICK if args.quick else FULL, with_zk=not args.no_zk, repo=REPO, parts=parts)
         results = suite.run(wait_quiet=not args.no_wait)
         output = Path(args.output)
         output.write_text(report.render(results, report.existing_analysis(output)))
@@ -39,7 +43,11 @@ def main(argv: list[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small counts: a smoke run of a minute or two")
-    parser.add_argument("--no-zk", action="store_true", help="skip the ZooKeeper reference runs")
+    parser.add_argument("--only", choices=PARTS, default=None,
+                        help="run one part: zab (KV demo client) or metastore (kazoo, ZooKeeper protocol); "
+                             "the report is rewritten with that part only")
+    parser.add_argument("--no-zk", action="store_true", help="skip the ZooKeeper reference runs "
+                                                             "(and so the metastore part)")
     parser.add_argument("--no-wait", action="store_true", help="do not wait for a quiet machine first")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (configs, data dirs, node logs)")
     parser.add_argument("--workdir", default=None, help="parent of the temp dir (default: the system's temp dir); "

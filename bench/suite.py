@@ -14,13 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from bench import disk, election, logscan, machine, profile, stats, throughput, timeline, zk
+from bench import disk, election, kzbench, logscan, machine, profile, stats, throughput, timeline, zk
 from bench.quire import QuireCluster
 
 T = TypeVar("T")
 QUIET_BUSY_MAX = 0.25  # share of all CPUs
-QUIET_WAIT_FIRST_S = 180.0
-QUIET_WAIT_SECTION_S = 30.0
+# Bounded so that the whole suite stays near 15 minutes on a busy machine (about 10 when it is quiet).
+QUIET_WAIT_FIRST_S = 120.0
+QUIET_WAIT_SECTION_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -33,14 +34,22 @@ class Sizes:
     warmup_many: int
     fsync_loop_s: float
     profile_writes: int
+    # The metastore part (bench/kzbench.py): kazoo against ZooKeeper and Quire's ZooKeeper protocol.
+    kz_window_s: float  # timed window of each load row
+    kz_warmup_s: float  # untimed load in each client process before the window
+    kz_failovers: int  # leader SIGKILLs per system
+    kz_profile_s: float  # py-spy window on the Quire leader
     poll_interval_s: float = 0.005
     value_sizes: tuple[int, ...] = (100, 1024)
 
 
 FULL = Sizes(election_runs=20, single_writes=3000, many_writes=10000, many=64, warmup_single=300,
-             warmup_many=1000, fsync_loop_s=3.0, profile_writes=6000)
+             warmup_many=1000, fsync_loop_s=3.0, profile_writes=6000,
+             kz_window_s=5.0, kz_warmup_s=1.5, kz_failovers=11, kz_profile_s=8.0)
 QUICK = Sizes(election_runs=5, single_writes=300, many_writes=2000, many=64, warmup_single=50,
-              warmup_many=200, fsync_loop_s=1.0, profile_writes=2000)
+              warmup_many=200, fsync_loop_s=1.0, profile_writes=2000,
+              kz_window_s=2.0, kz_warmup_s=0.5, kz_failovers=3, kz_profile_s=3.0)
+PARTS = ("zab", "metastore")
 
 
 @dataclass
@@ -60,6 +69,8 @@ class Results:
     profile: profile.Run | None = None
     failures: list[str] = field(default_factory=list)  # section: traceback
     scans: list[logscan.Scan] = field(default_factory=list)
+    metastore: kzbench.Results | None = None  # None: the metastore part did not run
+    parts: tuple[str, ...] = PARTS
     duration_s: float = 0.0
 
     def workload(self, system: str, value_bytes: int, concurrency: int) -> throughput.Result | None:
@@ -71,13 +82,13 @@ class Results:
 
 class Suite:
     def __init__(self, workdir: Path, sizes: Sizes, *, with_zk: bool, repo: Path,
-                 progress: Callable[[str], None] = print) -> None:
+                 progress: Callable[[str], None] = print, parts: tuple[str, ...] = PARTS) -> None:
         self.workdir = workdir
         self.sizes = sizes
         self.with_zk = with_zk
         self.progress = progress
         self.wait_quiet = False
-        self.results = Results(sizes, machine.facts(workdir, repo))
+        self.results = Results(sizes, machine.facts(workdir, repo), parts=parts)
 
     def run(self, *, wait_quiet: bool) -> Results:
         started = time.monotonic()
@@ -90,6 +101,19 @@ class Suite:
             if not r.quiet[0]:
                 r.busy_processes = machine.top_processes()
         self._check_zk()
+        if "zab" in r.parts:
+            self._zab()
+        if "metastore" in r.parts:
+            if self.with_zk:
+                self._section("metastore (kazoo: ZooKeeper and Quire)", self._metastore)
+            else:
+                r.failures.append("metastore (kazoo): not run, it needs ZooKeeper and kazoo: "
+                                  f"{r.zk_unavailable}")
+        r.duration_s = time.monotonic() - started
+        return r
+
+    def _zab(self) -> None:
+        r = self.results
         self._section("disk fsync", self._disk)
         self._section("election (Quire)", self._election_quire)
         if self.with_zk:
@@ -105,8 +129,6 @@ class Suite:
         r.scans.append(logscan.scan_quire(self.workdir / "quire", "quire"))
         if self.with_zk:
             r.scans.append(logscan.scan_zk(self.workdir / "zk", "zookeeper"))
-        r.duration_s = time.monotonic() - started
-        return r
 
     # -- sections ------------------------------------------------------------------------
     def _section(self, name: str, body: Callable[[], T]) -> T | None:
@@ -122,6 +144,29 @@ class Suite:
             self.results.failures.append(f"{name}:\n{traceback.format_exc()}")
             self.progress(f"  FAILED: {traceback.format_exc().splitlines()[-1]}")
             return None
+
+    def _step(self, name: str, body: Callable[[], T]) -> T | None:
+        """A step inside a section: failures recorded like a section's, without waiting for a quiet machine."""
+        self.progress(f"[{time.strftime('%H:%M:%S')}] {name} ...")
+        try:
+            return body()
+        except Exception:  # noqa: BLE001 - recorded in the report, the suite goes on
+            self.results.failures.append(f"{name}:\n{traceback.format_exc()}")
+            self.progress(f"  FAILED: {traceback.format_exc().splitlines()[-1]}")
+            return None
+
+    def _metastore(self) -> None:
+        s, r = self.sizes, self.results
+        folder = self.workdir / "metastore"
+        r.metastore = kzbench.Results()  # kept even if the bench fails half-way
+        bench = kzbench.Bench(folder, window_s=s.kz_window_s, warmup_s=s.kz_warmup_s, failover_runs=s.kz_failovers,
+                              profile_s=s.kz_profile_s, progress=self.progress, results=r.metastore)
+        try:
+            bench.run(self._step)
+        finally:
+            r.scans.append(logscan.scan_quire(folder / "quire", "Quire metastore (kazoo part)"))
+            r.scans.append(logscan.scan_zk(folder / "zk", "ZooKeeper (kazoo part)"))
+            r.scans.append(logscan.scan_clients(folder, "kazoo client processes (kazoo part)"))
 
     def _check_zk(self) -> None:
         if not self.with_zk:
