@@ -1,13 +1,12 @@
 """The client port (trio edge): ZooKeeper's client protocol over TCP, sessions,
 watches, and the leader's session expiry.
 
-Each connection's requests run in order, one at a time (a client's writes and
-reads are answered in the order sent, as ZooKeeper guarantees). Writes go
-through Zab; reads are served from this node's tree. Watch notifications
-for a transaction are queued before the reply to any request that could see
-its effect: the service consumes the driver's ordered stream of deliveries, and
-a request waits until every transaction already applied to the tree has been
-through that stream (`_wait_processed`).
+Each connection's requests are answered in the order sent (ZooKeeper's FIFO
+client order); writes are handed to Zab as they arrive, so a client can
+pipeline them. Reads are served from this node's tree. Watch notifications for
+a transaction are queued before the reply to any request that could see its
+effect: the driver tells the service of each delivery inline (PeerDriver.listen),
+before any other task can read the tree.
 """
 
 from __future__ import annotations
@@ -91,58 +90,48 @@ class MetastoreService:
         self._tracking = False
         self.connections: dict[int, Connection] = {}
         self.by_session: dict[int, Connection] = {}
-        self.processed_zxid = 0
-        self._processed = trio.Event()
         self._conn_ids = itertools.count(1)
         self._cxids = itertools.count(1)
         self._next_session = (config.node_id << 48) | ((int(time.time() * 1000) << 8) & 0xFFFF_FFFF_FFFF)
-        self._events = driver.subscribe()
+        driver.listen(self)
         self.stats = {"requests": 0, "notifications": 0, "connections": 0}
 
     # -- running -------------------------------------------------------------------
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         listeners = await trio.open_tcp_listeners(self.cfg.port, host=self.cfg.host)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._consume)
             nursery.start_soon(self._maintain_sessions, nursery)
             nursery.start_soon(trio.serve_listeners, self._handle, listeners)
             task_status.started()
 
-    async def _consume(self) -> None:
-        """The driver's ordered stream: fire watches, track sessions."""
-        async for event in self._events:
-            if isinstance(event, Delivered):
-                self._on_delivered(event.result)
-            elif isinstance(event, SessionsTouched):
-                for sid in event.session_ids:
-                    self.tracker.touch(sid, _now_ms())
-            elif isinstance(event, RoleChanged):
-                self._tracking = False
-
-    def _on_delivered(self, applied: object) -> None:
-        if isinstance(applied, Applied):
-            for path, event_type in applied.events:
-                for conn_id, ev, at in self.watches.trigger(path, event_type):
-                    conn = self.connections.get(conn_id)
-                    if conn is not None:
-                        self.stats["notifications"] += 1
-                        conn.send(jute.encode_notification(jute.WatcherEvent(ev, KeeperState.SYNC_CONNECTED, at)))
-            if isinstance(applied.result, SessionCreated) and self._tracking:
-                # Sessions opened through any node reach the leader's tracker here.
-                self.tracker.add(applied.result.session_id, applied.result.timeout_ms, _now_ms())
-            if isinstance(applied.result, SessionClosed):
-                self.tracker.remove(applied.result.session_id)
-                conn = self.by_session.pop(applied.result.session_id, None)
+    # -- the driver's listener: runs inline, in delivery order -----------------------------
+    def delivered(self, txn, applied: object) -> None:
+        """Fire watches and track sessions. Inline with the delivery, so no read can see a
+        change before its watch events are queued on the connections."""
+        if not isinstance(applied, Applied):
+            return
+        for path, event_type in applied.events:
+            for conn_id, ev, at in self.watches.trigger(path, event_type):
+                conn = self.connections.get(conn_id)
                 if conn is not None:
-                    conn.close()
-            self.processed_zxid = applied.zxid
-        self._processed.set()
-        self._processed = trio.Event()
+                    self.stats["notifications"] += 1
+                    conn.send(jute.encode_notification(jute.WatcherEvent(ev, KeeperState.SYNC_CONNECTED, at)))
+        if isinstance(applied.result, SessionCreated) and self._tracking:
+            # Sessions opened through any node reach the leader's tracker here.
+            self.tracker.add(applied.result.session_id, applied.result.timeout_ms, _now_ms())
+        if isinstance(applied.result, SessionClosed):
+            self.tracker.remove(applied.result.session_id)
+            conn = self.by_session.pop(applied.result.session_id, None)
+            if conn is not None:
+                conn.close()
 
-    async def _wait_processed(self) -> None:
-        target = self.sm.last_zxid
-        while self.processed_zxid < target:
-            await self._processed.wait()
+    def sessions_touched(self, frm: int, session_ids: tuple[int, ...]) -> None:
+        now = _now_ms()
+        for sid in session_ids:
+            self.tracker.touch(sid, now)
+
+    def role_changed(self, role, leader, epoch) -> None:
+        self._tracking = False
 
     # -- sessions ---------------------------------------------------------------------
     def _password(self, session_id: int) -> bytes:
@@ -360,7 +349,6 @@ class MetastoreService:
         except (NoLeader, OutcomeUnknown) as e:
             log.info("event=request_lost conn=%s error=%r", conn.id, e)
             return False  # ConnectionLoss for the client: it reconnects and finds out
-        await self._wait_processed()
         if header.type == OpCode.SYNC:
             self._reply(conn, header.xid, 0, jute.SyncResponse(body.path))
             return True
@@ -373,7 +361,6 @@ class MetastoreService:
         return True
 
     async def _read_job(self, conn: Connection, header, body) -> bool:
-        await self._wait_processed()
         reply = read_reply(self.sm.tree, header.type, body, conn.session_id, conn.auth)
         if reply.watch is not None and reply.err in (0, Err.NO_NODE):
             self.watches.add(conn.id, reply.watch[0], reply.watch[1])
@@ -381,13 +368,11 @@ class MetastoreService:
         return True
 
     async def _set_watches_job(self, conn: Connection, body) -> bool:
-        await self._wait_processed()
         self._set_watches(conn, body)
         conn.send(jute.encode_reply(jute.ReplyHeader(Xid.SET_WATCHES, self.sm.last_zxid, 0)))
         return True
 
     async def _watch_job(self, conn: Connection, header, body) -> bool:
-        await self._wait_processed()
         self._watch_op(conn, header, body)
         return True
 

@@ -557,9 +557,6 @@ def test_id_generator_hands_out_unique_increasing_ids_in_batches(ensemble: Clust
 
 
 @multiprocess
-@pytest.mark.xfail(strict=True, reason="server bug: a read can return data whose watch notifications are not queued "
-                   "yet (MetastoreService._read_job waits for the zxid applied when it started, then reads a tree "
-                   "the driver may have advanced; deliver_through applies a whole batch before publishing it)")
 def test_a_watch_set_by_a_read_fires_only_for_changes_after_what_the_read_returned(ensemble: Cluster):
     """ZooKeeper's ordering guarantee: a client sees the watch event for a change before
     it sees data that reflects the change. So after `get(path, watch=w)` returned version

@@ -15,6 +15,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import trio
 
@@ -29,6 +30,7 @@ from zab.peer import DiskState, Peer
 from zab.recovery import recover
 from zab.statemachine import StateMachine
 from zab.transport import PeerTransport
+from zab.txn import Txn
 
 log = logging.getLogger("quire.zab.driver")
 
@@ -42,6 +44,16 @@ class _Waiter:
     result: object = None
     error: Exception | None = None
     in_core: bool = False  # the core has seen the request; a role change now makes its outcome unknown
+
+
+class DriverListener(Protocol):
+    """The service layered on the peer (see PeerDriver.listen)."""
+
+    def delivered(self, txn: Txn, result: object) -> None: ...
+
+    def sessions_touched(self, frm: int, session_ids: tuple[int, ...]) -> None: ...
+
+    def role_changed(self, role: Role, leader: int | None, epoch: int) -> None: ...
 
 
 @dataclass(eq=False)
@@ -78,7 +90,7 @@ class PeerDriver:
         self._events_send, self._events_recv = trio.open_memory_channel(EVENT_QUEUE_MAX)
         self._local: collections.deque[Event] = collections.deque()
         self._waiters: dict[tuple[int, int], _Waiter] = {}
-        self._subscriber: trio.MemorySendChannel | None = None
+        self._listener: DriverListener | None = None
         self._running = False
 
     # -- running ---------------------------------------------------------------------
@@ -154,15 +166,18 @@ class PeerDriver:
             await trio.to_thread.run_sync(self._persist_epoch, a)
         elif isinstance(a, Delivered):
             self._answer(a.txn.session_id, a.txn.cxid, result=a.result)
-            await self._publish(a)
+            if self._listener is not None:
+                self._listener.delivered(a.txn, a.result)
         elif isinstance(a, Synced):
             self._answer(a.session_id, a.cxid, result=a.zxid)
         elif isinstance(a, SessionsTouched):
-            await self._publish(a)
+            if self._listener is not None:
+                self._listener.sessions_touched(a.frm, a.session_ids)
         elif isinstance(a, RequestFailed):
             self._answer(a.session_id, a.cxid, error=NoLeader(f"no established leader ({a.reason}); retry shortly"))
         elif isinstance(a, RoleChanged):
-            await self._publish(a)
+            if self._listener is not None:
+                self._listener.role_changed(a.role, a.leader, a.epoch)
             log.info("event=role node=%s role=%s leader=%s epoch=%s", self.cfg.my_id, a.role.value, a.leader, a.epoch)
             self._fail_all(OutcomeUnknown(f"node {self.cfg.my_id} became {a.role.value}; the request may or may "
                                           "not have committed"))
@@ -172,17 +187,15 @@ class PeerDriver:
         else:
             raise TypeError(f"unexpected action {a!r}")
 
-    async def _publish(self, a: Action) -> None:
-        if self._subscriber is not None:
-            await self._subscriber.send(a)
+    def listen(self, listener: "DriverListener") -> None:
+        """Tell `listener` of every delivery, session touch and role change, in order.
 
-    def subscribe(self, max_buffer: int = EVENT_QUEUE_MAX) -> trio.MemoryReceiveChannel:
-        """Every Delivered, SessionsTouched and RoleChanged, in order, for the one service
-        layered on top (watches, session expiry). Call before `run`; a slow reader slows
-        the peer down rather than growing memory."""
-        send, recv = trio.open_memory_channel(max_buffer)
-        self._subscriber = send
-        return recv
+        Its methods run inline, before the driver yields to any other task: a service
+        that answers reads from the state machine (the metastore) thereby sees each
+        delivery before any read can observe its effect, which is how watch events
+        reach a client before data that reflects them. They must not block.
+        """
+        self._listener = listener
 
     def _persist_epoch(self, a: PersistEpoch) -> None:
         # acceptedEpoch first: currentEpoch <= acceptedEpoch must hold on disk at every instant.
