@@ -273,6 +273,14 @@ class MetastoreService:
         else:
             session_id = req.session_id
             timeout = self.sm.tree.session_timeout(session_id) or 0
+            if timeout == 0:
+                # We may just lag behind the session's creation: catch up with the leader
+                # before calling it expired (ZooKeeper's followers ask the leader).
+                try:
+                    await self.driver.sync(session_id, next(self._cxids))
+                except (NoLeader, OutcomeUnknown):
+                    return False
+                timeout = self.sm.tree.session_timeout(session_id) or 0
             if timeout == 0 or not hmac.compare_digest(req.passwd, self._password(session_id)):
                 conn.send(jute.encode_connect_response(jute.ConnectResponse(0, 0, 0, b"\0" * 16, False)))
                 return False
