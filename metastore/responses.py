@@ -118,7 +118,7 @@ def _all_children(tree, req: J.GetAllChildrenNumberRequest, session_id, auth) ->
 
 
 def _who_am_i(tree, req, session_id, auth) -> Reply:
-    infos = [J.ClientInfo(i.scheme, i.id) for i in auth] or [J.ClientInfo("ip", "")]
+    infos = [J.ClientInfo(i.scheme, i.id) for i in auth]
     return Reply(0, J.WhoAmIResponse(tuple(infos)))
 
 

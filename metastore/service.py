@@ -179,6 +179,8 @@ class MetastoreService:
     async def _handle(self, stream: trio.SocketStream) -> None:
         send, recv = trio.open_memory_channel(OUTGOING_MAX)
         conn = Connection(next(self._conn_ids), stream, _peer_of(stream), send, recv)
+        # As in ZooKeeper, every connection is authenticated by its address (the ip scheme).
+        conn.auth.append(Id("ip", conn.peer.rsplit(":", 1)[0]))
         self.connections[conn.id] = conn
         self.stats["connections"] += 1
         try:

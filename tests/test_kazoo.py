@@ -239,3 +239,13 @@ def test_recipes(ensemble: Cluster, zk: KazooClient):
     assert sorted(zk.Party("/recipes/party")) == ["one", "two"]
     other.stop()
     other.close()
+
+
+def test_ip_acls_match_the_client_address(zk: KazooClient):
+    from kazoo.security import ACL, Id, Permissions
+    zk.create("/by-ip", b"local", acl=[ACL(Permissions.ALL, Id("ip", "127.0.0.1"))])
+    assert zk.get("/by-ip")[0] == b"local"
+    zk.create("/other-ip", b"x", acl=[ACL(Permissions.ALL, Id("ip", "10.9.8.7"))])
+    with pytest.raises(NoAuthError):
+        zk.get("/other-ip")
+    zk.delete("/by-ip")
