@@ -9,7 +9,7 @@ id count, then per id two u16-length UTF-8 strings (scheme, id), then the payloa
 for CLIENT, the jute request (RequestHeader + body) as the client sent it; for
 CREATE_SESSION, the negotiated timeout as i32 ms; for CLOSE_SESSION, nothing; for
 DELETE_CONTAINER (the leader's cleanup of empty containers and expired TTL nodes),
-the path as UTF-8.
+the path as UTF-8; for CLAIM_SESSION (a client reconnected here), nothing.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import struct
 from dataclasses import dataclass
 
 VERSION = 1
-CLIENT, CREATE_SESSION, CLOSE_SESSION, DELETE_CONTAINER = 0, 1, 2, 3
+CLIENT, CREATE_SESSION, CLOSE_SESSION, DELETE_CONTAINER, CLAIM_SESSION = 0, 1, 2, 3, 4
 _HEAD = struct.Struct(">BBBqH")
 _LEN = struct.Struct(">H")
 
@@ -55,7 +55,7 @@ def decode_envelope(buf: bytes) -> Envelope:
     version, kind, origin, time_ms, n = _HEAD.unpack_from(buf)
     if version != VERSION:
         raise EnvelopeError(f"envelope version {version}, expected {VERSION}")
-    if kind not in (CLIENT, CREATE_SESSION, CLOSE_SESSION, DELETE_CONTAINER):
+    if kind not in (CLIENT, CREATE_SESSION, CLOSE_SESSION, DELETE_CONTAINER, CLAIM_SESSION):
         raise EnvelopeError(f"unknown envelope kind {kind}")
     pos = _HEAD.size
     auth = []

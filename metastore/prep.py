@@ -18,7 +18,7 @@ from metastore import jute_records as J
 from metastore import paths
 from metastore.envelope import Envelope
 from metastore.errors import (BadArguments, BadVersion, NoChildrenForEphemerals, NodeExists, NoNode, NotEmpty,
-                              RuntimeInconsistency, SessionExpired, Unimplemented, ZooKeeperError)
+                              RuntimeInconsistency, SessionExpired, SessionMoved, Unimplemented, ZooKeeperError)
 from metastore.jute_defs import CreateMode, OpCode
 from metastore.tree import (CONTAINER_OWNER, DataTree, EphemeralType, Node, ephemeral_type, i32, is_session_id,
                             next_version, ttl_owner)
@@ -31,6 +31,8 @@ _SEQUENTIAL = {CreateMode.PERSISTENT_SEQUENTIAL, CreateMode.EPHEMERAL_SEQUENTIAL
                CreateMode.PERSISTENT_SEQUENTIAL_WITH_TTL}
 _EPHEMERAL = {CreateMode.EPHEMERAL, CreateMode.EPHEMERAL_SEQUENTIAL}
 _TTL = {CreateMode.PERSISTENT_WITH_TTL, CreateMode.PERSISTENT_SEQUENTIAL_WITH_TTL}
+CLAIM_SESSION = -1000  # internal: a client reconnected to the envelope's origin node
+HOUSEKEEPING = 0  # the origin of requests the leader makes itself (node ids start at 1)
 _CREATE_OPS = {OpCode.CREATE, OpCode.CREATE2, OpCode.CREATE_CONTAINER, OpCode.CREATE_TTL}
 
 
@@ -41,10 +43,11 @@ class Preparer:
         self._future: DataTree | None = None
         self._pending: list[tuple[int, Transaction]] = []
         self._time_ms = 0
+        self._owner: dict[int, int] = {}  # session -> the node its client is connected to
 
     def forget(self) -> None:
         """Leadership began or ended: prepared transactions may never commit."""
-        self._future, self._pending = None, []
+        self._future, self._pending, self._owner = None, [], {}
 
     def settled(self, zxid: int) -> None:
         """Transactions up to `zxid` are applied to the committed tree."""
@@ -64,7 +67,11 @@ class Preparer:
         self._time_ms = max(self._time_ms, env.time_ms)
         view = self._view()
         auth = [A.Id(s, i) for s, i in env.auth]
-        if opcode == OpCode.MULTI:
+        moved = self._check_owner(session_id, env.origin, opcode)
+        if moved is not None:
+            txn = Transaction(self._time_ms, moved)
+            apply(view, zxid, txn)
+        elif opcode == OpCode.MULTI:
             txn = Transaction(self._time_ms, self._multi(view, zxid, session_id, auth, body))
             view.last_zxid = zxid  # its ops were applied one by one while checking them
         else:
@@ -76,6 +83,18 @@ class Preparer:
             apply(view, zxid, txn)
         self._pending.append((zxid, txn))
         return txn
+
+    def _check_owner(self, session_id: int, origin: int, opcode: int) -> Error | Multi | None:
+        """SessionMoved: a session's requests must come from the node its client last
+        connected to. The leader remembers that node (not replicated, as in ZooKeeper);
+        a connect (CLAIM_SESSION) moves it, and so does the first request a new leader
+        sees. Requests still arriving from the old node's connection are refused."""
+        if origin == HOUSEKEEPING:
+            return None  # the leader's own expiry and container sweeps act for no client
+        if opcode in (OpCode.CREATE_SESSION, CLAIM_SESSION) or session_id not in self._owner:
+            self._owner[session_id] = origin
+            return Multi(()) if opcode == CLAIM_SESSION else None  # an empty multi: a no-op txn
+        return None if self._owner[session_id] == origin else Error(SessionMoved.code)
 
     def _op(self, view: DataTree, session_id: int, auth: Sequence[A.Id], opcode: int, body: object):
         if opcode in _CREATE_OPS:

@@ -28,6 +28,7 @@ from metastore import jute
 from metastore.acl import Id, digest_auth_id
 from metastore.four_letter import answer_four_letter_word
 from metastore.jute_defs import Err, JuteError, KeeperState, OpCode, UnknownOpcode, Xid
+from metastore.prep import HOUSEKEEPING
 from metastore.responses import READ_OPS, WATCH_KINDS_FOR_TYPE, WRITE_OPS, read_reply, write_reply
 from metastore.sessions import SessionTracker
 from metastore.state_machine import Applied, MetastoreStateMachine
@@ -169,7 +170,7 @@ class MetastoreService:
 
     async def _submit_internal(self, kind: int, session_id: int, payload: bytes) -> None:
         """Leader housekeeping: expire a session, delete an empty container or TTL node."""
-        env = E.Envelope(kind, self.cfg.node_id, _now_ms(), (), payload)
+        env = E.Envelope(kind, HOUSEKEEPING, _now_ms(), (), payload)
         try:
             await self.driver.submit(session_id, next(self._cxids), E.encode_envelope(env))
         except (NoLeader, OutcomeUnknown) as e:
@@ -286,6 +287,8 @@ class MetastoreService:
             if timeout == 0 or not hmac.compare_digest(req.passwd, self._password(session_id)):
                 conn.send(jute.encode_connect_response(jute.ConnectResponse(0, 0, 0, b"\0" * 16, False)))
                 return False
+            if not await self._claim(session_id):
+                return False
         old = self.by_session.get(session_id)
         if old is not None and old is not conn:
             old.close()  # the client moved here: its old connection must not act for it any more
@@ -294,6 +297,16 @@ class MetastoreService:
         self.tracker.touch(session_id, _now_ms())
         conn.send(jute.encode_connect_response(
             jute.ConnectResponse(0, timeout, session_id, self._password(session_id), False)))
+        return True
+
+    async def _claim(self, session_id: int) -> bool:
+        """Tell the leader the session's client is now here: later requests from its old
+        node's connection get SessionMoved."""
+        env = E.Envelope(E.CLAIM_SESSION, self.cfg.node_id, _now_ms(), (), b"")
+        try:
+            await self.driver.submit(session_id, next(self._cxids), E.encode_envelope(env))
+        except (NoLeader, OutcomeUnknown):
+            return False
         return True
 
     async def _create_session(self, requested_ms: int) -> tuple[int, int]:

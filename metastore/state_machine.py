@@ -15,7 +15,7 @@ from metastore import envelope as E
 from metastore.errors import MarshallingError
 from metastore.jute import decode_request
 from metastore.jute_defs import JuteError, OpCode
-from metastore.prep import DEFAULT_MAX_DATA_BYTES, Preparer
+from metastore.prep import CLAIM_SESSION, DEFAULT_MAX_DATA_BYTES, Preparer
 from metastore.tree import DataTree, FrozenTree
 from metastore.txn import (CloseSession, Create, Delete, Error, Multi, MultiResult, Result, SessionClosed, SetData,
                            Transaction, apply, decode_txn, encode_txn)
@@ -79,6 +79,8 @@ def _decode(env: E.Envelope) -> tuple[int, object]:
         return OpCode.CREATE_SESSION, timeout_ms
     if env.kind == E.CLOSE_SESSION:
         return OpCode.CLOSE_SESSION, None
+    if env.kind == E.CLAIM_SESSION:
+        return CLAIM_SESSION, None
     if env.kind == E.DELETE_CONTAINER:
         return OpCode.DELETE_CONTAINER, env.payload.decode()
     header, body = decode_request(env.payload)

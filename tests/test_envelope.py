@@ -4,7 +4,7 @@ from hypothesis import strategies as st
 from metastore.envelope import Envelope, EnvelopeError, decode_envelope, encode_envelope
 
 text = st.text(max_size=20)
-envelopes = st.builds(Envelope, st.integers(0, 3), st.integers(0, 255), st.integers(-2**63, 2**63 - 1),
+envelopes = st.builds(Envelope, st.integers(0, 4), st.integers(0, 255), st.integers(-2**63, 2**63 - 1),
                       st.lists(st.tuples(text, text), max_size=3).map(tuple), st.binary(max_size=50))
 
 

@@ -42,7 +42,7 @@ multi_ops = st.one_of(
 requests = st.one_of(ops, st.tuples(st.just(OpCode.MULTI), st.lists(multi_ops, max_size=4).map(
     lambda o: jute.MultiRequest(tuple(o)))))
 sessions = st.sampled_from([0x1_0000_0001, 0x1_0000_0002])
-steps = st.lists(st.tuples(st.sampled_from(["request", "open", "close", "garbage", "sweep"]), sessions, requests,
+steps = st.lists(st.tuples(st.sampled_from(["request", "open", "close", "garbage", "sweep", "claim"]), sessions, requests,
                            st.sampled_from([(), (("digest", "u:x"),)]), st.booleans()), max_size=25)
 
 
@@ -57,6 +57,8 @@ def test_prepared_transactions_always_apply(steps):
             env = E.Envelope(E.CREATE_SESSION, 1, counter, (), struct.pack(">i", 5000))
         elif kind == "close":
             env = E.Envelope(E.CLOSE_SESSION, 1, counter, (), b"")
+        elif kind == "claim":
+            env = E.Envelope(E.CLAIM_SESSION, 1 + counter % 3, counter, (), b"")
         elif kind == "sweep":
             env = E.Envelope(E.DELETE_CONTAINER, 1, counter, (), getattr(body, "path", "/").encode())
         elif kind == "garbage":
@@ -109,3 +111,27 @@ def test_an_emptied_container_and_an_expired_ttl_node_are_deleted_by_the_leader_
     client(OpCode.CREATE, jute.CreateRequest("/box2/kid", b"", open_acl, 0))
     applied = run(E.Envelope(E.DELETE_CONTAINER, 1, 3_000, (), b"/box2"))
     assert isinstance(applied.txn.body, Error) and "/box2/kid" in sm.tree
+
+
+def test_a_session_that_moved_to_another_node_is_refused_from_the_old_one():
+    sm = MetastoreStateMachine()
+    zxids = iter(Z.make(1, c) for c in range(1, 100))
+    session = 0x1_0000_0001
+
+    def run(origin: int, kind: int, payload: bytes = b""):
+        z = next(zxids)
+        return sm.apply(z, sm.prepare(z, session, E.encode_envelope(E.Envelope(kind, origin, 1, (), payload))))
+
+    def set_data(origin: int):
+        body = jute.encode_request(jute.RequestHeader(1, OpCode.CREATE), jute.CreateRequest(
+            f"/n{origin}-{next(zxids)}", b"", (jute.ACL(31, jute.Id("world", "anyone")),), 0))
+        return run(origin, E.CLIENT, body)
+
+    run(1, E.CREATE_SESSION, struct.pack(">i", 5000))
+    assert not isinstance(set_data(1).txn.body, Error)
+    run(2, E.CLAIM_SESSION)  # the client reconnected to node 2
+    moved = set_data(1)
+    assert isinstance(moved.txn.body, Error) and moved.txn.body.code == -118  # SessionMoved
+    assert not isinstance(set_data(2).txn.body, Error)
+    # the leader's own housekeeping may close it whoever owns it
+    assert run(0, E.CLOSE_SESSION).result.session_id == session
