@@ -1,16 +1,23 @@
-"""`clusterctl demo`: a fresh local cluster does real work through a crash, then proves it.
+"""`clusterctl demo`: a fresh local cluster runs the metastore through a crash, then proves it.
 
 The story: start every node of the config on fresh data directories; several
-clients write through different nodes (unique keys, plus compare-and-set
-increments of one shared counter); a third of the way in, SIGKILL the leader
-(or a follower, or every node); keep writing, retrying NoLeader and counting
-OutcomeUnknown apart; restart what was killed with `clusterd` again; wait until
-every node has committed the same zxid; then read every acknowledged write
-back from every node. Exit status 1 if any acknowledged write is missing.
+metastore clients (metastore.client.MetaClient, ZooKeeper's protocol), each
+holding a session through a different node with an ephemeral node of its own,
+create znodes, increment one shared counter with compare-and-set, and create a
+few sequential znodes; a third of the way in, SIGKILL the leader (or a follower,
+or every node); keep writing through the election, resolving every write whose
+connection was lost in flight by reading it back; restart what was killed with
+`clusterd` again; wait until every node has committed the same zxid; then read
+every write back from every node, each through a session with that node alone,
+and check that the ephemeral nodes lived as long as their sessions. Exit status 1
+if anything acknowledged is missing. clusterd/demo_writers.py has the clients and
+the naming scheme that makes every outcome knowable; clusterd/demo_check.py the
+reading back.
 
-The demo never touches the config's own data directories: it runs on a copy
-of the config under `<config folder>/data/demo/<timestamp>/`, kept afterwards
-for inspection (`clusterctl --config <that>/cluster.toml status` and the logs).
+The demo needs `client_protocol = "zookeeper"` (the shipped cluster.toml's) and
+never touches the config's own data directories: it runs on a copy of the config
+under `<config folder>/data/demo/<timestamp>/`, kept afterwards for inspection
+(`clusterctl --config <that>/cluster.toml status` and the logs).
 """
 
 from __future__ import annotations
@@ -18,53 +25,24 @@ from __future__ import annotations
 import dataclasses
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 import trio
 
 from clusterd import config as cfg
-from clusterd import localcluster
+from clusterd import demo_check, localcluster
 from clusterd.config import ClusterConfig, NodeConfig
-from clusterd.kvclient import BadVersion, KVClient, KVError, OutcomeUnknown
+from clusterd.demo_writers import COUNTER, COUNTER_LOG, MEMBERS, ROOT, SEQUENTIAL, DemoClients, GaveUp, Record
 from clusterd.localcluster import ClusterError
+from metastore.errors import MetastoreError
 from zab.zxid import fmt
 
-COUNTER = "demo/counter"
-COUNTER_EVERY = 5  # one write in five is a counter increment
 START_TIMEOUT_S = 30.0
 CONVERGE_TIMEOUT_S = 60.0
-CLIENT_RETRY_S = 60.0
-READERS_PER_NODE = 4
-
-
-@dataclass
-class Record:
-    """What the clients were told. Only acknowledged writes are promised to survive."""
-
-    acked: dict[str, str] = field(default_factory=dict)
-    unknown: dict[str, str] = field(default_factory=dict)
-    counter_acked: int = 0
-    counter_unknown: int = 0
-    cas_conflicts: int = 0
-    done: int = 0
-    _milestones: list[tuple[int, trio.Event]] = field(default_factory=list)
-
-    def finished_one(self) -> None:
-        self.done += 1
-        for threshold, event in self._milestones:
-            if self.done >= threshold:
-                event.set()
-
-    async def wait_done(self, threshold: int) -> None:
-        """Wait until `threshold` writes have finished (acknowledged or not)."""
-        event = trio.Event()
-        self._milestones.append((threshold, event))
-        if self.done >= threshold:
-            event.set()
-        await event.wait()
+EXIT_USAGE = 2
 
 
 class Demo:
@@ -98,9 +76,16 @@ class Demo:
             while self.children[node_id].poll() is None:  # our child: exits within moments
                 await trio.sleep(0.01)
 
+    def node_of(self, address: tuple[str, int] | None) -> str:
+        return next((str(n.id) for n in self.nodes if (n.host, n.client_port) == address), "?")
+
 
 def run(config: ClusterConfig, *, writes: int, clients: int, kill: str) -> int:
     """Run the demo on a copy of `config` with fresh data; the process exit status."""
+    if config.client_protocol != "zookeeper":
+        print(f"clusterctl: the demo drives the metastore, so it needs client_protocol = \"zookeeper\" under "
+              f"[cluster] in {config.path} (this config says {config.client_protocol!r})", file=sys.stderr)
+        return EXIT_USAGE
     if len(config.voters) < 3 or writes < 3 or clients < 1:
         raise ClusterError("the demo needs at least 3 voters (a quorum survives a SIGKILL), 3 writes and 1 client")
     _refuse_if_running(config)
@@ -136,72 +121,38 @@ async def _main(demo: Demo, writes: int, clients: int, kill: str) -> int:
     statuses = await localcluster.wait_settled(demo.config, demo.nodes, timeout_s=START_TIMEOUT_S,
                                                children=demo.children)
     demo.say(f"cluster is up; node {_leader(statuses)} leads")
-    addresses = demo.config.client_addresses()
-    async with KVClient(addresses, retry_for_s=CLIENT_RETRY_S) as client:
-        await client.put(COUNTER, "0", version=0)
-    try:
-        await _write_through_a_crash(demo, addresses, writes, clients, kill)
-    except KVError as e:
-        demo.say(f"verdict: FAIL: a client gave up: {type(e).__name__}: {e}")
-        return 1
-    await _wait_converged(demo)
-    return await _verify(demo)
+    async with DemoClients(demo.config.client_addresses(), clients, demo.record, demo.say) as sessions:
+        through = ", ".join(demo.node_of(c.meta.server if c.meta else None) for c in sessions.clients)
+        demo.say(f"{clients} client sessions through nodes {through}, each with an ephemeral node {MEMBERS}/c<i>")
+        try:
+            await _write_through_a_crash(demo, sessions, writes, kill)
+        except BaseExceptionGroup as group:
+            error = _first_leaf(group)
+            if not isinstance(error, (GaveUp, MetastoreError)):
+                raise error from group  # ClusterError: clusterctl reports it
+            demo.say(f"verdict: FAIL: a client gave up: {type(error).__name__}: {error}")
+            return 1
+        await _wait_converged(demo)
+        return await _verify(demo, sessions)
 
 
-async def _write_through_a_crash(demo: Demo, addresses: list[tuple[str, int]], writes: int,
-                                 clients: int, kill: str) -> None:
+async def _write_through_a_crash(demo: Demo, sessions: DemoClients, writes: int, kill: str) -> None:
     victims = {"leader": "the leader", "follower": "a follower", "all": "every node"}[kill]
-    demo.say(f"writing {writes} times from {clients} clients through different nodes; "
+    demo.say(f"writing {writes} times: znodes {ROOT}/w-<client>-<n>, compare-and-set increments of {COUNTER} "
+             f"(each with its entry in {COUNTER_LOG} in the same multi), sequential znodes in {SEQUENTIAL}; "
              f"SIGKILL of {victims} after {writes // 3}")
     started = time.monotonic()
+    count = len(sessions.clients)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_nemesis, demo, writes, kill)
-        for i in range(clients):
-            client = KVClient(addresses, start=i, retry_for_s=CLIENT_RETRY_S)
-            nursery.start_soon(_writer, demo.record, client, range(i, writes, clients))
+        for i, client in enumerate(sessions.clients):
+            nursery.start_soon(client.run, range(i, writes, count))
     elapsed = time.monotonic() - started
     r = demo.record
-    demo.say(f"writes done in {elapsed:.1f} s ({r.done / elapsed:.0f}/s): {len(r.acked) + r.counter_acked} "
-             f"acknowledged, {len(r.unknown) + r.counter_unknown} outcome unknown, "
-             f"{r.cas_conflicts} counter CAS conflicts retried")
-
-
-async def _writer(record: Record, client: KVClient, ops: range) -> None:
-    async with client:
-        for op in ops:
-            if op % COUNTER_EVERY == 0:
-                await _increment_counter(record, client)
-            else:
-                await _put_unique(record, client, f"demo/{op:06d}", f"value-{op}")
-            record.finished_one()
-
-
-async def _put_unique(record: Record, client: KVClient, key: str, value: str) -> None:
-    try:
-        await client.put(key, value)
-    except OutcomeUnknown:
-        record.unknown[key] = value
-        return
-    record.acked[key] = value
-
-
-async def _increment_counter(record: Record, client: KVClient) -> None:
-    """Compare-and-set loop: read, write value+1 at the version read, retry on conflict."""
-    while True:
-        item = await client.get(COUNTER)
-        if item is None:  # created through another node: not visible on this one yet
-            await trio.sleep(0.01)
-            continue
-        try:
-            await client.put(COUNTER, str(int(item.value) + 1), version=item.version)
-        except BadVersion:
-            record.cas_conflicts += 1
-            continue
-        except OutcomeUnknown:
-            record.counter_unknown += 1
-            return
-        record.counter_acked += 1
-        return
+    redone = f"{r.redone} had not and {'was' if r.redone == 1 else 'were'} sent again"
+    demo.say(f"writes done in {elapsed:.1f} s ({r.done / elapsed:.0f}/s): {sum(r.acked.values())} acknowledged; "
+             f"{r.unknown} had an unknown outcome (connection lost in flight), resolved by reading back: "
+             f"{sum(r.landed.values())} had landed, {redone}; {r.cas_conflicts} counter CAS conflicts retried")
 
 
 async def _nemesis(demo: Demo, writes: int, kill: str) -> None:
@@ -234,6 +185,13 @@ async def _wait_new_leader(demo: Demo, old: int) -> int:
     raise ClusterError(f"no new leader within {START_TIMEOUT_S:g} s of killing node {old}")
 
 
+def _first_leaf(group: BaseExceptionGroup) -> BaseException:
+    error: BaseException = group
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    return error
+
+
 def _leader(statuses: dict[int, Any]) -> int:
     return next(i for i, s in statuses.items() if s and s.get("role") == "leader")
 
@@ -253,56 +211,27 @@ async def _wait_converged(demo: Demo) -> None:
         await trio.sleep(0.1)
 
 
-async def _verify(demo: Demo) -> int:
+async def _verify(demo: Demo, sessions: DemoClients) -> int:
     statuses = await localcluster.fetch_statuses(demo.config)
     print(localcluster.format_table([localcluster.status_row(i, s) for i, s in statuses.items()]), flush=True)
-    views = {n.id: await _read_all(n, [COUNTER, *demo.record.acked, *demo.record.unknown]) for n in demo.nodes}
-    problems = _check(demo.record, views)
+    record = demo.record
+    views = [await demo_check.read_node(node, record) for node in demo.nodes]
+    problems = demo_check.check(record, sessions.clients, views)
+    view = views[0]
+    created = sum(path.startswith(f"{ROOT}/w-") for path in view.children[ROOT])
+    demo.say(f"each node, alone after a sync: {created} znodes {ROOT}/w-*, {COUNTER} = "
+             f"{(view.data[COUNTER] or b'?').decode()}, {len(view.children[COUNTER_LOG])} entries in {COUNTER_LOG}, "
+             f"{len(view.children[SEQUENTIAL])} sequential znodes, {len(view.owners)} ephemeral nodes held by "
+             f"the live sessions" + ("" if not problems else " (node 1's view; see the problems below)"))
+    members = len(sessions.clients)
+    await sessions.close()
+    for node in demo.nodes:
+        left = await demo_check.read_members(node)
+        if left:
+            problems.append(f"node {node.id}: ephemeral nodes {left} outlived their closed sessions")
+    if not any("outlived" in p for p in problems):
+        demo.say(f"closed the {members} client sessions: their ephemeral nodes are gone on every node")
     for problem in problems[:10]:
         demo.say(f"  {problem}")
-    demo.say(_verdict(demo.record, views, problems))
+    demo.say(demo_check.verdict(record, views, members, problems))
     return 1 if problems else 0
-
-
-async def _read_all(node: NodeConfig, keys: list[str]) -> dict[str, str | None]:
-    """Every key's value as `node` alone sees it (None: absent)."""
-    values: dict[str, str | None] = {}
-
-    async def reader(share: list[str]) -> None:
-        async with KVClient([(node.host, node.client_port)], retry_for_s=10.0) as client:
-            for key in share:
-                item = await client.get(key)
-                values[key] = None if item is None else item.value
-
-    async with trio.open_nursery() as nursery:
-        for i in range(READERS_PER_NODE):
-            nursery.start_soon(reader, keys[i::READERS_PER_NODE])
-    return values
-
-
-def _check(record: Record, views: dict[int, dict[str, str | None]]) -> list[str]:
-    problems = []
-    for node_id, view in views.items():
-        problems += [f"node {node_id}: acknowledged {key} = {value!r}, reads {view[key]!r}"
-                     for key, value in record.acked.items() if view[key] != value]
-        problems += [f"node {node_id}: {key} (outcome unknown) reads {view[key]!r}, never written"
-                     for key, value in record.unknown.items() if view[key] not in (None, value)]
-        counter = int(view[COUNTER] or -1)
-        if not record.counter_acked <= counter <= record.counter_acked + record.counter_unknown:
-            problems.append(f"node {node_id}: counter is {counter}, but {record.counter_acked} increments were "
-                            f"acknowledged and {record.counter_unknown} had unknown outcome")
-    first, *others = views.values()
-    problems += [f"nodes disagree about {key}" for key in first for view in others if view[key] != first[key]]
-    return problems
-
-
-def _verdict(record: Record, views: dict[int, dict[str, str | None]], problems: list[str]) -> str:
-    acked = len(record.acked) + record.counter_acked
-    if problems:
-        return f"verdict: FAIL: {len(problems)} problems with {acked} acknowledged writes on {len(views)} nodes"
-    view = next(iter(views.values()))  # all views are equal, or there would be problems
-    counter = int(view[COUNTER] or 0)
-    landed = sum(1 for key in record.unknown if view[key] is not None) + counter - record.counter_acked
-    return (f"verdict: OK: all {acked} acknowledged writes ({len(record.acked)} puts, {record.counter_acked} "
-            f"counter increments) read back on all {len(views)} nodes; counter = {counter}; "
-            f"{len(record.unknown) + record.counter_unknown} writes had an unknown outcome, {landed} of them landed")

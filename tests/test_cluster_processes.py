@@ -2,12 +2,15 @@
 
 Each test runs its own cluster from a copy of cluster.toml with free ports and
 data directories under tmp_path, so it can run beside a developer's cluster.
+Most speak the shipped client protocol (the metastore, "zookeeper"); those that
+exercise the key-value demo protocol run on a copy that says client_protocol = "kv".
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import struct
@@ -30,6 +33,7 @@ from zab.txnlog import TxnLog
 pytestmark = pytest.mark.multiprocess
 
 REPO = Path(__file__).resolve().parent.parent
+SHIPPED_PROTOCOL = cfg.load(REPO / "cluster.toml").client_protocol
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
 
 
@@ -45,14 +49,25 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
-def copy_config(folder: Path, text_edit: str = "") -> Path:
-    """The shipped cluster.toml with fresh ports; its relative data dirs land in `folder`."""
+def copy_config(folder: Path, text_edit: str = "", *, client_protocol: str | None = None) -> Path:
+    """The shipped cluster.toml with fresh ports; its relative data dirs land in `folder`.
+
+    The shipped `client_protocol` line is left out, so that a caller may put its own
+    [cluster] keys after `[cluster]` (test_kazoo and test_metastore_client insert
+    `client_protocol = "zookeeper"` there) without a duplicate key. Pass `client_protocol`
+    to set it; without it the copy speaks the loader's default, "kv".
+    """
     shipped = cfg.load(REPO / "cluster.toml")
     ports = iter(free_ports(3 * len(shipped.nodes)))
     text = (REPO / "cluster.toml").read_text()
     for node in shipped.nodes:
         for key in cfg.PORT_KEYS:
             text = text.replace(f"{key} = {getattr(node, key)}\n", f"{key} = {next(ports)}\n")
+    text = re.sub(r"(?m)^client_protocol = .*\n", "", text)
+    if client_protocol is not None:
+        setting = f"client_protocol = {json.dumps(client_protocol)}\n"
+        text, n = re.subn(r"(?m)^\[cluster\]\n", f"[cluster]\n{setting}", text, count=1)
+        assert n == 1, "no [cluster] table in the shipped cluster.toml"
     path = folder / "cluster.toml"
     path.write_text(text + text_edit)
     return path
@@ -77,18 +92,36 @@ class Cluster:
         return json.loads(done.stdout)
 
 
+def start_cluster(cluster: Cluster) -> Cluster:
+    up = cluster.ctl("up")
+    assert up.returncode == 0, up.stdout + up.stderr
+    return cluster
+
+
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(copy_config(tmp_path))
+    """A copy of the shipped config (the metastore protocol), not started."""
+    c = Cluster(copy_config(tmp_path, client_protocol=SHIPPED_PROTOCOL))
     yield c
     c.ctl("down", "--timeout", "5")  # whatever the test did, leave no process behind
 
 
 @pytest.fixture
+def kv_cluster(tmp_path: Path) -> Iterator[Cluster]:
+    """A copy of the shipped config whose client ports speak the key-value demo protocol."""
+    c = Cluster(copy_config(tmp_path, client_protocol="kv"))
+    yield c
+    c.ctl("down", "--timeout", "5")
+
+
+@pytest.fixture
 def running(cluster: Cluster) -> Cluster:
-    up = cluster.ctl("up")
-    assert up.returncode == 0, up.stdout + up.stderr
-    return cluster
+    return start_cluster(cluster)
+
+
+@pytest.fixture
+def running_kv(kv_cluster: Cluster) -> Cluster:
+    return start_cluster(kv_cluster)
 
 
 def test_up_status_down(running: Cluster) -> None:
@@ -111,7 +144,30 @@ def test_up_status_down(running: Cluster) -> None:
     assert [(r["role"], r["pid"]) for r in running.status()] == [("down", None)] * 3
 
 
-def test_put_and_get_through_clusterctl_and_a_second_up_is_harmless(running: Cluster) -> None:
+def test_znode_commands_through_clusterctl_and_put_is_refused(running: Cluster) -> None:
+    assert running.config.client_protocol == "zookeeper"
+    created = running.ctl("create", "/color", "blue")
+    assert (created.returncode, created.stdout) == (0, "/color\n"), created.stderr
+    got = running.ctl("get", "/color")
+    assert (got.returncode, got.stdout, got.stderr.split()[0]) == (0, "blue\n", "version=0")
+    stale = running.ctl("set", "/color", "red", "--version", "7")
+    assert stale.returncode == 1 and "BadVersion" in stale.stderr
+    changed = running.ctl("set", "/color", "red", "--version", "0")
+    assert changed.returncode == 0 and changed.stdout.startswith("version=1 "), changed.stdout + changed.stderr
+    for expected in ("1\n", "2\n"):
+        visits = running.ctl("cas", "/visits", "--increment")
+        assert (visits.returncode, visits.stdout) == (0, expected), visits.stderr
+    listed = running.ctl("ls", "/")
+    assert listed.returncode == 0 and {"color", "visits"} <= set(listed.stdout.split()), listed.stdout
+    put = running.ctl("put", "color", "blue")
+    assert put.returncode == 2 and "create PATH DATA" in put.stderr
+    removed = running.ctl("rm", "/color")
+    assert (removed.returncode, removed.stdout) == (0, "deleted /color\n")
+    assert running.ctl("get", "/color").returncode == 1
+
+
+def test_put_and_get_through_clusterctl_and_a_second_up_is_harmless(running_kv: Cluster) -> None:
+    running = running_kv
     put = running.ctl("put", "color", "blue")
     assert put.returncode == 0 and put.stdout.startswith("ok version=1 "), put.stdout + put.stderr
     cas = running.ctl("put", "color", "red", "--version", "7")
@@ -122,8 +178,8 @@ def test_put_and_get_through_clusterctl_and_a_second_up_is_harmless(running: Clu
     assert again.returncode == 0 and again.stdout.count("already running") == 3
 
 
-def test_a_client_breaking_the_protocol_loses_only_its_own_connection(running: Cluster) -> None:
-    node = running.config.nodes[0]
+def test_a_client_breaking_the_protocol_loses_only_its_own_connection(running_kv: Cluster) -> None:
+    node = running_kv.config.nodes[0]
     bad_frames = [struct.pack(">I", 4) + b"nope", struct.pack(">I", 1 << 30), kvwire.encode_frame({"op": "x"})]
     for frame in bad_frames:
         with socket.create_connection((node.host, node.client_port), timeout=10) as s:
@@ -160,6 +216,7 @@ def test_demo_loses_no_acknowledged_write_when_nodes_are_sigkilled(cluster: Clus
     assert demo.returncode == 0, demo.stdout + demo.stderr
     assert "verdict: OK: all" in demo.stdout
     assert "SIGKILL node" in demo.stdout and "restarted node" in demo.stdout
+    assert "their ephemeral nodes are gone on every node" in demo.stdout
     [demo_config] = cluster.path.parent.glob("data/demo/*/cluster.toml")
     nodes = cfg.load(demo_config).nodes
     assert not any(localcluster.running_pid(n) for n in nodes)
@@ -171,6 +228,12 @@ def test_demo_loses_no_acknowledged_write_when_nodes_are_sigkilled(cluster: Clus
             logs[node.id] = list(log.read_after(0))
     check_logs_converged(logs)
     assert all(len(txns) > 0 for txns in logs.values())
+
+
+def test_the_demo_needs_the_metastore_protocol(kv_cluster: Cluster) -> None:
+    done = kv_cluster.ctl("demo")
+    assert done.returncode == 2 and 'needs client_protocol = "zookeeper"' in done.stderr, done.stderr
+    assert not (kv_cluster.path.parent / "data" / "demo").exists()
 
 
 def test_clusterd_refuses_a_bad_config_with_exit_status_2(tmp_path: Path) -> None:
