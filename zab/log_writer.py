@@ -16,7 +16,8 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from zab.actions import Action, InstallSnapshot, LogAppend, LogSync, LogTruncate, TakeSnapshot
+from zab.actions import Action, InstallSnapshot, LogAppend, LogSync, LogTruncate, Send, TakeSnapshot
+from zab.messages import Ack
 from zab.recovery import purge
 from zab.snapshot import SnapshotStore, fsync_directory
 from zab.txnlog import TxnLog
@@ -49,7 +50,7 @@ class LogWriter:
             then = await trio.to_thread.run_sync(self._write, batch)
             self.batches += 1
             if then:
-                await self.run_then(then)
+                await self.run_then(coalesce_acks(then))
 
     def _write(self, batch: list[Action]) -> list[Action]:
         """Worker thread: perform `batch` in order; one fsync covers all appends."""
@@ -116,3 +117,21 @@ class LogWriter:
         stats.update(batches=self.batches, fsync_seconds_total=round(self.fsync_seconds_total, 6),
                      snapshots_taken=self.snapshots_taken, queued=len(self._queue))
         return stats
+
+
+def coalesce_acks(actions: list[Action]) -> list[Action]:
+    """Keep only the last ACK to each peer among actions released by one fsync.
+
+    An ACK of zxid z says "I logged everything up to z" (the leader counts it that
+    way), so after one group commit the highest ACK per destination says all the
+    others do: one message instead of one per proposal. Everything else keeps its
+    place and order.
+    """
+    last: dict[int, int] = {}
+    for i, a in enumerate(actions):
+        if isinstance(a, Send) and isinstance(a.msg, Ack):
+            last[a.to] = i
+    if len(last) == sum(1 for a in actions if isinstance(a, Send) and isinstance(a.msg, Ack)):
+        return actions
+    return [a for i, a in enumerate(actions)
+            if not (isinstance(a, Send) and isinstance(a.msg, Ack)) or last[a.to] == i]

@@ -1,0 +1,15 @@
+from zab.actions import PersistEpoch, Send
+from zab.log_writer import coalesce_acks
+from zab.messages import Ack, AckNewLeader, Ping
+
+
+def test_only_the_highest_ack_per_peer_survives_a_group_commit_and_order_is_kept():
+    actions = [Send(3, Ack(1)), Send(1, Ack(1)), PersistEpoch(current=2), Send(3, AckNewLeader(2)),
+               Send(3, Ack(2)), Send(1, Ack(2)), Send(3, Ack(3)), Send(2, Ping())]
+    assert coalesce_acks(actions) == [PersistEpoch(current=2), Send(3, AckNewLeader(2)), Send(1, Ack(2)),
+                                      Send(3, Ack(3)), Send(2, Ping())]
+
+
+def test_nothing_to_coalesce_is_returned_as_is():
+    actions = [Send(3, Ack(1)), Send(1, Ack(1))]
+    assert coalesce_acks(actions) is actions
