@@ -80,7 +80,7 @@ class Run:
 
 def run(folder: Path, spec: Spec) -> Run:
     binary = py_spy()
-    with QuireCluster(folder) as cluster:
+    with QuireCluster(folder, client_protocol="kv") as cluster:
         cluster.start()
         return trio.run(_profile, cluster, spec, binary, folder)
 
