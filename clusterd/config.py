@@ -95,6 +95,12 @@ class ClusterConfig:
     max_session_timeout_ms: int = 60_000
     # Keys session passwords (HMAC): set it to a private value on a real cluster.
     session_secret: str = "quire-change-me"
+    # Four-letter words answered on the client port (comma-separated allow-list).
+    four_letter_words: str = "ruok,srvr,stat,mntr,conf,envi,isro"
+
+    @property
+    def four_letter_word_set(self) -> frozenset[str]:
+        return frozenset(w.strip() for w in self.four_letter_words.split(",") if w.strip())
 
     @property
     def voters(self) -> frozenset[int]:
@@ -152,6 +158,7 @@ CLUSTER_DEFAULTS: dict[str, Any] = {
 
 
 CLIENT_PROTOCOLS = ("kv", "zookeeper")
+KNOWN_FOUR_LETTER_WORDS = frozenset({"ruok", "srvr", "stat", "mntr", "conf", "envi", "isro"})
 
 
 def load(path: str | os.PathLike[str]) -> ClusterConfig:
@@ -228,6 +235,10 @@ def _check_cluster(config: ClusterConfig) -> None:
     if config.client_protocol not in CLIENT_PROTOCOLS:
         raise ConfigError(f"{path}: [cluster]: key 'client_protocol': must be one of {', '.join(CLIENT_PROTOCOLS)}, "
                           f"got {config.client_protocol!r}")
+    unknown_words = set(config.four_letter_word_set) - KNOWN_FOUR_LETTER_WORDS
+    if unknown_words:
+        raise ConfigError(f"{path}: [cluster]: key 'four_letter_words': unknown {sorted(unknown_words)} "
+                          f"(known: {', '.join(sorted(KNOWN_FOUR_LETTER_WORDS))})")
     if config.min_session_timeout_ms > config.max_session_timeout_ms:
         raise ConfigError(f"{path}: [cluster]: min_session_timeout_ms exceeds max_session_timeout_ms")
     voters = sorted(config.voters)

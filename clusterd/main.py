@@ -120,7 +120,7 @@ async def _start_services(nursery: trio.Nursery, config: ClusterConfig, node: No
     if zookeeper:
         service = MetastoreService(driver, sm, MetastoreConfig(
             node.id, node.host, node.client_port, config.min_session_timeout_ms, config.max_session_timeout_ms,
-            config.session_secret.encode(), tick_ms=config.tick_ms))
+            config.session_secret.encode(), config.four_letter_word_set, tick_ms=config.tick_ms))
     await nursery.start(driver.run)
     if zookeeper:
         try:

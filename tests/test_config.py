@@ -219,3 +219,14 @@ def test_voter_count_must_be_odd_and_nonzero(tmp_path: Path, text: str, problem:
 def test_one_voter_is_a_valid_ensemble(tmp_path: Path) -> None:
     config = cfg.load(write(tmp_path, node(1) + node(2, '["observer"]')))
     assert config.zab_config(1).voters == {1}
+
+
+def test_four_letter_words_are_an_allow_list_of_known_words(tmp_path):
+    from clusterd.config import ConfigError, load
+    shipped = (Path(__file__).resolve().parent.parent / "cluster.toml").read_text()
+    path = tmp_path / "cluster.toml"
+    path.write_text(shipped.replace("[cluster]\n", '[cluster]\nfour_letter_words = "ruok, srvr"\n', 1))
+    assert load(path).four_letter_word_set == {"ruok", "srvr"}
+    path.write_text(shipped.replace("[cluster]\n", '[cluster]\nfour_letter_words = "ruok,kill"\n', 1))
+    with pytest.raises(ConfigError, match="four_letter_words.*kill"):
+        load(path)
