@@ -70,6 +70,9 @@ class NodeConfig:
         return self.is_voter or self.is_observer
 
 
+_ZAB = {f.name: f.default for f in fields(ZabConfig)}
+
+
 @dataclass(frozen=True, slots=True)
 class ClusterConfig:
     """Cluster-wide settings and the nodes. Durations are in ticks of `tick_ms`."""
@@ -77,14 +80,15 @@ class ClusterConfig:
     path: Path  # the file this came from (absolute)
     nodes: tuple[NodeConfig, ...]
     name: str = "quire"
-    tick_ms: int = 50
-    election_finalize_ticks: int = 3
-    election_resend_ticks: int = 4
-    init_limit_ticks: int = 100
-    sync_limit_ticks: int = 10
-    ping_interval_ticks: int = 2
-    sync_window_txns: int = 100_000
-    snapshot_every_txns: int = 50_000
+    # Zab's own settings default to the core's defaults (one place to change them).
+    tick_ms: int = _ZAB["tick_ms"]
+    election_finalize_ticks: int = _ZAB["election_finalize_ticks"]
+    election_resend_ticks: int = _ZAB["election_resend_ticks"]
+    init_limit_ticks: int = _ZAB["init_limit_ticks"]
+    sync_limit_ticks: int = _ZAB["sync_limit_ticks"]
+    ping_interval_ticks: int = _ZAB["ping_interval_ticks"]
+    sync_window_txns: int = _ZAB["sync_window_txns"]
+    snapshot_every_txns: int = _ZAB["snapshot_every_txns"]
     snapshots_retained: int = 3
     max_frame_bytes: int = 64 << 20
     send_queue_max: int = 10_000

@@ -12,7 +12,9 @@ RequestHeader.type, which the decoder must understand to read the body.
 
 from __future__ import annotations
 
-from enum import IntEnum, IntFlag
+from enum import IntEnum
+
+from metastore.acl import Perm
 
 PROTOCOL_VERSION = 0  # ConnectRequest/ConnectResponse.protocol_version: every ZooKeeper 3.x speaks 0
 # jute.maxbuffer: the largest buffer, string or vector a decoder accepts (ZooKeeper's default).
@@ -115,13 +117,7 @@ class Err(IntEnum):
     THROTTLED = -127
 
 
-class Perms(IntFlag):
-    READ = 1
-    WRITE = 2
-    CREATE = 4
-    DELETE = 8
-    ADMIN = 16
-    ALL = 31
+Perms = Perm  # ZooDefs.Perms: the same flags as the ACL model's (metastore.acl.Perm)
 
 
 class CreateMode(IntEnum):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from metastore.acl import ACL, Id  # the ACL model's records are the wire's records too
 from metastore.stat import Stat
 
 __all__ = [
@@ -39,18 +40,6 @@ def _frozen(cls):
 
 
 # --- org.apache.zookeeper.data -------------------------------------------------
-
-@_frozen
-class Id:
-    scheme: str  # "world", "auth", "digest", "ip", ...
-    id: str      # "anyone", "user:base64(sha1(user:password))", "10.0.0.0/8", ...
-
-
-@_frozen
-class ACL:
-    perms: int  # Perms flags
-    id: Id
-
 
 @_frozen
 class ClientInfo:

@@ -155,7 +155,7 @@ class Preparer:
         path = paths.sequential_path(req.path, parent.cversion) if mode in _SEQUENTIAL else req.path
         if path in view:
             raise NodeExists(path)
-        stored_acl = A.fixup_acl(req.path, [_acl(a) for a in req.acl], auth)
+        stored_acl = A.fixup_acl(req.path, req.acl, auth)
         owner = 0
         if mode in _EPHEMERAL:
             if view.session_timeout(session_id) is None:
@@ -202,7 +202,7 @@ class Preparer:
         node = _existing(view, req.path)
         A.require(node.acl, A.Perm.ADMIN, auth, req.path)
         _check_version(req.path, node.aversion, req.version)
-        stored_acl = A.fixup_acl(req.path, [_acl(a) for a in req.acl], auth)
+        stored_acl = A.fixup_acl(req.path, req.acl, auth)
         return SetACL(req.path, stored_acl, next_version(node.aversion))
 
     def _check_size(self, path: str, data: bytes | None) -> None:
@@ -237,7 +237,3 @@ def _check_create_kind(opcode: int, mode: CreateMode, ttl: int, path: str) -> No
         raise BadArguments(path, "TTL modes need createTTL")
     if (opcode == OpCode.CREATE_CONTAINER) != (mode is CreateMode.CONTAINER):
         raise BadArguments(path, "containers are created with createContainer")
-
-
-def _acl(a: J.ACL) -> A.ACL:
-    return A.ACL(a.perms, A.Id(a.id.scheme, a.id.id))

@@ -105,7 +105,7 @@ def _children(tree, req, session_id, auth) -> Reply:
 def _get_acl(tree, req: J.GetACLRequest, session_id, auth) -> Reply:
     _node(tree, req.path)
     acl, stat = tree.acl(req.path)
-    return Reply(0, J.GetACLResponse(tuple(J.ACL(a.perms, J.Id(a.id.scheme, a.id.id)) for a in acl), stat))
+    return Reply(0, J.GetACLResponse(tuple(acl), stat))
 
 
 def _ephemerals(tree, req: J.GetEphemeralsRequest, session_id, auth) -> Reply:

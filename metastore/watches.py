@@ -16,17 +16,7 @@ import enum
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 
-
-class EventType(enum.IntEnum):
-    """ZooKeeper's Watcher.Event.EventType values (they go on the wire)."""
-    NONE = -1
-    NODE_CREATED = 1
-    NODE_DELETED = 2
-    NODE_DATA_CHANGED = 3
-    NODE_CHILDREN_CHANGED = 4
-    DATA_WATCH_REMOVED = 5
-    CHILD_WATCH_REMOVED = 6
-    PERSISTENT_WATCH_REMOVED = 7
+from metastore.jute_defs import EventType
 
 
 class WatchKind(enum.IntEnum):
