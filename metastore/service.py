@@ -34,7 +34,7 @@ from metastore.sessions import SessionTracker
 from metastore.state_machine import Applied, MetastoreStateMachine
 from metastore.txn import SessionClosed, SessionCreated
 from metastore.watches import WatchKind, WatchManager
-from zab.actions import Delivered, Phase, RoleChanged, SessionsTouched
+from zab.actions import Phase
 from zab.driver import Pending, PeerDriver
 from zab.errors import NoLeader, OutcomeUnknown
 

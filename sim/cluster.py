@@ -18,7 +18,7 @@ from replay.invariants import DeliveryOracle, InvariantViolation, LeadershipOrac
 from sim.disk import SimDisk
 from sim.network import SimNetwork
 from zab.actions import (Action, ClientRequest, Delivered, Disconnect, InstallSnapshot, LogAppend, LogSync,
-                         LogTruncate, PeerDisconnected, PersistEpoch, Received, RequestFailed, Role, RoleChanged, Send,
+                         LogTruncate, PeerDisconnected, PersistEpoch, Received, RequestFailed, RoleChanged, Send,
                          SessionsTouched, Synced, TakeSnapshot, Tick)
 from zab.config import ZabConfig
 from zab.kv_state_machine import KVStateMachine, decode_result, encode_put

@@ -9,7 +9,6 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from kazoo.client import KazooClient

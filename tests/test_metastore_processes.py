@@ -9,7 +9,6 @@ import signal
 import socket
 import struct
 import threading
-import time
 
 import pytest
 from kazoo.client import KazooClient

@@ -392,7 +392,7 @@ def test_leader_commits_outstanding_proposals_acked_through_newleader() -> None:
     learner's NEWLEADER ack counts for the proposals it received in the sync."""
     from zab.actions import ClientRequest, Delivered, LogSync, PeerDisconnected, Received, Role, Send, Tick
     from zab.config import ZabConfig
-    from zab.messages import (Ack, AckEpoch, AckNewLeader, FollowerInfo, NewLeader, Notification, Ping,
+    from zab.messages import (AckEpoch, AckNewLeader, FollowerInfo, NewLeader, Notification, Ping,
                               ServerState, SyncTxns, UpToDate)
     from zab.peer import Peer
 
