@@ -34,7 +34,7 @@ from metastore.sessions import SessionTracker
 from metastore.state_machine import Applied, MetastoreStateMachine
 from metastore.txn import SessionClosed, SessionCreated
 from metastore.watches import WatchKind, WatchManager
-from zab.actions import Phase
+from zab.actions import Phase, Role
 from zab.driver import Pending, PeerDriver
 from zab.errors import NoLeader, OutcomeUnknown
 
@@ -153,8 +153,7 @@ class MetastoreService:
             if active:
                 self.driver.touch(tuple(active))
             peer = self.driver.peer
-            leading = peer is not None and peer.role_state is not None and peer.role.value == "leader" \
-                and peer.phase is Phase.BROADCAST
+            leading = peer is not None and peer.role is Role.LEADING and peer.phase is Phase.BROADCAST
             if not leading:
                 self._tracking = False
                 continue
