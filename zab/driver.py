@@ -132,12 +132,15 @@ class PeerDriver:
     async def _loop(self) -> None:
         assert self.peer is not None
         while True:
-            event = self._local.popleft() if self._local else await self._events_recv.receive()
-            if isinstance(event, (ClientRequest, ClientSync)):
-                waiter = self._waiters.get((event.session_id, event.cxid))
-                if waiter is not None:
-                    waiter.in_core = True
-            await self._execute(self.peer.step(event))
+            item = self._local.popleft() if self._local else await self._events_recv.receive()
+            # The transport hands over every message of one socket read as one list:
+            # one channel hop per read instead of one per message.
+            for event in item if isinstance(item, list) else (item,):
+                if isinstance(event, (ClientRequest, ClientSync)):
+                    waiter = self._waiters.get((event.session_id, event.cxid))
+                    if waiter is not None:
+                        waiter.in_core = True
+                await self._execute(self.peer.step(event))
 
     # -- actions ---------------------------------------------------------------------------
     async def _execute(self, actions: list[Action]) -> None:

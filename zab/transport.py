@@ -53,7 +53,8 @@ class TransportStats:
 
 
 class PeerTransport:
-    """Dials and accepts peer links; calls `deliver(event)` for everything that arrives."""
+    """Dials and accepts peer links; calls `deliver(event)` for everything that arrives
+    (a list of Received events for the messages of one socket read)."""
 
     def __init__(self, cluster: str, my_id: int, addresses: dict[int, tuple[str, int]],
                  deliver: Callable[[object], Awaitable[None]], *, max_frame_bytes: int, send_queue_max: int) -> None:
@@ -256,6 +257,7 @@ class PeerTransport:
             data = await stream.receive_some(65536)
             if not data:
                 return
-            for payload in decoder.feed(data):
-                self.stats.frames_received += 1
-                await self.deliver(Received(peer, decode_message(payload)))
+            received = [Received(peer, decode_message(payload)) for payload in decoder.feed(data)]
+            if received:
+                self.stats.frames_received += len(received)
+                await self.deliver(received)  # one hand-over per read (a FrameError drops them all: the link breaks)
