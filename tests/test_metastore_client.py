@@ -567,6 +567,7 @@ def test_a_watch_set_by_a_read_fires_only_for_changes_after_what_the_read_return
         async with MetaClient([reader_node]) as reader, MetaClient(addresses(ensemble)) as w1, \
                 MetaClient(addresses(ensemble)) as w2:
             await w1.create("/order", b"")
+            await reader.sync("/order")  # the reader's node may not have applied the create yet
             stale: list[tuple[int, int]] = []
             with trio.move_on_after(15):  # the bug shows within about a second
                 async with trio.open_nursery() as nursery:
