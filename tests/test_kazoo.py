@@ -86,6 +86,7 @@ def test_sequential_and_ephemeral_nodes(ensemble: Cluster, zk: KazooClient):
     other = KazooClient(hosts=hosts(ensemble), timeout=5)
     other.start(timeout=15)
     other.create("/seq/eph", b"", ephemeral=True)
+    zk.sync("/seq")  # the two clients may sit on different nodes
     assert zk.exists("/seq/eph").ephemeralOwner == other.client_id[0]
     other.stop()  # closeSession deletes its ephemerals at once
     other.close()
@@ -173,6 +174,7 @@ def test_ephemerals_of_a_sigkilled_client_go_after_its_session_timeout_and_not_b
     child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         timeout_ms = int(child.stdout.readline())
+        zk.sync("/doomed")  # the child's node may be ahead of ours
         assert zk.exists("/doomed") is not None
         child.kill()
         killed = time.monotonic()
@@ -192,6 +194,7 @@ def test_digest_acls(ensemble: Cluster, zk: KazooClient):
         zk.get("/private")
     alice = KazooClient(hosts=hosts(ensemble), timeout=5, auth_data=[("digest", "alice:secret")])
     alice.start(timeout=15)
+    alice.sync("/private")
     assert alice.get("/private")[0] == b"s"
     assert alice.get_acls("/private")[0] == [acl]
     alice.delete("/private")
@@ -206,10 +209,12 @@ def test_recipes(ensemble: Cluster, zk: KazooClient):
     counter += 5
     other_counter = other.Counter("/recipes/counter")
     other_counter += 2
+    zk.sync("/recipes/counter")  # clients on different nodes: sync before reading another's write
     assert zk.Counter("/recipes/counter").value == 7
 
     lock = zk.Lock("/recipes/lock", "a")
     assert lock.acquire(timeout=5)
+    other.sync("/recipes/lock")
     assert not other.Lock("/recipes/lock", "b").acquire(blocking=False)
     lock.release()
     assert other.Lock("/recipes/lock", "b").acquire(timeout=5)
@@ -217,6 +222,7 @@ def test_recipes(ensemble: Cluster, zk: KazooClient):
     queue = zk.Queue("/recipes/queue")
     for item in (b"1", b"2", b"3"):
         queue.put(item)
+    other.sync("/recipes/queue")
     assert [other.Queue("/recipes/queue").get() for _ in range(3)] == [b"1", b"2", b"3"]
 
     elected = []
@@ -235,6 +241,7 @@ def test_recipes(ensemble: Cluster, zk: KazooClient):
     party = zk.Party("/recipes/party", "one")
     party.join()
     other.Party("/recipes/party", "two").join()
+    zk.sync("/recipes/party")
     assert sorted(zk.Party("/recipes/party")) == ["one", "two"]
     other.stop()
     other.close()
