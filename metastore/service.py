@@ -200,7 +200,14 @@ class MetastoreService:
     async def _writer(self, conn: Connection, scope: trio.CancelScope) -> None:
         try:
             async for data in conn.out_recv:
-                await conn.stream.send_all(data)
+                # Replies and notifications queued meanwhile leave in one write.
+                chunks = [data]
+                while len(chunks) < 256:
+                    try:
+                        chunks.append(conn.out_recv.receive_nowait())
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                await conn.stream.send_all(b"".join(chunks))
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         scope.cancel()
