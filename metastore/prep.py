@@ -22,8 +22,8 @@ from metastore.errors import (BadArguments, BadVersion, NoChildrenForEphemerals,
 from metastore.jute_defs import CreateMode, OpCode
 from metastore.tree import (CONTAINER_OWNER, DataTree, EphemeralType, Node, ephemeral_type, i32, is_session_id,
                             next_version, ttl_owner)
-from metastore.txn import (_APPLY, Check, CloseSession, Create, CreateSession, Delete, Error, Multi, SetACL, SetData,
-                           Transaction, apply)
+from metastore.txn import (Check, CloseSession, Create, CreateSession, Delete, Error, Multi, SetACL, SetData,
+                           Transaction, apply, apply_op)
 
 ANY_VERSION = -1  # on the wire; compared explicitly below
 DEFAULT_MAX_DATA_BYTES = 1 << 20
@@ -129,7 +129,7 @@ class Preparer:
                 if opcode not in _CREATE_OPS | {OpCode.DELETE, OpCode.SET_DATA, OpCode.CHECK}:
                     raise BadArguments(None, f"opcode {opcode} is not allowed in a multi")
                 op = self._op(view, session_id, auth, opcode, record)
-                _APPLY[type(op)](view, zxid, self._time_ms, op)  # later ops see this one
+                apply_op(view, zxid, self._time_ms, op)  # later ops see this one
             except ZooKeeperError as e:
                 view.rollback(savepoint)  # all or nothing, in the future view too
                 codes = [0] * i + [e.code] + [RuntimeInconsistency.code] * (len(body.ops) - i - 1)

@@ -27,7 +27,7 @@ from metastore import envelope as E
 from metastore import jute
 from metastore.acl import Id, digest_auth_id
 from metastore.four_letter import answer_four_letter_word
-from metastore.jute_defs import Err, JuteError, KeeperState, OpCode, UnknownOpcode, Xid
+from metastore.jute_defs import Err, EventType, JuteError, KeeperState, OpCode, UnknownOpcode, Xid
 from metastore.prep import HOUSEKEEPING
 from metastore.responses import READ_OPS, WATCH_KINDS_FOR_TYPE, WRITE_OPS, read_reply, write_reply
 from metastore.sessions import SessionTracker
@@ -428,28 +428,23 @@ class MetastoreService:
     def _set_watches(self, conn: Connection, req) -> None:
         """Re-register a reconnecting client's watches, firing those it missed (ZooKeeper's rules)."""
         tree, rel = self.sm.tree, req.relative_zxid
-        events = []
-        for path in req.data_watches:
-            stat = tree.exists(path)
-            if stat is None:
-                events.append((2, path))
-            elif stat.mzxid > rel:
-                events.append((3, path))
-            else:
-                self.watches.add(conn.id, path, WatchKind.DATA)
+        events: list[tuple[EventType, str]] = []
+        for paths, kind, changed_since, changed in (
+                (req.data_watches, WatchKind.DATA, lambda s: s.mzxid, EventType.NODE_DATA_CHANGED),
+                (req.child_watches, WatchKind.CHILD, lambda s: s.pzxid, EventType.NODE_CHILDREN_CHANGED)):
+            for path in paths:
+                stat = tree.exists(path)
+                if stat is None:
+                    events.append((EventType.NODE_DELETED, path))
+                elif changed_since(stat) > rel:
+                    events.append((changed, path))
+                else:
+                    self.watches.add(conn.id, path, kind)
         for path in req.exist_watches:
             if tree.exists(path) is not None:
-                events.append((1, path))
+                events.append((EventType.NODE_CREATED, path))
             else:
                 self.watches.add(conn.id, path, WatchKind.DATA)
-        for path in req.child_watches:
-            stat = tree.exists(path)
-            if stat is None:
-                events.append((2, path))
-            elif stat.pzxid > rel:
-                events.append((4, path))
-            else:
-                self.watches.add(conn.id, path, WatchKind.CHILD)
         for path in getattr(req, "persistent_watches", ()):
             self.watches.add(conn.id, path, WatchKind.PERSISTENT)
         for path in getattr(req, "persistent_recursive_watches", ()):

@@ -244,6 +244,12 @@ def _apply_multi(tree: DataTree, zxid: int, time_ms: int, op: Multi) -> MultiRes
     return MultiResult(results)
 
 
+def apply_op(tree: DataTree, zxid: int, time_ms: int, op: Body) -> Result:
+    """Apply one op of a transaction without the zxid bookkeeping of `apply` (the leader
+    checks a multi's ops one by one against its future tree)."""
+    return _APPLY[type(op)](tree, zxid, time_ms, op)
+
+
 _APPLY: dict[type, Callable] = {
     Create: _apply_create, Delete: _apply_delete, SetData: _apply_set_data, SetACL: _apply_set_acl,
     Check: _apply_check, CreateSession: _apply_create_session, CloseSession: _apply_close_session,

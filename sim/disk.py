@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from replay.invariants import check_epochs, check_log
+from zab.peer import DiskState
 from zab.txn import Txn
 
 
@@ -52,7 +53,6 @@ class SimDisk:
         check_epochs(self.node, self.accepted_epoch, self.current_epoch)
 
     def recover(self):
-        from zab.peer import DiskState
         snap_zxid, state = self.snapshots[-1] if self.snapshots else (0, None)
         return DiskState(self.accepted_epoch, self.current_epoch, snap_zxid, state,
                          tuple(t for t in self.log if t.zxid > snap_zxid))

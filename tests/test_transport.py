@@ -14,7 +14,6 @@ wait on (roles, zxids), the test polls driver.status() every few milliseconds.
 from __future__ import annotations
 
 import itertools
-import socket
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +22,7 @@ import pytest
 import trio
 
 from zab import transport
+from test_cluster_processes import free_ports
 from zab.codec import encode_frame, encode_hello, frame
 from zab.config import ZabConfig
 from zab.driver import PeerDriver
@@ -36,18 +36,6 @@ MAX_FRAME_BYTES = 1 << 20
 ELECTION_TIMEOUT_S = 20
 WRITE_TIMEOUT_S = 20
 POLL_S = 0.01
-
-
-def free_ports(n: int) -> list[int]:
-    """Ports the kernel just handed out (all bound at once, so distinct), released for the drivers."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 class Ensemble:

@@ -3,11 +3,11 @@ disconnected (the core hears PeerDisconnected), and never stalls the others."""
 
 from __future__ import annotations
 
-import socket
 from functools import partial
 
 import trio
 
+from test_cluster_processes import free_ports
 from zab.actions import PeerDisconnected
 from zab.codec import FrameDecoder
 from zab.messages import Proposal
@@ -16,16 +16,6 @@ from zab.txn import Txn
 
 QUEUE_MAX = 8
 PAYLOAD = b"x" * 65536
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def test_a_follower_that_stops_reading_is_cut_off_and_the_others_keep_receiving():

@@ -280,9 +280,5 @@ class PeerDriver:
         s["pid"] = os.getpid()
         s["peers"] = self.transport.connected_peers()
         s["log"] = self.writer.statistics() if self.writer else {}
-        s["transport"] = {k: v for k, v in vars(self.transport.stats).items() if k != "queued"}
+        s["transport"] = dict(vars(self.transport.stats))
         return s
-
-    @property
-    def role(self) -> Role:
-        return self.peer.role if self.peer else Role.LOOKING

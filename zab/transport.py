@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import trio
 
@@ -49,7 +49,6 @@ class TransportStats:
     disconnects: int = 0
     overflows: int = 0
     bad_frames: int = 0
-    queued: dict[int, int] = field(default_factory=dict)
 
 
 class PeerTransport:
