@@ -47,11 +47,11 @@ def write_config(folder: Path, *, client_protocol: str | None = None) -> Path:
     shipped_path = REPO / "cluster.toml"
     shipped = cfg.load(shipped_path)
     text = shipped_path.read_text()
-    ports = iter(free_ports(len(cfg.PORT_KEYS) * len(shipped.nodes)))
+    ports = iter(free_ports(4 * len(shipped.nodes)))
     for node in shipped.nodes:
         assert node.host == "127.0.0.1", f"benchmarks listen on loopback only, not {node.host}"
-        for key in cfg.PORT_KEYS:
-            text, n = re.subn(rf"(?m)^{key} = {getattr(node, key)}$", f"{key} = {next(ports)}", text)
+        for key, port in node.ports.items():
+            text, n = re.subn(rf"(?m)^{key} = {port}$", f"{key} = {next(ports)}", text)
             assert n == 1, f"{key} of node {node.id} not found exactly once in {shipped_path}"
     if client_protocol is not None:
         text = re.sub(r'(?m)^client_protocol = .*\n', "", text)

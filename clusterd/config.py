@@ -37,7 +37,8 @@ BOOKIE = "bookie"
 ROLES = (VOTER, OBSERVER, BOOKIE)
 MAX_NODE_ID = 255  # ids are packed into session ids (see clusterd.kvservice)
 PORT_KEYS = ("peer_port", "client_port", "admin_port")
-NODE_KEYS = ("id", "host", *PORT_KEYS, "roles", "data_dir")
+BOOKIE_PORT = "bookie_port"  # required on, and only on, nodes with the bookie role
+NODE_KEYS = ("id", "host", *PORT_KEYS, BOOKIE_PORT, "roles", "data_dir")
 
 
 class ConfigError(Exception):
@@ -55,6 +56,7 @@ class NodeConfig:
     admin_port: int
     roles: frozenset[str]
     data_dir: Path  # always absolute
+    bookie_port: int | None = None  # set exactly when the node has the bookie role
 
     @property
     def is_voter(self) -> bool:
@@ -63,6 +65,18 @@ class NodeConfig:
     @property
     def is_observer(self) -> bool:
         return OBSERVER in self.roles
+
+    @property
+    def is_bookie(self) -> bool:
+        return BOOKIE in self.roles
+
+    @property
+    def ports(self) -> dict[str, int]:
+        """Every port the node listens on, by key."""
+        ports = {key: getattr(self, key) for key in PORT_KEYS}
+        if self.bookie_port is not None:
+            ports[BOOKIE_PORT] = self.bookie_port
+        return ports
 
     @property
     def in_ensemble(self) -> bool:
@@ -130,6 +144,10 @@ class ClusterConfig:
     def peer_addresses(self) -> dict[int, tuple[str, int]]:
         """Zab peer address of every ensemble member (voters and observers)."""
         return {n.id: (n.host, n.peer_port) for n in self.ensemble}
+
+    def bookie_addresses(self) -> dict[int, tuple[str, int]]:
+        """Bookie port of every node with the bookie role."""
+        return {n.id: (n.host, n.bookie_port) for n in self.nodes if n.bookie_port is not None}
 
     def client_addresses(self) -> list[tuple[str, int]]:
         """Client port of every node that serves clients (the ensemble)."""
@@ -209,11 +227,17 @@ def _parse_node(raw: Any, index: int, path: Path) -> NodeConfig:
     host = table.take_str("host")
     ports = {key: table.take_int(key, minimum=1, maximum=65535) for key in PORT_KEYS}
     roles = _take_roles(table)
+    bookie_port = None
+    if BOOKIE in roles:
+        bookie_port = table.take_int(BOOKIE_PORT, minimum=1, maximum=65535)
+    elif BOOKIE_PORT in raw:
+        table.fail(BOOKIE_PORT, "only a node with the 'bookie' role has a bookie port")
     data_dir = Path(table.take_str("data_dir"))
     table.finish()
     if not data_dir.is_absolute():
         data_dir = path.parent / data_dir
-    return NodeConfig(id=node_id, host=host, roles=roles, data_dir=Path(os.path.normpath(data_dir)), **ports)
+    return NodeConfig(id=node_id, host=host, roles=roles, data_dir=Path(os.path.normpath(data_dir)),
+                      bookie_port=bookie_port, **ports)
 
 
 def _take_roles(table: _Table) -> frozenset[str]:
@@ -234,8 +258,8 @@ def _check_cluster(config: ClusterConfig) -> None:
     path = config.path
     _check_unique(path, "id", [(n.id, f"node {n.id}") for n in config.nodes])
     _check_unique(path, "data_dir", [(n.data_dir, f"node {n.id}") for n in config.nodes])
-    _check_unique(path, "address", [((n.host, getattr(n, key)), f"node {n.id} {key}")
-                                    for n in config.nodes for key in PORT_KEYS])
+    _check_unique(path, "address", [((n.host, port), f"node {n.id} {key}")
+                                    for n in config.nodes for key, port in n.ports.items()])
     if config.client_protocol not in CLIENT_PROTOCOLS:
         raise ConfigError(f"{path}: [cluster]: key 'client_protocol': must be one of {', '.join(CLIENT_PROTOCOLS)}, "
                           f"got {config.client_protocol!r}")
@@ -340,7 +364,7 @@ def to_toml(config: ClusterConfig, folder: Path) -> str:
         if data_dir.is_relative_to(folder):
             data_dir = data_dir.relative_to(folder)
         lines += ["", "[[node]]", f"id = {n.id}", f"host = {_toml_value(n.host)}"]
-        lines += [f"{key} = {getattr(n, key)}" for key in PORT_KEYS]
+        lines += [f"{key} = {port}" for key, port in n.ports.items()]
         lines += [f"roles = {_toml_value(sorted(n.roles))}", f"data_dir = {_toml_value(data_dir.as_posix())}"]
     return "\n".join(lines) + "\n"
 

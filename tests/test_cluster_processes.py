@@ -58,11 +58,11 @@ def copy_config(folder: Path, text_edit: str = "", *, client_protocol: str | Non
     to set it; without it the copy speaks the loader's default, "kv".
     """
     shipped = cfg.load(REPO / "cluster.toml")
-    ports = iter(free_ports(3 * len(shipped.nodes)))
+    ports = iter(free_ports(4 * len(shipped.nodes)))
     text = (REPO / "cluster.toml").read_text()
     for node in shipped.nodes:
-        for key in cfg.PORT_KEYS:
-            text = text.replace(f"{key} = {getattr(node, key)}\n", f"{key} = {next(ports)}\n")
+        for key, port in node.ports.items():
+            text = text.replace(f"{key} = {port}\n", f"{key} = {next(ports)}\n")
     text = re.sub(r"(?m)^client_protocol = .*\n", "", text)
     if client_protocol is not None:
         setting = f"client_protocol = {json.dumps(client_protocol)}\n"

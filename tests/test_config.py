@@ -17,6 +17,8 @@ def node(node_id: int, roles: str = '["voter"]', **overrides: str) -> str:
     keys = {"id": str(node_id), "host": '"127.0.0.1"', "peer_port": str(30000 + node_id),
             "client_port": str(31000 + node_id), "admin_port": str(32000 + node_id),
             "roles": roles, "data_dir": f'"data/node{node_id}"'}
+    if roles is not None and "bookie" in roles:
+        keys["bookie_port"] = str(33000 + node_id)
     keys.update(overrides)
     return "[[node]]\n" + "".join(f"{k} = {v}\n" for k, v in keys.items() if v is not None) + "\n"
 
@@ -129,7 +131,7 @@ def test_not_toml(tmp_path: Path) -> None:
 @pytest.mark.parametrize("where, text, key", [
     ("top level", "nodes = 3\n" + three_voters(), "'nodes'"),
     ("[cluster]", "[cluster]\ntick = 5\n\n" + three_voters(), "'tick'"),
-    ("[[node]] #2 (id 2)", node(1) + node(2, bookie_port="4000") + node(3), "'bookie_port'"),
+    ("[[node]] #2 (id 2)", node(1) + node(2, journal_port="4000") + node(3), "'journal_port'"),
 ])
 def test_unknown_keys_are_refused_at_every_level(tmp_path: Path, where: str, text: str, key: str) -> None:
     refuse(tmp_path, text, where, f"unknown key {key}")
@@ -145,7 +147,15 @@ def test_no_nodes(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("missing", cfg.NODE_KEYS)
 def test_every_node_key_is_required(tmp_path: Path, missing: str) -> None:
-    refuse(tmp_path, node(1) + node(2, **{missing: None}) + node(3), "[[node]] #2", f"missing required key {missing!r}")
+    roles = None if missing == "roles" else '["voter", "bookie"]'
+    text = node(1) + node(2, roles, **({} if missing == "roles" else {missing: None})) + node(3)
+    refuse(tmp_path, text, "[[node]] #2", f"missing required key {missing!r}")
+
+
+def test_only_bookies_have_a_bookie_port(tmp_path: Path) -> None:
+    refuse(tmp_path, node(1) + node(2, bookie_port="4000") + node(3), "[[node]] #2", "only a node with the 'bookie' role")
+    config = cfg.load(write(tmp_path, node(1, '["voter", "bookie"]') + node(2) + node(3)))
+    assert config.bookie_addresses() == {1: ("127.0.0.1", 33001)}
 
 
 @pytest.mark.parametrize("key, value, problem", [
