@@ -45,6 +45,11 @@ class BadRequest(BookieError):
     """The request was malformed; the connection is closed after this answer."""
 
 
+class EntryCorrupt(BookieError):
+    """This bookie's stored copy of the entry fails its on-disk checksum (bit rot, a disk that lied).
+    Read the entry from another bookie of its write quorum; the operator should check this disk."""
+
+
 class BookieUnavailable(BookieError):
     """Client side only: no answer from the bookie (connection refused, lost or timed out)."""
 
