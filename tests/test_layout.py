@@ -19,6 +19,7 @@ PACKAGES = ["zab", "metastore", "bookie", "ledger", "clusterd", "replay", "sim"]
 EDGE = {
     "zab/driver.py", "zab/transport.py", "zab/log_writer.py",
     "zab/txnlog.py", "zab/snapshot.py", "zab/epochfile.py", "zab/recovery.py",
+    "bookie/journal.py", "bookie/entrylog.py", "bookie/storage.py", "bookie/storage_recovery.py",
 }
 IMPURE = {"trio", "socket", "time", "threading", "os", "subprocess", "asyncio", "select", "pathlib", "shutil"}
 MAX_MODULE_LINES = 600
