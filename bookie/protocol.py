@@ -1,0 +1,440 @@
+"""The bookie wire protocol: request and response messages and their bytes (pure).
+
+Documented byte by byte in docs/bookie_wire.md. Every frame is
+
+    u32 body length | u32 CRC32C of the body | body
+
+and every body starts with u8 version, u8 type, u64 request id. The client
+chooses request ids; a response echoes its request's id and has the request's
+type with the high bit set. Requests on one connection are pipelined and may be
+answered out of order (a read waiting on the disk or a long poll does not hold
+back the adds behind it).
+
+Decoders never trust a length before checking it against what is left and the
+configured maximum; anything malformed raises DecodeError, which carries the
+request id when one was readable (the bookie answers BAD_REQUEST to it, then
+closes the connection). This module does no I/O.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+
+from crc32c import crc32c
+
+from bookie import errors
+from bookie.entry import EntryFormatError, parse_header
+
+VERSION = 1
+FRAME = struct.Struct(">II")  # body length, CRC32C of the body
+HEAD = struct.Struct(">BBQ")  # version, type, request id
+MASTER_KEY_BYTES = 32
+FRAME_OVERHEAD_BYTES = 128  # header bytes a frame may add around an entry (the largest is 57)
+MAX_ERROR_MESSAGE_BYTES = 1024
+MAX_ID = 2**63 - 1
+NO_ENTRY = -1  # "no entry": the LAC of a ledger with none confirmed
+
+RESPONSE_BIT = 0x80
+FLAG_RECOVERY_ADD = 0x01  # ADD: a recoverer re-adding an entry, allowed on a fenced ledger
+FLAG_FENCE = 0x01  # READ: fence the ledger first (recovery reads fence too: FAULTS.md)
+
+
+class Kind(enum.IntEnum):
+    ADD = 1
+    READ = 2
+    READ_LAC = 3
+    LONG_POLL = 4
+    WRITE_LAC = 5
+    FENCE = 6
+
+
+class Status(enum.IntEnum):
+    """Per-request outcome on the wire; each error is one class of bookie/errors.py."""
+
+    OK = 0
+    NO_SUCH_LEDGER = 1
+    NO_SUCH_ENTRY = 2
+    FENCED = 3
+    UNAUTHORIZED = 4
+    TOO_LARGE = 5
+    READ_ONLY = 6
+    OVERLOADED = 7
+    BAD_REQUEST = 8
+    CORRUPT = 9
+
+
+ERROR_OF_STATUS: dict[Status, type[errors.BookieError]] = {
+    Status.NO_SUCH_LEDGER: errors.NoSuchLedger,
+    Status.NO_SUCH_ENTRY: errors.NoSuchEntry,
+    Status.FENCED: errors.LedgerFenced,
+    Status.UNAUTHORIZED: errors.Unauthorized,
+    Status.TOO_LARGE: errors.EntryTooLarge,
+    Status.READ_ONLY: errors.BookieReadOnly,
+    Status.OVERLOADED: errors.Overloaded,
+    Status.BAD_REQUEST: errors.BadRequest,
+    Status.CORRUPT: errors.EntryCorrupt,
+}
+
+
+def status_of(error: BaseException) -> Status:
+    """The wire status for a per-request error raised by the storage or the service."""
+    for status, cls in ERROR_OF_STATUS.items():
+        if isinstance(error, cls):
+            return status
+    raise TypeError(f"{error!r} has no wire status")  # a bug: only BookieErrors are answered
+
+
+class DecodeError(ValueError):
+    """The bytes are not a valid frame or message: the peer is at fault.
+    `request_id` is the id read from the body, or None if the body was too damaged."""
+
+    def __init__(self, message: str, request_id: int | None = None) -> None:
+        super().__init__(message)
+        self.request_id = request_id
+
+
+# -- messages -------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class AddEntry:
+    request_id: int
+    ledger_id: int
+    entry_id: int
+    master_key: bytes
+    data: bytes  # the packaged entry (bookie/entry.py), stored as it came
+    recovery: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ReadEntry:
+    request_id: int
+    ledger_id: int
+    entry_id: int
+    fence: bool = False
+    master_key: bytes | None = None  # required when fencing
+
+
+@dataclass(frozen=True, slots=True)
+class ReadLac:
+    request_id: int
+    ledger_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class LongPoll:
+    request_id: int
+    ledger_id: int
+    previous_lac: int
+    timeout_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class WriteLac:
+    request_id: int
+    ledger_id: int
+    lac: int
+    master_key: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    request_id: int
+    ledger_id: int
+    master_key: bytes
+
+
+Request = AddEntry | ReadEntry | ReadLac | LongPoll | WriteLac | Fence
+
+
+@dataclass(slots=True)
+class Response:
+    """One answer. Fields a kind does not carry stay at their defaults:
+    ADD: entry_id; READ: entry_id, data; READ_LAC, FENCE: lac; LONG_POLL: lac and
+    data (None when the entry after previous_lac is not stored here); WRITE_LAC: none.
+    An error carries only `message`."""
+
+    request_id: int
+    kind: Kind
+    status: Status
+    ledger_id: int = 0
+    entry_id: int = NO_ENTRY
+    lac: int = NO_ENTRY
+    data: bytes | None = None
+    message: str = ""
+
+    def error(self) -> errors.BookieError:
+        """The typed error of a non-OK response."""
+        assert self.status is not Status.OK
+        return ERROR_OF_STATUS[self.status](f"bookie: {self.message or self.status.name.lower()}")
+
+
+# -- encoding -------------------------------------------------------------------------
+
+_ADD = struct.Struct(">BBQQQB32s")
+_READ = struct.Struct(">BBQQQB")
+_READ_LAC = struct.Struct(">BBQQ")
+_LONG_POLL = struct.Struct(">BBQQqI")
+_WRITE_LAC = struct.Struct(">BBQQq32s")
+_FENCE = struct.Struct(">BBQQ32s")
+_R_STATUS = struct.Struct(">BBQB")
+_R_ERROR = struct.Struct(">BBQBH")
+_R_ENTRY = struct.Struct(">BBQBQQ")  # ADD (nothing follows) and READ (the entry follows)
+_R_LAC = struct.Struct(">BBQBQq")  # READ_LAC, FENCE
+_R_LONG_POLL = struct.Struct(">BBQBQqB")
+_R_LEDGER = struct.Struct(">BBQBQ")  # WRITE_LAC
+
+
+def _frame(head: bytes, data: bytes = b"") -> bytes:
+    crc = crc32c(data, crc32c(head)) if data else crc32c(head)
+    return b"".join((FRAME.pack(len(head) + len(data), crc), head, data))
+
+
+def encode_add(request_id: int, ledger_id: int, entry_id: int, master_key: bytes, data: bytes,
+               recovery: bool = False) -> bytes:
+    """The frame of one ADD (the client's hot path: no message object is built)."""
+    head = _ADD.pack(VERSION, Kind.ADD, request_id, ledger_id, entry_id, FLAG_RECOVERY_ADD if recovery else 0,
+                     master_key)
+    return _frame(head, data)
+
+
+def encode_request(req: Request) -> bytes:
+    """The frame of one request."""
+    match req:
+        case AddEntry():
+            return encode_add(req.request_id, req.ledger_id, req.entry_id, req.master_key, req.data, req.recovery)
+        case ReadEntry():
+            head = _READ.pack(VERSION, Kind.READ, req.request_id, req.ledger_id, req.entry_id,
+                              FLAG_FENCE if req.fence else 0)
+            if req.fence:
+                assert req.master_key is not None and len(req.master_key) == MASTER_KEY_BYTES
+                head += req.master_key
+            return _frame(head)
+        case ReadLac():
+            return _frame(_READ_LAC.pack(VERSION, Kind.READ_LAC, req.request_id, req.ledger_id))
+        case LongPoll():
+            return _frame(_LONG_POLL.pack(VERSION, Kind.LONG_POLL, req.request_id, req.ledger_id, req.previous_lac,
+                                          req.timeout_ms))
+        case WriteLac():
+            return _frame(_WRITE_LAC.pack(VERSION, Kind.WRITE_LAC, req.request_id, req.ledger_id, req.lac,
+                                          req.master_key))
+        case Fence():
+            return _frame(_FENCE.pack(VERSION, Kind.FENCE, req.request_id, req.ledger_id, req.master_key))
+    raise TypeError(f"not a bookie request: {req!r}")
+
+
+def encode_response(resp: Response) -> bytes:
+    """The frame of one response."""
+    kind = resp.kind | RESPONSE_BIT
+    if resp.status is not Status.OK:
+        message = resp.message.encode("utf-8", "replace")[:MAX_ERROR_MESSAGE_BYTES]
+        return _frame(_R_ERROR.pack(VERSION, kind, resp.request_id, resp.status, len(message)), message)
+    match resp.kind:
+        case Kind.ADD:
+            return _frame(_R_ENTRY.pack(VERSION, kind, resp.request_id, 0, resp.ledger_id, resp.entry_id))
+        case Kind.READ:
+            assert resp.data is not None
+            return _frame(_R_ENTRY.pack(VERSION, kind, resp.request_id, 0, resp.ledger_id, resp.entry_id), resp.data)
+        case Kind.READ_LAC | Kind.FENCE:
+            return _frame(_R_LAC.pack(VERSION, kind, resp.request_id, 0, resp.ledger_id, resp.lac))
+        case Kind.LONG_POLL:
+            head = _R_LONG_POLL.pack(VERSION, kind, resp.request_id, 0, resp.ledger_id, resp.lac,
+                                     resp.data is not None)
+            return _frame(head, resp.data or b"")
+        case Kind.WRITE_LAC:
+            return _frame(_R_LEDGER.pack(VERSION, kind, resp.request_id, 0, resp.ledger_id))
+    raise AssertionError(f"unknown response kind {resp.kind!r}")
+
+
+# -- decoding -------------------------------------------------------------------------
+
+class FrameSplitter:
+    """Incremental frame splitter: feed the bytes of a socket read, get complete, checked bodies.
+
+    Raises DecodeError for a frame longer than max_frame_bytes (before buffering it)
+    or whose CRC does not match; the connection is then unusable."""
+
+    def __init__(self, max_frame_bytes: int) -> None:
+        self.max_frame_bytes = max_frame_bytes
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[bytes]:
+        buf = self._buf
+        buf += data
+        bodies = []
+        pos, end = 0, len(buf)
+        while end - pos >= 8:
+            length, crc = FRAME.unpack_from(buf, pos)
+            if length > self.max_frame_bytes:
+                raise DecodeError(f"frame of {length} bytes exceeds max_frame_bytes={self.max_frame_bytes}",
+                                  _peek_request_id(buf, pos + 8, end))
+            if end - pos - 8 < length:
+                break
+            body = bytes(buf[pos + 8:pos + 8 + length])
+            if crc32c(body) != crc:
+                raise DecodeError("frame checksum mismatch: the connection is corrupt")
+            bodies.append(body)
+            pos += 8 + length
+        if pos:
+            del buf[:pos]
+        return bodies
+
+    @property
+    def pending_bytes(self) -> int:
+        return len(self._buf)
+
+
+def _peek_request_id(buf: bytearray, pos: int, end: int) -> int | None:
+    if end - pos >= HEAD.size:
+        version, _, request_id = HEAD.unpack_from(buf, pos)
+        if version == VERSION:
+            return request_id
+    return None
+
+
+def _head(body: bytes) -> tuple[int, int]:
+    """(type, request id) of a body; DecodeError if too short or another version."""
+    if len(body) < HEAD.size:
+        raise DecodeError(f"message of {len(body)} bytes is shorter than its {HEAD.size}-byte header")
+    version, kind, request_id = HEAD.unpack_from(body)
+    if version != VERSION:
+        raise DecodeError(f"peer speaks bookie protocol version {version}, we speak {VERSION}: upgrade the older side",
+                          request_id)
+    return kind, request_id
+
+
+def _unpack(s: struct.Struct, body: bytes, request_id: int, what: str, exact: bool = True) -> tuple:
+    if len(body) < s.size or (exact and len(body) != s.size):
+        raise DecodeError(f"{what} of {len(body)} bytes, expected {s.size}", request_id)
+    return s.unpack_from(body)
+
+
+def _check_ids(request_id: int, ledger_id: int, *entries: int) -> None:
+    if ledger_id > MAX_ID:
+        raise DecodeError(f"ledger id {ledger_id} is out of range", request_id)
+    for entry in entries:
+        if not NO_ENTRY <= entry <= MAX_ID:
+            raise DecodeError(f"entry id {entry} is out of range", request_id)
+
+
+def _d_add(body: bytes, rid: int) -> Request:
+    _, _, _, ledger, entry, flags, key = _unpack(_ADD, body, rid, "ADD", exact=False)
+    _check_ids(rid, ledger, entry)
+    if flags & ~FLAG_RECOVERY_ADD:
+        raise DecodeError(f"ADD with unknown flags {flags:#x}", rid)
+    data = body[_ADD.size:]
+    try:
+        header = parse_header(data)
+    except EntryFormatError as e:
+        raise DecodeError(f"ADD of ledger {ledger} entry {entry}: {e}", rid) from None
+    if (header.ledger_id, header.entry_id) != (ledger, entry):
+        raise DecodeError(f"ADD of ledger {ledger} entry {entry} carries the entry of ledger {header.ledger_id} "
+                          f"entry {header.entry_id}", rid)
+    return AddEntry(rid, ledger, entry, key, data, bool(flags & FLAG_RECOVERY_ADD))
+
+
+def _d_read(body: bytes, rid: int) -> Request:
+    _, _, _, ledger, entry, flags = _unpack(_READ, body, rid, "READ", exact=False)
+    _check_ids(rid, ledger, entry)
+    if flags & ~FLAG_FENCE:
+        raise DecodeError(f"READ with unknown flags {flags:#x}", rid)
+    fence = bool(flags & FLAG_FENCE)
+    expected = _READ.size + (MASTER_KEY_BYTES if fence else 0)
+    if len(body) != expected:
+        raise DecodeError(f"READ of {len(body)} bytes, expected {expected}", rid)
+    return ReadEntry(rid, ledger, entry, fence, body[_READ.size:] if fence else None)
+
+
+def _d_long_poll(body: bytes, rid: int) -> Request:
+    _, _, _, ledger, previous, timeout_ms = _unpack(_LONG_POLL, body, rid, "LONG_POLL")
+    _check_ids(rid, ledger, previous)
+    return LongPoll(rid, ledger, previous, timeout_ms)
+
+
+def _d_write_lac(body: bytes, rid: int) -> Request:
+    _, _, _, ledger, lac, key = _unpack(_WRITE_LAC, body, rid, "WRITE_LAC")
+    _check_ids(rid, ledger, lac)
+    return WriteLac(rid, ledger, lac, key)
+
+
+def _d_read_lac(body: bytes, rid: int) -> Request:
+    ledger = _unpack(_READ_LAC, body, rid, "READ_LAC")[3]
+    _check_ids(rid, ledger)
+    return ReadLac(rid, ledger)
+
+
+def _d_fence(body: bytes, rid: int) -> Request:
+    _, _, _, ledger, key = _unpack(_FENCE, body, rid, "FENCE")
+    _check_ids(rid, ledger)
+    return Fence(rid, ledger, key)
+
+
+_REQUEST_DECODERS = {Kind.ADD: _d_add, Kind.READ: _d_read, Kind.READ_LAC: _d_read_lac,
+                     Kind.LONG_POLL: _d_long_poll, Kind.WRITE_LAC: _d_write_lac, Kind.FENCE: _d_fence}
+
+
+def decode_request(body: bytes) -> Request:
+    """Decode one request body (a frame's payload); DecodeError if malformed."""
+    kind, rid = _head(body)
+    decoder = _REQUEST_DECODERS.get(kind)  # type: ignore[call-overload]
+    if decoder is None:
+        raise DecodeError(f"unknown request type {kind}", rid)
+    return decoder(body, rid)
+
+
+def decode_response(body: bytes) -> Response:
+    """Decode one response body; DecodeError if malformed."""
+    code, rid = _head(body)
+    try:
+        kind = Kind(code & ~RESPONSE_BIT)
+    except ValueError:
+        kind = None
+    if kind is None or not code & RESPONSE_BIT:
+        raise DecodeError(f"unknown response type {code}", rid)
+    if len(body) < _R_STATUS.size:
+        raise DecodeError(f"response of {len(body)} bytes has no status", rid)
+    try:
+        status = Status(body[HEAD.size])
+    except ValueError:
+        raise DecodeError(f"unknown status {body[HEAD.size]}", rid) from None
+    if status is not Status.OK:
+        n = _unpack(_R_ERROR, body, rid, "error response", exact=False)[4]
+        if len(body) != _R_ERROR.size + n:
+            raise DecodeError(f"error response of {len(body)} bytes, its message needs {_R_ERROR.size + n}", rid)
+        return Response(rid, kind, status, message=body[_R_ERROR.size:].decode("utf-8", "replace"))
+    return _RESPONSE_DECODERS[kind](body, rid)
+
+
+def _r_entry(body: bytes, rid: int) -> Response:
+    is_add = body[1] & ~RESPONSE_BIT == Kind.ADD
+    ledger, entry = _unpack(_R_ENTRY, body, rid, "response", exact=is_add)[4:]
+    _check_ids(rid, ledger, entry)
+    if is_add:
+        return Response(rid, Kind.ADD, Status.OK, ledger, entry)
+    return Response(rid, Kind.READ, Status.OK, ledger, entry, data=body[_R_ENTRY.size:])
+
+
+def _r_lac(body: bytes, rid: int) -> Response:
+    _, code, _, _, ledger, lac = _unpack(_R_LAC, body, rid, "response")
+    _check_ids(rid, ledger, lac)
+    return Response(rid, Kind(code & ~RESPONSE_BIT), Status.OK, ledger, lac=lac)
+
+
+def _r_long_poll(body: bytes, rid: int) -> Response:
+    _, _, _, _, ledger, lac, has_entry = _unpack(_R_LONG_POLL, body, rid, "LONG_POLL response", exact=False)
+    _check_ids(rid, ledger, lac)
+    rest = body[_R_LONG_POLL.size:]
+    if has_entry > 1 or (not has_entry and rest):
+        raise DecodeError("LONG_POLL response: bad entry flag or trailing bytes", rid)
+    return Response(rid, Kind.LONG_POLL, Status.OK, ledger, lac=lac, data=rest if has_entry else None)
+
+
+def _r_ledger(body: bytes, rid: int) -> Response:
+    ledger = _unpack(_R_LEDGER, body, rid, "WRITE_LAC response")[4]
+    _check_ids(rid, ledger)
+    return Response(rid, Kind.WRITE_LAC, Status.OK, ledger)
+
+
+_RESPONSE_DECODERS = {Kind.ADD: _r_entry, Kind.READ: _r_entry, Kind.READ_LAC: _r_lac, Kind.FENCE: _r_lac,
+                      Kind.LONG_POLL: _r_long_poll, Kind.WRITE_LAC: _r_ledger}
