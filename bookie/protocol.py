@@ -252,14 +252,19 @@ def encode_response(resp: Response) -> bytes:
 class FrameSplitter:
     """Incremental frame splitter: feed the bytes of a socket read, get complete, checked bodies.
 
-    Raises DecodeError for a frame longer than max_frame_bytes (before buffering it)
-    or whose CRC does not match; the connection is then unusable."""
+    A frame longer than max_frame_bytes (refused before it is buffered) or whose CRC
+    does not match makes the stream unusable: feed raises DecodeError, unless good
+    frames came before it in the same bytes; those are returned and the error is
+    kept in `error` (check it after handling them) and raised by the next feed."""
 
     def __init__(self, max_frame_bytes: int) -> None:
         self.max_frame_bytes = max_frame_bytes
+        self.error: DecodeError | None = None
         self._buf = bytearray()
 
     def feed(self, data: bytes) -> list[bytes]:
+        if self.error is not None:
+            raise self.error
         buf = self._buf
         buf += data
         bodies = []
@@ -267,17 +272,21 @@ class FrameSplitter:
         while end - pos >= 8:
             length, crc = FRAME.unpack_from(buf, pos)
             if length > self.max_frame_bytes:
-                raise DecodeError(f"frame of {length} bytes exceeds max_frame_bytes={self.max_frame_bytes}",
-                                  _peek_request_id(buf, pos + 8, end))
+                self.error = DecodeError(f"frame of {length} bytes exceeds max_frame_bytes={self.max_frame_bytes}",
+                                         _peek_request_id(buf, pos + 8, end))
+                break
             if end - pos - 8 < length:
                 break
             body = bytes(buf[pos + 8:pos + 8 + length])
             if crc32c(body) != crc:
-                raise DecodeError("frame checksum mismatch: the connection is corrupt")
+                self.error = DecodeError("frame checksum mismatch: the connection is corrupt")
+                break
             bodies.append(body)
             pos += 8 + length
         if pos:
             del buf[:pos]
+        if self.error is not None and not bodies:
+            raise self.error
         return bodies
 
     @property

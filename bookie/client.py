@@ -1,0 +1,463 @@
+"""The bookie client (trio edge): one pipelined TCP connection per bookie.
+
+    async with BookiePool({1: ("127.0.0.1", 31811), 2: (...), 3: (...)}) as pool:
+        await pool.client(1).add(ledger_id, 0, master_key, packaged_entry)
+        pending = [pool.client(b).start_add(ledger_id, 1, master_key, entry) for b in (1, 2, 3)]
+        for p in pending:
+            await p.result()
+
+Every request is sent on the bookie's one connection, opened lazily on the first
+request and again after a loss; requests from any number of tasks are pipelined
+and matched to their answers by request id (answers may come out of order).
+Requests queued while a send is in progress leave together in one send.
+
+`start_*` methods are synchronous: they queue the request and return a
+PendingRequest at once, so one task can keep thousands in flight without a task
+each (BookKeeper's one object per operation, without its callbacks). Await
+`pending.result()`, or pass `sink=` a Completions queue that collects finished
+requests for one task to drain. The `async` methods (`add`, `read`, ...) are
+start + result.
+
+Outcomes: the value, or a typed error of bookie/errors.py from the bookie's
+status. BookieUnavailable means no answer: the connection could not be opened
+(later requests fail at once until a short backoff passes), was lost with the
+request in flight, or the request timed out. For an add that means "outcome
+unknown".
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import trio
+
+from bookie import protocol as P
+from bookie.errors import BookieError, BookieUnavailable
+
+log = logging.getLogger("quire.bookie.client")
+
+DEFAULT_TIMEOUT_S = 10.0
+CONNECT_TIMEOUT_S = 3.0
+BACKOFF_MIN_S = 0.05
+BACKOFF_MAX_S = 1.0
+SWEEP_S = 0.05  # how often deadlines are checked: timeouts fire up to this late
+RECEIVE_BYTES = 1 << 18
+LONG_POLL_GRACE_S = 5.0  # a long poll's deadline is its timeout plus this
+
+
+class Completions:
+    """A queue of finished PendingRequests, for one task driving many requests.
+
+    Unbounded, but it only ever holds requests its owner started."""
+
+    def __init__(self) -> None:
+        self._done: collections.deque[PendingRequest] = collections.deque()
+        self._event = trio.Event()
+
+    def _put(self, pending: PendingRequest) -> None:
+        self._done.append(pending)
+        self._event.set()
+
+    def __len__(self) -> int:
+        return len(self._done)
+
+    def get_nowait(self) -> list[PendingRequest]:
+        """Every finished request queued so far (maybe none)."""
+        out = list(self._done)
+        self._done.clear()
+        return out
+
+    async def get(self) -> list[PendingRequest]:
+        """Wait until at least one request finished; return all that did."""
+        while not self._done:
+            await self._event.wait()
+            self._event = trio.Event()
+        return self.get_nowait()
+
+
+class PendingRequest:
+    """One request sent (or queued) to a bookie, not necessarily answered yet.
+
+    `tag` is the caller's: e.g. the (entry id, bookie id) a Completions consumer needs."""
+
+    __slots__ = ("request_id", "kind", "tag", "deadline", "_value", "_error", "_done", "_event", "_sink")
+
+    def __init__(self, request_id: int, kind: P.Kind, deadline: float, tag: Any = None,
+                 sink: Completions | None = None) -> None:
+        self.request_id = request_id
+        self.kind = kind
+        self.tag = tag
+        self.deadline = deadline
+        self._value: Any = None
+        self._error: BookieError | None = None
+        self._done = False
+        self._event: trio.Event | None = None
+        self._sink = sink
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    @property
+    def error(self) -> BookieError | None:
+        """The error of a finished request (None if it succeeded or is not finished)."""
+        return self._error
+
+    def outcome(self) -> Any:
+        """The value of a finished request, or raise its error."""
+        assert self._done, "the request is still in flight: await result()"
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    async def result(self) -> Any:
+        """Wait for the answer; return its value or raise its typed error."""
+        if self._done:
+            await trio.lowlevel.checkpoint()
+        else:
+            if self._event is None:
+                self._event = trio.Event()
+            await self._event.wait()
+        return self.outcome()
+
+    def _finish(self, value: Any, error: BookieError | None) -> None:
+        if self._done:
+            return
+        self._value, self._error, self._done = value, error, True
+        if self._event is not None:
+            self._event.set()
+        if self._sink is not None:
+            self._sink._put(self)
+
+
+class BookieClient:
+    """The client of one bookie at host:port.
+
+    `async with BookieClient(host, port) as c:`, or `c.start(nursery)` and
+    `await c.aclose()` (BookiePool does that). `timeout_s` bounds each request
+    unless the call gives its own."""
+
+    def __init__(self, host: str, port: int, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 connect_timeout_s: float = CONNECT_TIMEOUT_S, max_frame_bytes: int = (64 << 20)) -> None:
+        self.host, self.port = host, port
+        self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.max_frame_bytes = max_frame_bytes
+        self._nursery: trio.Nursery | None = None
+        self._own_nursery: Any = None
+        self._scope: trio.CancelScope | None = None  # the current connection's
+        self._connecting = False
+        self._connected = False
+        self._closed = False
+        self._retry_at = 0.0
+        self._backoff_s = BACKOFF_MIN_S
+        self._ids = itertools.count(1)
+        self._pending: dict[int, PendingRequest] = {}
+        self._by_deadline: collections.deque[PendingRequest] = collections.deque()  # default timeouts: in order
+        self._other_deadlines: list[PendingRequest] = []  # per-call timeouts and long polls
+        self._outbox: list[bytes] = []
+        self._wake = trio.Event()
+        self.stats: collections.Counter[str] = collections.Counter()
+
+    def __repr__(self) -> str:
+        return f"BookieClient({self.host}:{self.port})"
+
+    # -- lifetime ------------------------------------------------------------------------
+    def start(self, nursery: trio.Nursery) -> None:
+        """Run the client's connection tasks in `nursery` (which must outlive the client's use)."""
+        self._nursery = nursery
+
+    async def __aenter__(self) -> BookieClient:
+        self._own_nursery = trio.open_nursery()
+        self.start(await self._own_nursery.__aenter__())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+        assert self._nursery is not None
+        self._nursery.cancel_scope.cancel()  # a connection attempt in progress, too
+        await self._own_nursery.__aexit__(None, None, None)
+
+    async def aclose(self) -> None:
+        """Fail every pending request (BookieUnavailable) and drop the connection."""
+        self._closed = True
+        if self._scope is not None:
+            self._scope.cancel()
+        self._fail_all(f"the client of bookie {self.host}:{self.port} was closed")
+        await trio.lowlevel.checkpoint()
+
+    @property
+    def connected(self) -> bool:
+        return self._connected
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    def statistics(self) -> dict[str, Any]:
+        return {"address": f"{self.host}:{self.port}", "connected": self._connected, "in_flight": len(self._pending),
+                "queued_frames": len(self._outbox), **self.stats}
+
+    # -- requests: start_* queue and return at once -------------------------------------
+    def start_add(self, ledger_id: int, entry_id: int, master_key: bytes, data: bytes, recovery: bool = False, *,
+                  timeout_s: float | None = None, tag: Any = None, sink: Completions | None = None) -> PendingRequest:
+        """Queue an ADD of the packaged entry `data`; the result is None once the bookie has it on disk."""
+        rid = next(self._ids)
+        frame = P.encode_add(rid, ledger_id, entry_id, master_key, data, recovery)
+        return self._submit(rid, P.Kind.ADD, frame, timeout_s, tag, sink)
+
+    def start_read(self, ledger_id: int, entry_id: int, fence: bool = False, master_key: bytes | None = None, *,
+                   timeout_s: float | None = None, tag: Any = None, sink: Completions | None = None) -> PendingRequest:
+        """Queue a READ; the result is the packaged entry. fence=True (recovery reads) fences the
+        ledger first and needs the master key."""
+        if fence and (master_key is None or len(master_key) != P.MASTER_KEY_BYTES):
+            raise ValueError("a fencing read needs the ledger's 32-byte master key")
+        rid = next(self._ids)
+        frame = P.encode_request(P.ReadEntry(rid, ledger_id, entry_id, fence, master_key if fence else None))
+        return self._submit(rid, P.Kind.READ, frame, timeout_s, tag, sink)
+
+    def start_read_lac(self, ledger_id: int, *, timeout_s: float | None = None, tag: Any = None,
+                       sink: Completions | None = None) -> PendingRequest:
+        rid = next(self._ids)
+        return self._submit(rid, P.Kind.READ_LAC, P.encode_request(P.ReadLac(rid, ledger_id)), timeout_s, tag, sink)
+
+    def start_long_poll(self, ledger_id: int, previous_lac: int, timeout_ms: int, *, tag: Any = None,
+                        sink: Completions | None = None) -> PendingRequest:
+        """Queue a LONG_POLL; the result is (lac, packaged entry previous_lac + 1 or None)."""
+        rid = next(self._ids)
+        frame = P.encode_request(P.LongPoll(rid, ledger_id, previous_lac, timeout_ms))
+        return self._submit(rid, P.Kind.LONG_POLL, frame, timeout_ms / 1000 + LONG_POLL_GRACE_S, tag, sink)
+
+    def start_write_lac(self, ledger_id: int, lac: int, master_key: bytes, *, timeout_s: float | None = None,
+                        tag: Any = None, sink: Completions | None = None) -> PendingRequest:
+        rid = next(self._ids)
+        frame = P.encode_request(P.WriteLac(rid, ledger_id, lac, master_key))
+        return self._submit(rid, P.Kind.WRITE_LAC, frame, timeout_s, tag, sink)
+
+    def start_fence(self, ledger_id: int, master_key: bytes, *, timeout_s: float | None = None, tag: Any = None,
+                    sink: Completions | None = None) -> PendingRequest:
+        """Queue a FENCE; the result is the bookie's LAC of the ledger, once the fence is durable."""
+        rid = next(self._ids)
+        return self._submit(rid, P.Kind.FENCE, P.encode_request(P.Fence(rid, ledger_id, master_key)), timeout_s,
+                            tag, sink)
+
+    # -- requests: awaited ---------------------------------------------------------------
+    async def add(self, ledger_id: int, entry_id: int, master_key: bytes, data: bytes, recovery: bool = False, *,
+                  timeout_s: float | None = None) -> None:
+        """Store the packaged entry `data`; returns once it is durable on the bookie."""
+        await self.start_add(ledger_id, entry_id, master_key, data, recovery, timeout_s=timeout_s).result()
+
+    async def read(self, ledger_id: int, entry_id: int, fence: bool = False, master_key: bytes | None = None, *,
+                   timeout_s: float | None = None) -> bytes:
+        """The packaged entry (verify it with bookie.entry.Digester); NoSuchEntry if not stored here."""
+        return await self.start_read(ledger_id, entry_id, fence, master_key, timeout_s=timeout_s).result()
+
+    async def read_lac(self, ledger_id: int, *, timeout_s: float | None = None) -> int:
+        """The bookie's last add confirmed of the ledger (-1 if none)."""
+        return await self.start_read_lac(ledger_id, timeout_s=timeout_s).result()
+
+    async def long_poll(self, ledger_id: int, previous_lac: int, timeout_ms: int) -> tuple[int, bytes | None]:
+        """Wait until the bookie's LAC passes previous_lac, or timeout_ms: (lac, entry previous_lac + 1
+        if the bookie stores it and the LAC passed, else None)."""
+        return await self.start_long_poll(ledger_id, previous_lac, timeout_ms).result()
+
+    async def write_lac(self, ledger_id: int, lac: int, master_key: bytes, *, timeout_s: float | None = None) -> None:
+        """Record an explicit LAC (for readers of a writer that has gone quiet)."""
+        await self.start_write_lac(ledger_id, lac, master_key, timeout_s=timeout_s).result()
+
+    async def fence(self, ledger_id: int, master_key: bytes, *, timeout_s: float | None = None) -> int:
+        """Fence the ledger on this bookie (no more non-recovery adds); returns its LAC here."""
+        return await self.start_fence(ledger_id, master_key, timeout_s=timeout_s).result()
+
+    # -- machinery -----------------------------------------------------------------------
+    def _submit(self, rid: int, kind: P.Kind, frame: bytes, timeout_s: float | None, tag: Any,
+                sink: Completions | None) -> PendingRequest:
+        now = trio.current_time()
+        pending = PendingRequest(rid, kind, now + (self.timeout_s if timeout_s is None else timeout_s), tag, sink)
+        if self._closed or self._nursery is None:
+            pending._finish(None, BookieUnavailable(f"the client of bookie {self.host}:{self.port} is not running"))
+            return pending
+        if not (self._connected or self._connecting):
+            if now < self._retry_at:
+                self.stats["fast_failures"] += 1
+                pending._finish(None, BookieUnavailable(
+                    f"bookie {self.host}:{self.port} is unreachable (retrying in {self._retry_at - now:.2f} s)"))
+                return pending
+            self._connecting = True
+            self._nursery.start_soon(self._connection)
+        self._pending[rid] = pending
+        (self._by_deadline if timeout_s is None else self._other_deadlines).append(pending)
+        self._outbox.append(frame)
+        self._wake.set()
+        return pending
+
+    def _fail_all(self, reason: str) -> None:
+        pending, self._pending = self._pending, {}
+        self._outbox.clear()
+        self._by_deadline.clear()
+        self._other_deadlines.clear()
+        for p in pending.values():
+            p._finish(None, BookieUnavailable(f"{reason}; the request's outcome is unknown"))
+
+    async def _connection(self) -> None:
+        try:
+            with trio.fail_after(self.connect_timeout_s):
+                stream = await trio.open_tcp_stream(self.host, self.port)
+        except (OSError, trio.TooSlowError) as e:
+            self._connecting = False
+            self._retry_at = trio.current_time() + self._backoff_s
+            self._backoff_s = min(self._backoff_s * 2, BACKOFF_MAX_S)
+            self.stats["connect_failures"] += 1
+            self._fail_all(f"cannot connect to bookie {self.host}:{self.port}: {e!r}")
+            return
+        self._connecting, self._connected, self._backoff_s = False, True, BACKOFF_MIN_S
+        self.stats["connects"] += 1
+        reason = "the bookie closed the connection"
+        try:
+            async with trio.open_nursery() as nursery:
+                self._scope = nursery.cancel_scope
+                nursery.start_soon(self._writer, stream)
+                nursery.start_soon(self._sweeper)
+                reason = await self._reader(stream)
+                nursery.cancel_scope.cancel()
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as e:
+            reason = f"connection error {e!r}"
+        finally:
+            self._connected, self._scope = False, None
+            with trio.CancelScope(shield=True):
+                await stream.aclose()
+            self._fail_all(f"lost the connection to bookie {self.host}:{self.port} ({reason})")
+            log.info("event=bookie_connection_lost bookie=%s:%s reason=%r", self.host, self.port, reason)
+
+    async def _writer(self, stream: trio.SocketStream) -> None:
+        while True:
+            if not self._outbox:
+                await self._wake.wait()
+                self._wake = trio.Event()
+            if self._outbox:
+                data = b"".join(self._outbox)
+                self._outbox.clear()
+                self.stats["sends"] += 1
+                await stream.send_all(data)
+
+    async def _reader(self, stream: trio.SocketStream) -> str:
+        """Match answers to pending requests until the connection ends; returns why."""
+        splitter = P.FrameSplitter(self.max_frame_bytes)
+        pending = self._pending
+        while True:
+            data = await stream.receive_some(RECEIVE_BYTES)
+            if not data:
+                return "the bookie closed the connection"
+            try:
+                for body in splitter.feed(data):
+                    resp = P.decode_response(body)
+                    p = pending.pop(resp.request_id, None)
+                    if p is None:
+                        continue  # timed out already
+                    if resp.kind is not p.kind and resp.status is P.Status.OK:
+                        return f"protocol violation: a {resp.kind.name} answer to a {p.kind.name} request"
+                    _complete(p, resp)
+                if splitter.error is not None:
+                    raise splitter.error
+            except P.DecodeError as e:
+                return f"bad frame from the bookie: {e}"
+
+    async def _sweeper(self) -> None:
+        """Fail requests whose deadline passed (the connection stays: a slow disk is not a lost link)."""
+        while True:
+            await trio.sleep(SWEEP_S)
+            now = trio.current_time()
+            queue = self._by_deadline
+            while queue and (queue[0]._done or queue[0].deadline <= now):
+                self._expire(queue.popleft())
+            if self._other_deadlines:
+                others = self._other_deadlines
+                self._other_deadlines = [p for p in others if not p._done and p.deadline > now]
+                for p in others:
+                    self._expire(p)
+
+    def _expire(self, p: PendingRequest) -> None:
+        if not p._done and p.deadline <= trio.current_time():
+            self._pending.pop(p.request_id, None)
+            self.stats["timeouts"] += 1
+            p._finish(None, BookieUnavailable(
+                f"bookie {self.host}:{self.port} did not answer a {p.kind.name} in time; its outcome is unknown"))
+
+
+def _complete(p: PendingRequest, resp: P.Response) -> None:
+    if resp.status is not P.Status.OK:
+        p._finish(None, resp.error())
+    elif resp.kind is P.Kind.ADD or resp.kind is P.Kind.WRITE_LAC:
+        p._finish(None, None)
+    elif resp.kind is P.Kind.READ:
+        p._finish(resp.data, None)
+    elif resp.kind is P.Kind.LONG_POLL:
+        p._finish((resp.lac, resp.data), None)
+    else:  # READ_LAC, FENCE
+        p._finish(resp.lac, None)
+
+
+class BookiePool:
+    """One BookieClient per bookie id, their connection tasks in the pool's nursery.
+
+    `async with BookiePool(addresses) as pool:`; `pool.client(bookie_id)`. Addresses
+    come from the metastore's registrations (bookie.registration.list_bookies) or
+    from the cluster config; `update()` replaces them (a moved bookie gets a new client)."""
+
+    def __init__(self, addresses: dict[int, tuple[str, int]] | None = None, **client_options: Any) -> None:
+        self._addresses: dict[int, tuple[str, int]] = dict(addresses or {})
+        self._clients: dict[int, BookieClient] = {}
+        self._options = client_options
+        self._nursery: trio.Nursery | None = None
+        self._nursery_cm: Any = None
+
+    async def __aenter__(self) -> BookiePool:
+        self._nursery_cm = trio.open_nursery()
+        self._nursery = await self._nursery_cm.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for c in list(self._clients.values()):
+            await c.aclose()
+        self._clients.clear()
+        assert self._nursery is not None
+        self._nursery.cancel_scope.cancel()
+        await self._nursery_cm.__aexit__(None, None, None)
+
+    @property
+    def bookies(self) -> list[int]:
+        return sorted(self._addresses)
+
+    def address(self, bookie_id: int) -> tuple[str, int]:
+        return self._addresses[bookie_id]
+
+    def update(self, addresses: dict[int, tuple[str, int]] | Iterable[Any]) -> None:
+        """Replace the known addresses: a dict id -> (host, port), or BookieInfo records."""
+        if not isinstance(addresses, dict):
+            addresses = {b.id: (b.host, b.port) for b in addresses}
+        for bookie_id, client in list(self._clients.items()):
+            if addresses.get(bookie_id) != (client.host, client.port):
+                del self._clients[bookie_id]
+                if self._nursery is not None:
+                    self._nursery.start_soon(client.aclose)
+        self._addresses = dict(addresses)
+
+    def client(self, bookie_id: int) -> BookieClient:
+        """The client of bookie `bookie_id` (BookieUnavailable if its address is unknown)."""
+        client = self._clients.get(bookie_id)
+        if client is None:
+            if self._nursery is None:
+                raise RuntimeError("use the pool inside `async with BookiePool(...)`")
+            if bookie_id not in self._addresses:
+                raise BookieUnavailable(f"bookie {bookie_id} is not registered (no known address)")
+            host, port = self._addresses[bookie_id]
+            client = self._clients[bookie_id] = BookieClient(host, port, **self._options)
+            client.start(self._nursery)
+        return client
+
+    def statistics(self) -> dict[int, dict[str, Any]]:
+        return {bookie_id: c.statistics() for bookie_id, c in self._clients.items()}

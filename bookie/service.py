@@ -1,0 +1,315 @@
+"""The bookie service (trio edge): the bookie wire protocol (bookie/protocol.py) over TCP,
+served from a BookieStorage.
+
+One task per connection reads; every ADD decoded from one socket read goes to
+`storage.add_batch` in one call, in a task of its own, so the connection keeps
+reading while the journal fsyncs (the storage group-commits across calls and
+connections). Reads, fences and explicit LACs of one socket read are served in
+order by one task; READ_LAC is answered at once; each long poll waits in its own
+task, bounded by its timeout. Answers are queued and leave in one send per
+wakeup of the connection's writer, in whatever order they complete (responses
+carry their request's id).
+
+Bounds: at most `max_in_flight` requests per connection are being served; more
+are answered OVERLOADED at once. A client that does not read its answers is cut
+off once `max_outgoing_bytes` are queued for it. A malformed frame is answered
+BAD_REQUEST (when its request id is readable) and closes that connection only.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import logging
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from bookie import protocol as P
+from bookie.errors import BookieError, EntryCorrupt, EntryTooLarge, NoSuchEntry, Overloaded
+from bookie.storage_config import AddRequest
+
+log = logging.getLogger("quire.bookie.service")
+
+FLUSH_BEFORE_CLOSE_S = 1.0  # how long a BAD_REQUEST answer may take to leave before the connection closes
+
+
+@dataclass(frozen=True)
+class BookieServiceConfig:
+    """Limits of the bookie's client port.
+
+    - max_entry_bytes: the largest packaged entry accepted (frames may be this plus
+      protocol.FRAME_OVERHEAD_BYTES); keep it equal to the storage's.
+    - max_in_flight: requests of one connection being served at once; beyond it, OVERLOADED.
+    - max_outgoing_bytes: answers queued for one connection before it is cut off.
+    - max_long_poll_ms: a long poll's timeout is capped at this.
+    """
+
+    max_entry_bytes: int = 5 << 20
+    max_in_flight: int = 10_000
+    max_outgoing_bytes: int = 64 << 20
+    max_long_poll_ms: int = 60_000
+    receive_bytes: int = 1 << 18
+
+    def __post_init__(self) -> None:
+        for name in ("max_entry_bytes", "max_in_flight", "max_outgoing_bytes", "max_long_poll_ms", "receive_bytes"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"BookieServiceConfig.{name} must be positive, got {getattr(self, name)}")
+
+    @property
+    def max_frame_bytes(self) -> int:
+        return self.max_entry_bytes + P.FRAME_OVERHEAD_BYTES
+
+
+class _Connection:
+    """One client connection: its queued answers and its in-flight count."""
+
+    def __init__(self, conn_id: int, stream: trio.SocketStream, max_outgoing_bytes: int) -> None:
+        self.id = conn_id
+        self.stream = stream
+        self.out: list[bytes] = []
+        self.out_bytes = 0
+        self.max_outgoing_bytes = max_outgoing_bytes
+        self.wake = trio.Event()
+        self.in_flight = 0
+        self.closing = False
+        self.scope: trio.CancelScope | None = None  # the connection's nursery
+
+    def send(self, frame: bytes) -> None:
+        if self.closing and self.scope is None:
+            return
+        self.out.append(frame)
+        self.out_bytes += len(frame)
+        self.wake.set()
+        if self.out_bytes > self.max_outgoing_bytes and self.scope is not None:
+            log.warning("event=slow_reader_cut_off conn=%s queued_bytes=%s", self.id, self.out_bytes)
+            self.scope.cancel()  # a client that does not read its answers is cut off, never waited for
+
+    def answer(self, resp: P.Response) -> None:
+        self.send(P.encode_response(resp))
+
+    def fail(self, req: P.Request, kind: P.Kind, error: BookieError) -> None:
+        self.send(P.encode_response(P.Response(req.request_id, kind, P.status_of(error), req.ledger_id,
+                                               message=str(error))))
+
+
+class BookieService:
+    """Serves one BookieStorage on host:port. `await nursery.start(service.run)`.
+
+    The storage's own background work (checkpoints, disk checks, compaction) is the
+    caller's to run (clusterd starts `storage.run`)."""
+
+    def __init__(self, storage: Any, host: str, port: int, config: BookieServiceConfig | None = None) -> None:
+        self.storage = storage
+        self.host = host
+        self.port = port
+        self.cfg = config or BookieServiceConfig()
+        self.connections: dict[int, _Connection] = {}
+        self._ids = itertools.count(1)
+        self.stats: Counter[str] = Counter()
+
+    async def listen(self) -> list[trio.SocketListener]:
+        """Bind the port (OSError if it is in use); pass the result to run()."""
+        return await trio.open_tcp_listeners(self.port, host=self.host)
+
+    async def run(self, listeners: list[trio.SocketListener] | None = None, *,
+                  task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until cancelled; started once the port is bound."""
+        if listeners is None:
+            listeners = await self.listen()
+        if self.port == 0:  # tests bind an ephemeral port: report which
+            self.port = listeners[0].socket.getsockname()[1]
+        async with trio.open_nursery() as nursery:
+            await nursery.start(trio.serve_listeners, self._handle, listeners)
+            task_status.started()
+
+    def statistics(self) -> dict[str, Any]:
+        """Counters of the service and the storage's own statistics, for /status."""
+        stats = {"connections_open": len(self.connections), **self.stats}
+        storage_stats = getattr(self.storage, "statistics", None)
+        if storage_stats is not None:
+            stats["storage"] = storage_stats()
+        return stats
+
+    # -- connections --------------------------------------------------------------------
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        conn = _Connection(next(self._ids), stream, self.cfg.max_outgoing_bytes)
+        self.connections[conn.id] = conn
+        self.stats["connections"] += 1
+        try:
+            async with trio.open_nursery() as nursery:
+                conn.scope = nursery.cancel_scope
+                nursery.start_soon(self._writer, conn)
+                await self._read_loop(conn, nursery)
+                if conn.closing:  # a bad frame: let its BAD_REQUEST answer leave first
+                    with trio.move_on_after(FLUSH_BEFORE_CLOSE_S):
+                        while conn.out:
+                            await trio.sleep(0.001)
+                nursery.cancel_scope.cancel()
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as e:
+            log.info("event=connection_lost conn=%s error=%r", conn.id, e)
+        finally:
+            conn.closing, conn.scope = True, None
+            del self.connections[conn.id]
+            await stream.aclose()
+
+    async def _writer(self, conn: _Connection) -> None:
+        while True:
+            await conn.wake.wait()
+            conn.wake = trio.Event()
+            if conn.out:
+                data = b"".join(conn.out)
+                conn.out.clear()
+                conn.out_bytes = 0
+                await conn.stream.send_all(data)
+
+    async def _read_loop(self, conn: _Connection, nursery: trio.Nursery) -> None:
+        splitter = P.FrameSplitter(self.cfg.max_frame_bytes)
+        while True:
+            data = await conn.stream.receive_some(self.cfg.receive_bytes)
+            if not data:
+                return
+            try:
+                bodies = splitter.feed(data)
+            except P.DecodeError as e:
+                self._bad_request(conn, e)
+                return
+            if not self._dispatch(conn, nursery, bodies):
+                return
+            if splitter.error is not None:  # after good frames of the same read, served above
+                self._bad_request(conn, splitter.error)
+                return
+
+    def _bad_request(self, conn: _Connection, e: P.DecodeError) -> None:
+        self.stats["bad_frames"] += 1
+        log.warning("event=bad_frame conn=%s error=%r action=close", conn.id, e)
+        if e.request_id is not None:
+            conn.send(P.encode_response(P.Response(e.request_id, P.Kind.ADD, P.Status.BAD_REQUEST,
+                                                   message=f"{e}; closing the connection")))
+        conn.closing = True
+
+    def _dispatch(self, conn: _Connection, nursery: trio.Nursery, bodies: list[bytes]) -> bool:
+        """Start every request of one socket read; False once the connection must close."""
+        adds: list[P.AddEntry] = []
+        ordered: list[P.Request] = []
+        ok = True
+        for body in bodies:
+            try:
+                req = P.decode_request(body)
+            except P.DecodeError as e:
+                self._bad_request(conn, e)
+                ok = False
+                break
+            self.stats["requests"] += 1
+            if conn.in_flight >= self.cfg.max_in_flight:
+                self.stats["overloaded"] += 1
+                conn.fail(req, _KIND[type(req)], Overloaded(
+                    f"{conn.in_flight} requests in flight on this connection (max_in_flight); retry later"))
+                continue
+            if isinstance(req, P.AddEntry):
+                if len(req.data) > self.cfg.max_entry_bytes:
+                    conn.fail(req, P.Kind.ADD, EntryTooLarge(
+                        f"entry of {len(req.data)} bytes exceeds max_entry_bytes={self.cfg.max_entry_bytes}"))
+                    continue
+                adds.append(req)
+            elif isinstance(req, P.ReadLac):
+                self._read_lac(conn, req)
+                continue
+            elif isinstance(req, P.LongPoll):
+                nursery.start_soon(self._long_poll, conn, req)
+            else:
+                ordered.append(req)
+            conn.in_flight += 1
+        if adds:
+            nursery.start_soon(self._add_batch, conn, adds)
+        if ordered:
+            nursery.start_soon(self._serve_in_order, conn, ordered)
+        return ok
+
+    # -- requests -----------------------------------------------------------------------
+    async def _add_batch(self, conn: _Connection, adds: list[P.AddEntry]) -> None:
+        self.stats["adds"] += len(adds)
+        batch = [AddRequest(a.ledger_id, a.entry_id, a.master_key, a.data, a.recovery) for a in adds]
+        try:
+            try:
+                outcomes = await self.storage.add_batch(batch)
+            except BookieError as e:  # the whole batch refused (e.g. read-only)
+                outcomes = [e] * len(adds)
+            for add, outcome in zip(adds, outcomes, strict=True):
+                if outcome is None:
+                    conn.answer(P.Response(add.request_id, P.Kind.ADD, P.Status.OK, add.ledger_id, add.entry_id))
+                else:
+                    self.stats["add_errors"] += 1
+                    conn.fail(add, P.Kind.ADD, outcome)
+        finally:
+            conn.in_flight -= len(adds)
+
+    async def _serve_in_order(self, conn: _Connection, requests: list[P.Request]) -> None:
+        for req in requests:
+            try:
+                conn.answer(await self._serve_one(req))
+            except BookieError as e:
+                self.stats["errors"] += 1
+                conn.fail(req, _KIND[type(req)], e)
+            finally:
+                conn.in_flight -= 1
+
+    async def _serve_one(self, req: P.Request) -> P.Response:
+        match req:
+            case P.ReadEntry():
+                self.stats["reads"] += 1
+                if req.fence:
+                    # Recovery reads fence too (FAULTS.md "Fencing is not enough"): the fence is
+                    # durable before the entry is read, so the old writer cannot add behind it.
+                    assert req.master_key is not None
+                    await self.storage.fence(req.ledger_id, req.master_key)
+                data = await self._read(req.ledger_id, req.entry_id)
+                return P.Response(req.request_id, P.Kind.READ, P.Status.OK, req.ledger_id, req.entry_id, data=data)
+            case P.Fence():
+                self.stats["fences"] += 1
+                lac = await self.storage.fence(req.ledger_id, req.master_key)
+                return P.Response(req.request_id, P.Kind.FENCE, P.Status.OK, req.ledger_id, lac=lac)
+            case P.WriteLac():
+                await self.storage.write_lac(req.ledger_id, req.lac, req.master_key)
+                return P.Response(req.request_id, P.Kind.WRITE_LAC, P.Status.OK, req.ledger_id)
+        raise AssertionError(f"not an ordered request: {req!r}")
+
+    async def _read(self, ledger_id: int, entry_id: int) -> bytes:
+        data = self.storage.read(ledger_id, entry_id)
+        if inspect.isawaitable(data):
+            data = await data
+        return data
+
+    def _read_lac(self, conn: _Connection, req: P.ReadLac) -> None:
+        try:
+            lac = self.storage.lac(req.ledger_id)
+        except BookieError as e:
+            conn.fail(req, P.Kind.READ_LAC, e)
+            return
+        conn.answer(P.Response(req.request_id, P.Kind.READ_LAC, P.Status.OK, req.ledger_id, lac=lac))
+
+    async def _long_poll(self, conn: _Connection, req: P.LongPoll) -> None:
+        """Answer once the LAC passes previous_lac (with the entry after it, if stored here)
+        or at the timeout with the current LAC."""
+        self.stats["long_polls"] += 1
+        try:
+            with trio.move_on_after(min(req.timeout_ms, self.cfg.max_long_poll_ms) / 1000):
+                await self.storage.wait_lac(req.ledger_id, req.previous_lac)
+            lac = self.storage.lac(req.ledger_id)
+            data = None
+            if lac > req.previous_lac:
+                try:
+                    data = await self._read(req.ledger_id, req.previous_lac + 1)
+                except (NoSuchEntry, EntryCorrupt):
+                    data = None  # the reader fetches it from another replica
+            conn.answer(P.Response(req.request_id, P.Kind.LONG_POLL, P.Status.OK, req.ledger_id, lac=lac, data=data))
+        except BookieError as e:
+            conn.fail(req, P.Kind.LONG_POLL, e)
+        finally:
+            conn.in_flight -= 1
+
+
+_KIND: dict[type, P.Kind] = {P.AddEntry: P.Kind.ADD, P.ReadEntry: P.Kind.READ, P.ReadLac: P.Kind.READ_LAC,
+                             P.LongPoll: P.Kind.LONG_POLL, P.WriteLac: P.Kind.WRITE_LAC, P.Fence: P.Kind.FENCE}
