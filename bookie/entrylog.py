@@ -1,0 +1,214 @@
+"""Entry log files: where entries live once journaled (edge).
+
+Entries are appended to the current entry log (`entrylog.<id as 16 hex>`,
+records in the bookie.storage_codec format) without an fsync per add: the
+journal already made them durable. A checkpoint fsyncs every log with
+unsynced bytes and records each log's length; on open, bytes past that
+length and logs the checkpoint does not list are what came after it, and
+are dropped, because replaying the journal writes them again.
+
+Writes happen in BookieStorage's worker thread; reads (pread on a separate
+descriptor) and file removal happen on the event loop, so a read never races
+a removal.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from bookie.errors import EntryCorrupt, StorageError
+from bookie.index import Location, record_size
+from bookie.storage_codec import (ENTRY_LOG_MAGIC, FILE_HEADER_BYTES, CorruptRecord, TornRecord, decode_entry_record,
+                                  decode_file_header, encode_entry_record, encode_file_header)
+from zab.snapshot import fsync_directory, write_all
+
+_log = logging.getLogger("quire.bookie.entrylog")
+_NAME = re.compile(r"entrylog\.([0-9a-f]{16})")
+
+
+def log_name(log_id: int) -> str:
+    return f"entrylog.{log_id:016x}"
+
+
+@dataclass
+class _Log:
+    log_id: int
+    path: Path
+    size: int
+    dirty: bool = False
+    read_fd: int | None = None
+
+
+class EntryLogs:
+    """The entry log files of one bookie. Use EntryLogs.open()."""
+
+    def __init__(self, directory: Path, logs: dict[int, _Log], next_log_id: int, rotate_bytes: int) -> None:
+        self.directory = directory
+        self._logs = logs
+        self._next_log_id = next_log_id
+        self._rotate_bytes = rotate_bytes
+        self._current: _Log | None = None
+        self._write_fd: int | None = None
+
+    @classmethod
+    def open(cls, directory: Path, listed: dict[int, int], next_log_id: int, rotate_bytes: int) -> EntryLogs:
+        """Open with the checkpoint's view: `listed` maps each log id to its checkpointed length."""
+        directory.mkdir(parents=True, exist_ok=True)
+        logs: dict[int, _Log] = {}
+        removed = False
+        for name in sorted(os.listdir(directory)):
+            match = _NAME.fullmatch(name)
+            if not match:
+                continue
+            log_id, path = int(match.group(1), 16), directory / name
+            if log_id not in listed:
+                _log.info("entry log %s: removing, written after the last checkpoint", path)
+                path.unlink()
+                removed = True
+                continue
+            logs[log_id] = _open_listed(log_id, path, listed[log_id])
+        missing = set(listed) - set(logs)
+        if missing:
+            raise StorageError(f"{directory}: entry logs {sorted(missing)} named by the checkpoint are missing; "
+                               "entries this bookie acknowledged are gone: wipe the bookie directory and "
+                               "decommission its identity")
+        if removed:
+            fsync_directory(directory)
+        return cls(directory, logs, next_log_id, rotate_bytes)
+
+    @property
+    def next_log_id(self) -> int:
+        return self._next_log_id
+
+    def sizes(self) -> dict[int, int]:
+        return {log_id: log.size for log_id, log in self._logs.items()}
+
+    def current_id(self) -> int | None:
+        return self._current.log_id if self._current else None
+
+    def append(self, items: list[tuple[int, int, bytes]]) -> list[Location]:
+        """Append (ledger, entry, packaged entry) records, one write per log touched; not fsynced."""
+        locations: list[Location] = []
+        chunks: list[bytes] = []
+        for ledger_id, entry_id, data in items:
+            if self._current is None or self._current.size >= self._rotate_bytes:
+                self._write(chunks)
+                chunks = []
+                self._rotate()
+            record = encode_entry_record(ledger_id, entry_id, data)
+            locations.append(Location(self._current.log_id, self._current.size, len(data)))
+            self._current.size += len(record)
+            chunks.append(record)
+        self._write(chunks)
+        return locations
+
+    def _write(self, chunks: list[bytes]) -> None:
+        if chunks:
+            write_all(self._writer(), b"".join(chunks))
+            self._current.dirty = True
+
+    def _writer(self) -> int:
+        if self._write_fd is None:
+            self._write_fd = os.open(self._current.path, os.O_WRONLY | os.O_APPEND)
+        return self._write_fd
+
+    def _rotate(self) -> None:
+        """Start a new log. The old one is fsynced at the next checkpoint with the others."""
+        if self._write_fd is not None:
+            os.close(self._write_fd)
+            self._write_fd = None
+        log_id = self._next_log_id
+        assert log_id not in self._logs, log_id
+        self._next_log_id += 1
+        path = self.directory / log_name(log_id)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        try:
+            write_all(fd, encode_file_header(ENTRY_LOG_MAGIC, log_id))
+        finally:
+            os.close(fd)
+        self._current = self._logs[log_id] = _Log(log_id, path, FILE_HEADER_BYTES, dirty=True)
+
+    def sync(self) -> dict[int, int]:
+        """Fsync every log with unsynced bytes and the directory; return each log's durable length."""
+        for log in self._logs.values():
+            if log.dirty:
+                _fsync_path(log.path)
+                log.dirty = False
+        fsync_directory(self.directory)
+        return self.sizes()
+
+    def read(self, where: Location, ledger_id: int, entry_id: int) -> bytes:
+        """The packaged entry at `where`; raises EntryCorrupt if its record fails its checks."""
+        log = self._logs.get(where.log_id)
+        if log is None:
+            raise StorageError(f"entry log {where.log_id} of ledger {ledger_id} entry {entry_id} is gone; "
+                               "restart the bookie")
+        if log.read_fd is None:
+            log.read_fd = os.open(log.path, os.O_RDONLY)
+        buf = os.pread(log.read_fd, record_size(where.length), where.offset)
+        try:
+            found_ledger, found_entry, data, _ = decode_entry_record(buf)
+        except (TornRecord, CorruptRecord) as err:
+            raise EntryCorrupt(f"ledger {ledger_id} entry {entry_id}: stored copy in {log.path} at offset "
+                               f"{where.offset} is damaged ({err}); read it from another bookie") from None
+        if (found_ledger, found_entry, len(data)) != (ledger_id, entry_id, where.length):
+            raise EntryCorrupt(f"ledger {ledger_id} entry {entry_id}: {log.path} at offset {where.offset} holds "
+                               f"ledger {found_ledger} entry {found_entry}; read it from another bookie")
+        return data
+
+    def read_whole(self, log_id: int) -> tuple[Path, bytes]:
+        """A log's bytes up to its known length (for compaction, in the worker thread)."""
+        log = self._logs[log_id]
+        with open(log.path, "rb") as file:
+            return log.path, file.read(log.size)
+
+    def remove(self, log_ids: list[int]) -> None:
+        """Delete logs whose entries all moved (after a checkpoint made the move durable)."""
+        for log_id in log_ids:
+            assert self._current is None or log_id != self._current.log_id, log_id
+            log = self._logs.pop(log_id)
+            if log.read_fd is not None:
+                os.close(log.read_fd)
+            log.path.unlink()
+        if log_ids:
+            fsync_directory(self.directory)
+
+    def close(self) -> None:
+        if self._write_fd is not None:
+            os.close(self._write_fd)
+            self._write_fd = None
+        for log in self._logs.values():
+            if log.read_fd is not None:
+                os.close(log.read_fd)
+                log.read_fd = None
+
+
+def _open_listed(log_id: int, path: Path, size: int) -> _Log:
+    with open(path, "rb") as file:
+        header = file.read(FILE_HEADER_BYTES)
+    actual = path.stat().st_size
+    if decode_file_header(header, ENTRY_LOG_MAGIC) != log_id or actual < size:
+        raise StorageError(f"{path}: header invalid or shorter ({actual} bytes) than its checkpointed length "
+                           f"{size}: acknowledged entries are gone; wipe the bookie directory and decommission "
+                           "its identity")
+    if actual > size:
+        # Appended after the checkpoint: the journal replays those entries again.
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.ftruncate(fd, size)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    return _Log(log_id, path, size)
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,268 @@
+"""The bookie journal: the write-ahead log of adds, fences, explicit LACs and deletions (edge).
+
+Synchronous, like zab/txnlog.py: BookieStorage calls it from one worker
+thread at a time. Segments `journal.<seq as 16 hex>` in one directory, seqs
+consecutive; records in the bookie.storage_codec format. A batch of records is
+written with one write() and made durable with one fsync (group commit).
+
+Crash rules (the same policy as the txn log, docs/formats.md): a segment is
+fsynced before the next is created, so only the newest segment may end in a
+torn or corrupt tail; that tail held nothing acknowledged and is cut on open.
+Damage anywhere else, or a missing segment, may have lost acknowledged adds:
+open() raises JournalCorrupt rather than guess.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import struct
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from bookie.errors import StorageError
+from bookie.storage_codec import (FILE_HEADER_BYTES, FRAME_BYTES, JOURNAL_MAGIC, CorruptRecord, JournalRecord,
+                                  decode_file_header, decode_journal_record, encode_file_header, scan_journal)
+from zab.snapshot import fsync_directory, write_all
+
+_log = logging.getLogger("quire.bookie.journal")
+_T = TypeVar("_T")
+_NAME = re.compile(r"journal\.([0-9a-f]{16})")
+_WIPE_ADVICE = ("adds this bookie acknowledged may be lost: do not start it as is; wipe its bookie directory, "
+                "decommission its identity and let auto-recovery re-replicate its ledgers")
+
+
+class JournalCorrupt(StorageError):
+    """The journal is damaged before its tail, or a segment is missing."""
+
+
+def segment_name(seq: int) -> str:
+    return f"journal.{seq:016x}"
+
+
+@dataclass
+class _Segment:
+    seq: int
+    path: Path
+    size: int
+
+
+class Journal:
+    """An open journal directory. Use Journal.open(); one owner, one thread at a time.
+
+    After an OSError in a write path the journal refuses further use (a failed
+    fsync leaves the kernel's view of the file untrustworthy): restart the bookie.
+    """
+
+    def __init__(self, directory: Path, segments: list[_Segment], next_seq: int, segment_bytes: int) -> None:
+        self.directory = directory
+        self._segments = segments
+        self._next_seq = next_seq
+        self._segment_bytes = segment_bytes
+        self._fd: int | None = None
+        self._dirty = False
+        self._dir_dirty = False
+        self._failed: str | None = None
+        self.bytes_written = 0
+        self.syncs = 0
+
+    @classmethod
+    def open(cls, directory: Path, *, from_seq: int, segment_bytes: int) -> Journal:
+        """Open the journal whose history before segment `from_seq` lives in a checkpoint.
+
+        Removes segments older than `from_seq` (an interrupted trim), repairs a
+        torn tail of the newest segment, and fsyncs what a crashed writer left
+        unsynced. Raises JournalCorrupt as the module doc says.
+        """
+        directory.mkdir(parents=True, exist_ok=True)
+        found = sorted((int(m.group(1), 16), directory / m.group(0))
+                       for m in (_NAME.fullmatch(name) for name in os.listdir(directory)) if m)
+        for seq, path in found:
+            if seq < from_seq:
+                _log.warning("journal %s: removing segment older than the checkpoint", path)
+                _remove(path)
+        paths = [(seq, path) for seq, path in found if seq >= from_seq]
+        segments: list[_Segment] = []
+        for i, (seq, path) in enumerate(paths):
+            expected = from_seq + i
+            if seq != expected:
+                raise JournalCorrupt(f"{directory}: journal segment {segment_name(expected)} is missing "
+                                     f"(found {path.name}); {_WIPE_ADVICE}")
+            segment = _load_segment(seq, path, is_last=i == len(paths) - 1)
+            if segment is not None:
+                segments.append(segment)
+        if segments:
+            _fsync_file(segments[-1].path)
+        fsync_directory(directory)
+        next_seq = segments[-1].seq + 1 if segments else from_seq
+        return cls(directory, segments, next_seq, segment_bytes)
+
+    def records(self) -> Iterator[JournalRecord]:
+        """Every record in order, read back from disk (for replay after open())."""
+        for segment in list(self._segments):
+            with open(segment.path, "rb") as file:
+                buf = file.read(segment.size)
+            scan = scan_journal(buf, FILE_HEADER_BYTES)
+            if scan.stop is not None or len(buf) != segment.size:
+                raise JournalCorrupt(f"{segment.path}: changed on disk since the journal was opened; {_WIPE_ADVICE}")
+            yield from scan.records
+
+    @property
+    def current_seq(self) -> int:
+        """The seq records go to next (the newest segment, or the one to be created)."""
+        return self._segments[-1].seq if self._segments else self._next_seq
+
+    def size_bytes(self) -> int:
+        return sum(segment.size for segment in self._segments)
+
+    def segment_count(self) -> int:
+        return len(self._segments)
+
+    def append(self, records: list[bytes]) -> None:
+        """Write encoded records after the newest one, in one write. Not durable until sync()."""
+        self._check_usable()
+        if not records:
+            return
+        if not self._segments or (self._segments[-1].size > FILE_HEADER_BYTES
+                                  and self._segments[-1].size >= self._segment_bytes):
+            self._guarded(self._roll)
+        data = b"".join(records)
+        self._guarded(write_all, self._current_fd(), data)
+        self._segments[-1].size += len(data)
+        self.bytes_written += len(data)
+        self._dirty = True
+
+    def sync(self) -> None:
+        """Make every appended record durable: the group-commit point (one fsync, plus the directory's
+        after a segment was created)."""
+        self._check_usable()
+        if self._dirty:
+            self._guarded(os.fsync, self._current_fd())
+            self.syncs += 1
+        if self._dir_dirty:
+            self._guarded(fsync_directory, self.directory)
+        self._dirty = self._dir_dirty = False
+
+    def roll(self) -> int:
+        """Start a new segment unless the newest holds no record yet, durably; return its seq.
+
+        A checkpoint calls this first: every record at or after the returned
+        seq was written after the index image the checkpoint then takes.
+        """
+        self._check_usable()
+        if not self._segments or self._segments[-1].size > FILE_HEADER_BYTES:
+            self._guarded(self._roll)
+        self.sync()
+        return self._segments[-1].seq
+
+    def _roll(self) -> None:
+        self._close_current()
+        seq = self._next_seq
+        path = self.directory / segment_name(seq)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        self._fd = fd
+        header = encode_file_header(JOURNAL_MAGIC, seq)
+        write_all(fd, header)
+        self._segments.append(_Segment(seq, path, len(header)))
+        self._next_seq = seq + 1
+        self._dirty = self._dir_dirty = True
+        self.bytes_written += len(header)
+
+    def trim_before(self, seq: int) -> int:
+        """Delete whole segments older than `seq`, oldest first, each removal durable; return how many."""
+        self._check_usable()
+        removed = 0
+        while self._segments and self._segments[0].seq < seq and len(self._segments) > 1:
+            segment = self._segments.pop(0)
+            self._guarded(_remove, segment.path)
+            removed += 1
+        return removed
+
+    def close(self) -> None:
+        """Release the file descriptor (does not sync)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def _current_fd(self) -> int:
+        if self._fd is None:
+            self._fd = os.open(self._segments[-1].path, os.O_WRONLY | os.O_APPEND)
+        return self._fd
+
+    def _close_current(self) -> None:
+        # The segment is fsynced before the next exists: only the newest may hold unsynced bytes.
+        if self._fd is None:
+            return
+        if self._dirty:
+            os.fsync(self._fd)
+            self.syncs += 1
+            self._dirty = False
+        os.close(self._fd)
+        self._fd = None
+
+    def _check_usable(self) -> None:
+        if self._failed is not None:
+            raise StorageError(f"journal {self.directory} failed earlier ({self._failed}); restart the bookie")
+
+    def _guarded(self, operation: Callable[..., _T], *args: object) -> _T:
+        try:
+            return operation(*args)
+        except OSError as err:
+            self._failed = f"{type(err).__name__}: {err}"
+            raise StorageError(f"journal {self.directory}: {self._failed}; restart the bookie") from err
+
+
+def _load_segment(seq: int, path: Path, *, is_last: bool) -> _Segment | None:
+    buf = path.read_bytes()
+    if decode_file_header(buf, JOURNAL_MAGIC) != seq:
+        if is_last and not scan_journal(buf, min(len(buf), FILE_HEADER_BYTES)).records:
+            _log.warning("journal %s: removing newest segment with a torn header and no record", path)
+            _remove(path)
+            return None
+        raise JournalCorrupt(f"{path}: segment header is invalid; {_WIPE_ADVICE}")
+    scan = scan_journal(buf, FILE_HEADER_BYTES)
+    if scan.stop is not None:
+        if not is_last:
+            raise JournalCorrupt(f"{path}: {scan.stop}; {_WIPE_ADVICE}")
+        if isinstance(scan.stop, CorruptRecord) and _valid_record_follows(buf, scan.end):
+            raise JournalCorrupt(f"{path}: {scan.stop}, followed by valid records; {_WIPE_ADVICE}")
+        _log.warning("journal %s: truncating torn tail at offset %d (%d bytes): %s",
+                     path, scan.end, len(buf) - scan.end, scan.stop)
+        _truncate(path, scan.end)
+    return _Segment(seq, path, scan.end)
+
+
+def _valid_record_follows(buf: bytes, offset: int) -> bool:
+    """Whether the record after a corrupt one (skipped by its length) decodes: then the damage is
+    inside history, not a torn write at its end."""
+    (length,) = struct.unpack_from(">I", buf, offset)
+    try:
+        decode_journal_record(buf, offset + FRAME_BYTES + length)
+    except (StorageError, ValueError):
+        return False
+    return True
+
+
+def _truncate(path: Path, size: int) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.ftruncate(fd, size)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _remove(path: Path) -> None:
+    path.unlink()
+    fsync_directory(path.parent)

@@ -1,0 +1,532 @@
+"""BookieStorage: one bookie's durable entry store (trio edge).
+
+BookKeeper's design, simplified (docs/bookie_storage.md has the formats and
+the crash rules):
+
+- every add, master-key binding, fence, explicit LAC and deletion is a
+  CRC-framed journal record; an add is acknowledged only once its record is
+  fsynced (seed 001: "A bookie acknowledges a write once it has been
+  persisted to disk");
+- entries also go to entry log files (no fsync per add) and an in-memory
+  index maps (ledger, entry) to their place;
+- a checkpoint fsyncs the entry logs, writes the index image (tmp + fsync +
+  rename) with the journal position it covers, and trims the journal before it.
+
+Group commit: callers do not write. Each add_batch/fence/write_lac/delete puts
+its records in the open batch; whichever caller finds no write in flight
+becomes the writer and writes everything pending with one write() and one
+fsync in a worker thread (never on the event loop), shielded from its own
+cancellation because other callers wait on that batch. Adds that arrive while
+a batch is being fsynced all go into the next one, so under load one fsync
+covers many adds from many connections.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import trio
+
+from bookie.entry import EntryFormatError, parse_header
+from bookie.errors import (BadRequest, BookieError, BookieReadOnly, EntryTooLarge, LedgerFenced, NoSuchEntry,
+                           NoSuchLedger, StorageError, Unauthorized)
+from bookie.index import LedgerState, Location, record_size
+from bookie.storage_codec import FILE_HEADER_BYTES, JournalRecord, Kind, encode_journal_record, scan_entry_log
+from bookie.storage_config import (MASTER_KEY_BYTES, MAX_ID, AddRequest, BookieStorageConfig, CompactionStats)
+from bookie.checkpoint import Checkpoint
+from bookie.storage_recovery import CHECKPOINT, disk_usage_fraction, recover, write_checkpoint
+
+_log = logging.getLogger("quire.bookie.storage")
+
+__all__ = ["AddRequest", "BookieStorage", "BookieStorageConfig", "CompactionStats"]
+
+
+class _Batch:
+    """Records waiting for one journal write + fsync, and the entries they carry."""
+
+    __slots__ = ("records", "entries", "done", "error")
+
+    def __init__(self) -> None:
+        self.records: list[bytes] = []
+        self.entries: list[tuple[int, int, bytes, int]] = []  # ledger, entry, packaged entry, its LAC field
+        self.done = trio.Event()
+        self.error: StorageError | None = None
+
+
+class BookieStorage:
+    """One bookie's journal, entry logs, index, fence flags, explicit LACs and cookie.
+
+    Open with `await BookieStorage.open(directory, bookie_id, config)`. All
+    methods are called from one trio run. Background work: start
+    `await nursery.start(storage.run)` to checkpoint on the size/interval
+    triggers of the config, re-check the disk and compact; or call
+    checkpoint(), check_disk() and compact() yourself.
+
+    Reads (read, lac, last_entry, is_fenced, ledgers) are synchronous: an index
+    lookup and one pread of the record, done on the event loop (a cold read
+    blocks the loop for one disk read; it also means reads never race the
+    removal of a compacted entry log). Per-request outcomes are the BookieError
+    classes of bookie/errors.py; StorageError means the disk failed or the
+    directory cannot be used: stop serving and restart the bookie.
+    """
+
+    def __init__(self, directory: Path, config: BookieStorageConfig, recovered) -> None:
+        """Internal: use BookieStorage.open()."""
+        self.directory = directory
+        self.config = config
+        self.cookie = recovered.cookie
+        self._index = recovered.index
+        self._journal = recovered.journal
+        self._entrylogs = recovered.entrylogs
+        self._open_batch = _Batch()
+        self._busy = False  # a batch write, checkpoint or compaction holds the disk
+        self._idle = trio.Event()
+        self._lac_events: dict[int, trio.Event] = {}
+        self._checkpoint_wanted = trio.Event()
+        self._journal_bytes_at_checkpoint = 0
+        self._read_only = False
+        self._disk_usage = 0.0
+        self._failed: str | None = None
+        self._closed = False
+        self._stats = dict(adds=0, add_bytes=0, adds_refused=0, batches=0, journal_records=0, checkpoints=0,
+                           compactions=0, reads=0, replayed_records=recovered.replayed_records)
+
+    # --- opening -------------------------------------------------------------------------
+
+    @classmethod
+    async def open(cls, directory: Path, bookie_id: int, config: BookieStorageConfig | None = None, *,
+                   instance_id: str | None = None, cluster: str | None = None) -> BookieStorage:
+        """Open (creating if fresh) the bookie directory and recover its state.
+
+        A fresh directory gets a cookie with a new random instance id (see
+        `instance_id`; the service records it in the metastore). Raises
+        CookieMismatch if the directory belongs to another bookie id, cluster
+        or instance, or has no cookie while `instance_id` (what the metastore
+        recorded) is given; StorageError if the journal, checkpoint or entry
+        logs are damaged beyond a torn tail.
+        """
+        config = config or BookieStorageConfig()
+        directory = Path(directory)
+        recovered = await trio.to_thread.run_sync(recover, directory, bookie_id, config, instance_id, cluster)
+        storage = cls(directory, config, recovered)
+        storage._journal_bytes_at_checkpoint = 0
+        await storage.check_disk()
+        return storage
+
+    @property
+    def instance_id(self) -> str:
+        """The random id this directory's cookie was created with."""
+        return self.cookie.instance_id
+
+    # --- writes -------------------------------------------------------------------------
+
+    async def add_batch(self, adds: list[AddRequest]) -> list[BookieError | None]:
+        """Store entries; return one outcome per add (None: stored, durably).
+
+        Returns when every accepted add's journal record is fsynced, together
+        with whatever else is pending (group commit). Refusals: BadRequest (the
+        header's ids differ from the request's, malformed entry or key),
+        EntryTooLarge, BookieReadOnly, NoSuchLedger (the ledger was deleted
+        here), Unauthorized (another master key is bound), LedgerFenced (fenced
+        and not a recovery add). Re-adding a stored entry is a success.
+        """
+        self._check_usable()
+        records: list[bytes] = []
+        entries: list[tuple[int, int, bytes, int]] = []
+        results = [self._admit(req, records, entries) for req in adds]
+        self._stats["adds_refused"] += sum(1 for r in results if r is not None)
+        if records:
+            await self._commit(records, entries)
+        return results
+
+    async def add(self, req: AddRequest) -> None:
+        """add_batch of one; raises its refusal."""
+        (error,) = await self.add_batch([req])
+        if error is not None:
+            raise error
+
+    def _admit(self, req: AddRequest, records: list[bytes], entries: list) -> BookieError | None:
+        if self._read_only:
+            return BookieReadOnly(f"bookie disk is {self._disk_usage:.1%} full (threshold "
+                                  f"{self.config.disk_usage_threshold:.0%}): it refuses adds; write elsewhere")
+        if len(req.data) > self.config.max_entry_bytes:
+            return EntryTooLarge(f"entry of {len(req.data)} bytes exceeds max_entry_bytes "
+                                 f"{self.config.max_entry_bytes}")
+        try:
+            header = parse_header(req.data)
+        except EntryFormatError as err:
+            return BadRequest(f"ledger {req.ledger_id} entry {req.entry_id}: {err}")
+        if (header.ledger_id, header.entry_id) != (req.ledger_id, req.entry_id):
+            return BadRequest(f"request for ledger {req.ledger_id} entry {req.entry_id} carries an entry of "
+                              f"ledger {header.ledger_id} entry {header.entry_id}")
+        try:
+            state = self._bind(req.ledger_id, req.master_key, records)
+        except BookieError as err:
+            return err
+        if state.fenced and not req.recovery:
+            return LedgerFenced(f"ledger {req.ledger_id} is fenced on this bookie: a recoverer took it over")
+        if state.entries.get(req.entry_id) is not None:
+            return None  # already stored and durable (indexed only after its fsync)
+        records.append(encode_journal_record(JournalRecord(Kind.ADD, req.ledger_id, req.entry_id, req.data)))
+        entries.append((req.ledger_id, req.entry_id, req.data, header.lac))
+        return None
+
+    def _bind(self, ledger_id: int, master_key: bytes, records: list[bytes]) -> LedgerState:
+        """The ledger's state, bound to `master_key` if unbound (a KEY record joins `records`)."""
+        _check_id(ledger_id, "ledger")
+        if len(master_key) != MASTER_KEY_BYTES:
+            raise BadRequest(f"master key must be {MASTER_KEY_BYTES} bytes, got {len(master_key)}")
+        if ledger_id in self._index.deleted:
+            raise NoSuchLedger(f"ledger {ledger_id} was deleted from this bookie")
+        state = self._index.state_for_write(ledger_id)
+        if state.master_key is None:
+            state.master_key = bytes(master_key)
+            records.append(encode_journal_record(JournalRecord(Kind.KEY, ledger_id, 0, state.master_key)))
+        elif not hmac.compare_digest(state.master_key, master_key):
+            raise Unauthorized(f"ledger {ledger_id} is bound to another master key: wrong password")
+        return state
+
+    async def fence(self, ledger_id: int, master_key: bytes) -> int:
+        """Fence the ledger durably and return this bookie's LAC for it (NO_ENTRY if none).
+
+        From the moment this is called, non-recovery adds are refused; it
+        returns once the fence record is fsynced. Fencing a ledger never seen
+        here creates its state, so a late add is refused too. Raises
+        Unauthorized, NoSuchLedger (deleted here), BadRequest.
+        """
+        self._check_usable()
+        records: list[bytes] = []
+        state = self._bind(ledger_id, master_key, records)
+        state.fenced = True
+        records.append(encode_journal_record(JournalRecord(Kind.FENCE, ledger_id)))
+        await self._commit(records, [])
+        return state.lac
+
+    async def write_lac(self, ledger_id: int, lac: int, master_key: bytes) -> None:
+        """Persist an explicit LAC (the writer's, when no add carries it); the LAC never goes down."""
+        self._check_usable()
+        if not -1 <= lac <= MAX_ID:
+            raise BadRequest(f"LAC {lac} is not an entry id or -1")
+        records: list[bytes] = []
+        self._bind(ledger_id, master_key, records)
+        records.append(encode_journal_record(JournalRecord(Kind.LAC, ledger_id, lac)))
+        await self._commit(records, [])
+        state = self._index.state(ledger_id)
+        if state is not None and lac > state.explicit_lac:
+            state.explicit_lac = lac
+            self._notify(ledger_id)
+
+    async def delete_ledgers(self, ledger_ids: Iterable[int]) -> None:
+        """Drop ledgers from the index, durably (journal now, checkpoint later); reads answer
+        NoSuchLedger at once and adds are refused. Disk space returns with compact()."""
+        self._check_usable()
+        records = []
+        for ledger_id in ledger_ids:
+            _check_id(ledger_id, "ledger")
+            if ledger_id in self._index.deleted:
+                continue
+            self._index.delete(ledger_id)
+            self._notify(ledger_id)
+            records.append(encode_journal_record(JournalRecord(Kind.DELETE, ledger_id)))
+        if records:
+            await self._commit(records, [])
+
+    # --- group commit ------------------------------------------------------------------------
+
+    async def _commit(self, records: list[bytes], entries: list) -> None:
+        """Join the open batch and return once it is durable (writing it ourselves if nobody is)."""
+        batch = self._open_batch
+        batch.records.extend(records)
+        batch.entries.extend(entries)
+        while not batch.done.is_set():
+            if self._busy:
+                await self._idle.wait()
+            else:
+                with trio.CancelScope(shield=True):
+                    async with self._disk():
+                        await self._write_open_batch()
+        if batch.error is not None:
+            raise batch.error
+
+    async def _write_open_batch(self) -> None:
+        batch, self._open_batch = self._open_batch, _Batch()
+        try:
+            if self._closed or self._failed is not None:
+                raise StorageError(f"bookie storage {self.directory} is closed or failed; restart the bookie")
+            locations = await trio.to_thread.run_sync(self._write_batch, batch)
+            self._apply(batch, locations)
+        except BaseException as err:
+            # Every waiter of this batch must learn that it is not durable; a bug still crashes.
+            self._failed = self._failed or f"{type(err).__name__}: {err}"
+            batch.error = err if isinstance(err, StorageError) else StorageError(
+                f"bookie storage {self.directory}: batch write failed ({err!r}); restart the bookie")
+            if not isinstance(err, StorageError):
+                raise
+        finally:
+            batch.done.set()
+
+    def _write_batch(self, batch: _Batch) -> list[Location]:
+        """Worker thread: one journal write, the entry log appends, one fsync."""
+        self._journal.append(batch.records)
+        try:
+            locations = self._entrylogs.append([(lg, e, data) for lg, e, data, _ in batch.entries])
+        except OSError as err:
+            raise StorageError(f"entry logs in {self.directory}: {err}; restart the bookie") from err
+        self._journal.sync()
+        return locations
+
+    def _apply(self, batch: _Batch, locations: list[Location]) -> None:
+        """After the fsync: index the entries (now readable) and wake LAC waiters."""
+        touched = set()
+        for (ledger_id, entry_id, data, lac), where in zip(batch.entries, locations):
+            self._index.put(ledger_id, entry_id, lac, where, record_size(len(data)))
+            touched.add(ledger_id)
+            self._stats["add_bytes"] += len(data)
+        for ledger_id in touched:
+            self._notify(ledger_id)
+        self._stats["adds"] += len(batch.entries)
+        self._stats["batches"] += 1
+        self._stats["journal_records"] += len(batch.records)
+        if self._journal.bytes_written - self._journal_bytes_at_checkpoint >= self.config.checkpoint_every_bytes:
+            self._checkpoint_wanted.set()
+
+    @asynccontextmanager
+    async def _disk(self) -> AsyncIterator[None]:
+        """Hold the disk: one batch write, checkpoint or compaction at a time."""
+        while self._busy:
+            await self._idle.wait()
+        self._busy = True
+        try:
+            yield
+        finally:
+            self._busy = False
+            idle, self._idle = self._idle, trio.Event()
+            idle.set()
+
+    # --- reads ------------------------------------------------------------------------
+
+    def read(self, ledger_id: int, entry_id: int) -> bytes:
+        """The packaged entry as it was added. Raises NoSuchLedger, NoSuchEntry, or EntryCorrupt when
+        the stored copy fails its checksum (the reader should ask another replica)."""
+        self._state(ledger_id)
+        where = self._index.get(ledger_id, entry_id)
+        if where is None:
+            raise NoSuchEntry(f"ledger {ledger_id} entry {entry_id} is not stored on this bookie")
+        self._stats["reads"] += 1
+        try:
+            return self._entrylogs.read(where, ledger_id, entry_id)
+        except OSError as err:
+            raise StorageError(f"reading ledger {ledger_id} entry {entry_id}: {err}; check the disk") from err
+
+    def lac(self, ledger_id: int) -> int:
+        """max(LAC field of stored entries, explicit LAC); NO_ENTRY if neither. NoSuchLedger if unknown."""
+        return self._state(ledger_id).lac
+
+    def last_entry(self, ledger_id: int) -> int:
+        """The highest entry id stored here (NO_ENTRY if none). NoSuchLedger if unknown."""
+        return self._state(ledger_id).last_entry
+
+    def is_fenced(self, ledger_id: int) -> bool:
+        state = self._index.state(ledger_id)
+        return state is not None and state.fenced
+
+    def ledgers(self) -> list[int]:
+        """Ids of the ledgers this bookie holds state for (not deleted ones), ascending."""
+        return sorted(self._index.ledgers)
+
+    async def wait_lac(self, ledger_id: int, beyond: int) -> int:
+        """Return the ledger's LAC once it is greater than `beyond` (long-poll reads; bound it with
+        a cancel scope). Waits for a ledger not seen yet; raises NoSuchLedger if it is deleted."""
+        while True:
+            if ledger_id in self._index.deleted:
+                raise NoSuchLedger(f"ledger {ledger_id} was deleted from this bookie")
+            state = self._index.state(ledger_id)
+            if state is not None and state.lac > beyond:
+                return state.lac
+            event = self._lac_events.get(ledger_id)
+            if event is None:
+                event = self._lac_events[ledger_id] = trio.Event()
+            await event.wait()
+
+    def _state(self, ledger_id: int) -> LedgerState:
+        state = self._index.state(ledger_id)
+        if state is None:
+            raise NoSuchLedger(f"ledger {ledger_id} is not on this bookie")
+        return state
+
+    def _notify(self, ledger_id: int) -> None:
+        event = self._lac_events.pop(ledger_id, None)
+        if event is not None:
+            event.set()
+
+    # --- checkpoint, compaction, disk ----------------------------------------------------------
+
+    async def checkpoint(self) -> None:
+        """Fsync the entry logs, write the index image (tmp+fsync+rename) with the journal position it
+        covers, and delete the journal segments before that position."""
+        self._check_usable()
+        async with self._disk():
+            await self._checkpoint_locked()
+
+    async def _checkpoint_locked(self) -> None:
+        # No batch is in flight: the index reflects every journal record written so far, and
+        # everything later goes to the segment roll() starts.
+        seq = await trio.to_thread.run_sync(self._journal.roll)
+        image = self._index.copy()
+        self._journal_bytes_at_checkpoint = self._journal.bytes_written
+        self._checkpoint_wanted = trio.Event()
+
+        def work() -> int:
+            sizes = self._entrylogs.sync()
+            logs = {log_id: (size, image.live_bytes.get(log_id, 0)) for log_id, size in sizes.items()}
+            written = write_checkpoint(self.directory / CHECKPOINT,
+                                       Checkpoint(seq, self._entrylogs.next_log_id, logs, image))
+            self._journal.trim_before(seq)
+            return written
+
+        try:
+            size = await trio.to_thread.run_sync(work)
+        except OSError as err:
+            self._failed = f"checkpoint: {err}"
+            raise StorageError(f"checkpoint of {self.directory} failed: {err}; restart the bookie") from err
+        self._stats["checkpoints"] += 1
+        _log.info("event=bookie_checkpoint journal_seq=%d bytes=%d ledgers=%d", seq, size, len(image.ledgers))
+
+    async def compact(self) -> CompactionStats:
+        """Rewrite entry logs whose live fraction is below config.compaction_threshold into the
+        current log, checkpoint so the new places are durable, then delete the old logs."""
+        self._check_usable()
+        async with self._disk():
+            sizes = self._entrylogs.sizes()
+            current = self._entrylogs.current_id()
+            victims = [log_id for log_id, size in sorted(sizes.items())
+                       if log_id != current and self._live_fraction(log_id, size) < self.config.compaction_threshold]
+            if not victims:
+                return CompactionStats()
+            moved = moved_bytes = 0
+            for log_id in victims:
+                count, nbytes = await self._compact_log(log_id)
+                moved += count
+                moved_bytes += nbytes
+            await self._checkpoint_locked()
+            self._entrylogs.remove(victims)
+            for log_id in victims:
+                self._index.live_bytes.pop(log_id, None)
+        self._stats["compactions"] += 1
+        freed = sum(sizes[log_id] for log_id in victims) - moved_bytes
+        _log.info("event=bookie_compaction logs=%d entries_moved=%d bytes_freed=%d", len(victims), moved, freed)
+        return CompactionStats(len(victims), moved, moved_bytes, freed)
+
+    def _live_fraction(self, log_id: int, size: int) -> float:
+        payload = size - FILE_HEADER_BYTES
+        return self._index.live_bytes.get(log_id, 0) / payload if payload > 0 else 0.0
+
+    async def _compact_log(self, log_id: int) -> tuple[int, int]:
+        """Copy the still-indexed records of one log to the current log; point the index at them."""
+        _, buf = await trio.to_thread.run_sync(self._entrylogs.read_whole, log_id)
+        records, _, stop = await trio.to_thread.run_sync(scan_entry_log, buf)
+        if stop is not None:
+            raise StorageError(f"entry log {log_id} is damaged ({stop}); compaction stopped: check the disk")
+        live = []
+        for i, (ledger_id, entry_id, offset, length) in enumerate(records):
+            if self._index.get(ledger_id, entry_id) == Location(log_id, offset, length):
+                live.append((ledger_id, entry_id, offset, length))
+            if i % 10_000 == 9_999:
+                await trio.sleep(0)  # keep serving while a big log is sifted
+        items = [(lg, e, buf[off + record_size(0): off + record_size(n)]) for lg, e, off, n in live]
+        try:
+            locations = await trio.to_thread.run_sync(self._entrylogs.append, items)
+        except OSError as err:
+            self._failed = f"compaction: {err}"
+            raise StorageError(f"compaction of {self.directory} failed: {err}; restart the bookie") from err
+        moved_bytes = 0
+        for (ledger_id, entry_id, offset, length), where in zip(live, locations):
+            if self._index.move(ledger_id, entry_id, Location(log_id, offset, length), where, record_size(length)):
+                moved_bytes += record_size(length)
+        return len(live), moved_bytes
+
+    @property
+    def read_only(self) -> bool:
+        """True while the disk is above config.disk_usage_threshold: adds are refused."""
+        return self._read_only
+
+    async def check_disk(self) -> bool:
+        """Recompute read-only from the filesystem's usage; return read_only."""
+        usage = await trio.to_thread.run_sync(disk_usage_fraction, self.directory)
+        read_only = usage > self.config.disk_usage_threshold
+        if read_only != self._read_only:
+            _log.warning("event=bookie_%s disk_usage=%.3f threshold=%.3f",
+                         "read_only" if read_only else "writable", usage, self.config.disk_usage_threshold)
+        self._read_only, self._disk_usage = read_only, usage
+        return read_only
+
+    async def run(self, *, task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
+        """Background duties until cancelled: checkpoint when checkpoint_every_bytes of journal were
+        written or checkpoint_interval_ms passed with writes; re-check the disk; compact."""
+        config = self.config
+        now = trio.current_time()
+        last = {"checkpoint": now, "disk": now, "compact": now}
+        intervals = [ms for ms in (config.checkpoint_interval_ms, config.disk_check_interval_ms,
+                                   config.compaction_interval_ms) if ms > 0]
+        tick = min(intervals, default=1000) / 1000
+        task_status.started()
+        while True:
+            with trio.move_on_after(tick):
+                await self._checkpoint_wanted.wait()
+            now = trio.current_time()
+            written = self._journal.bytes_written > self._journal_bytes_at_checkpoint
+            due = config.checkpoint_interval_ms and now - last["checkpoint"] >= config.checkpoint_interval_ms / 1000
+            if self._checkpoint_wanted.is_set() or (written and due):
+                await self.checkpoint()
+                last["checkpoint"] = now
+            if now - last["disk"] >= config.disk_check_interval_ms / 1000:
+                await self.check_disk()
+                last["disk"] = now
+            if config.compaction_interval_ms and now - last["compact"] >= config.compaction_interval_ms / 1000:
+                await self.compact()
+                last["compact"] = now
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def statistics(self) -> dict:
+        """Counters: adds, bytes, batches, fsyncs and adds per fsync (the group-commit gain), journal
+        and entry log sizes, checkpoints, compactions, read-only state."""
+        stats: dict = dict(self._stats)
+        fsyncs = self._journal.syncs
+        stats.update(
+            fsyncs=fsyncs, adds_per_fsync=self._stats["adds"] / fsyncs if fsyncs else 0.0,
+            journal_bytes=self._journal.size_bytes(), journal_segments=self._journal.segment_count(),
+            journal_bytes_written=self._journal.bytes_written,
+            entry_logs=len(self._entrylogs.sizes()), entry_log_bytes=sum(self._entrylogs.sizes().values()),
+            ledgers=len(self._index.ledgers), deleted_ledgers=len(self._index.deleted),
+            entries=self._index.entry_count(), read_only=self._read_only, disk_usage=round(self._disk_usage, 4),
+            pending_records=len(self._open_batch.records), failed=self._failed)
+        return stats
+
+    async def close(self, *, checkpoint: bool = True) -> None:
+        """Checkpoint (unless told not to or failed) and release the files. Unfinished adds fail."""
+        if self._closed:
+            return
+        if checkpoint and self._failed is None:
+            await self.checkpoint()
+        async with self._disk():
+            self._closed = True
+            self._journal.close()
+            self._entrylogs.close()
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise StorageError(f"bookie storage {self.directory} is closed")
+        if self._failed is not None:
+            raise StorageError(f"bookie storage {self.directory} failed earlier ({self._failed}); restart the "
+                               "bookie so that it recovers from its journal")
+
+
+def _check_id(value: int, what: str) -> None:
+    if not 0 <= value <= MAX_ID:
+        raise BadRequest(f"{what} id {value} is not in 0..2**63-1")
+

@@ -1,0 +1,156 @@
+"""Opening a bookie directory: cookie, checkpoint, entry logs, journal replay (edge, synchronous).
+
+BookieStorage.open() runs recover() in a worker thread. Layout of the bookie
+directory (docs/bookie_storage.md):
+
+    cookie          the directory's identity (bookie/cookie.py)
+    checkpoint      the index image and the journal position it covers (bookie/checkpoint.py)
+    journal/        journal.<seq>: adds, keys, fences, LACs, deletions since then
+    entrylogs/      entrylog.<id>: the entries themselves
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from bookie.checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
+from bookie.cookie import Cookie, check_cookie, decode_cookie, encode_cookie
+from bookie.entry import parse_header
+from bookie.entrylog import EntryLogs
+from bookie.errors import StorageError
+from bookie.index import Index, record_size
+from bookie.journal import Journal
+from bookie.storage_codec import JournalRecord, Kind
+from bookie.storage_config import BookieStorageConfig
+from zab.snapshot import ensure_directory, write_atomically
+
+_log = logging.getLogger("quire.bookie.storage")
+COOKIE = "cookie"
+CHECKPOINT = "checkpoint"
+JOURNAL_DIR = "journal"
+ENTRYLOG_DIR = "entrylogs"
+_REPLAY_CHUNK = 1024
+
+
+@dataclass
+class Recovered:
+    cookie: Cookie
+    index: Index
+    journal: Journal
+    entrylogs: EntryLogs
+    replayed_records: int
+
+
+def recover(directory: Path, bookie_id: int, config: BookieStorageConfig, instance_id: str | None,
+            cluster: str | None) -> Recovered:
+    """Check the cookie (creating it on a fresh directory), load the checkpoint, replay the journal."""
+    ensure_directory(directory)
+    cookie = _open_cookie(directory, bookie_id, instance_id, cluster)
+    checkpoint = read_checkpoint(directory / CHECKPOINT)
+    entrylogs = EntryLogs.open(directory / ENTRYLOG_DIR, {k: v[0] for k, v in checkpoint.logs.items()},
+                               checkpoint.next_log_id, config.entry_log_bytes)
+    try:
+        journal = Journal.open(directory / JOURNAL_DIR, from_seq=checkpoint.journal_seq,
+                               segment_bytes=config.journal_segment_bytes)
+    except BaseException:
+        entrylogs.close()
+        raise
+    index = checkpoint.index
+    replayed = replay(journal, index, entrylogs)
+    _log.info("bookie storage %s: checkpoint at journal segment %d, replayed %d journal records, %d ledgers",
+              directory, checkpoint.journal_seq, replayed, len(index.ledgers))
+    return Recovered(cookie, index, journal, entrylogs, replayed)
+
+
+def _open_cookie(directory: Path, bookie_id: int, instance_id: str | None, cluster: str | None) -> Cookie:
+    path = directory / COOKIE
+    found = decode_cookie(path.read_bytes()) if path.exists() else None
+    has_data = any((directory / name).exists() for name in (CHECKPOINT, JOURNAL_DIR, ENTRYLOG_DIR))
+    check_cookie(found, bookie_id=bookie_id, instance_id=instance_id, cluster=cluster, has_data=has_data,
+                 where=str(directory))
+    if found is not None:
+        return found
+    cookie = Cookie(bookie_id, secrets.token_hex(16), cluster or "")
+    # Written before anything else, so a directory with data and no cookie is never ours.
+    write_atomically(path, [encode_cookie(cookie)])
+    return cookie
+
+
+def read_checkpoint(path: Path) -> Checkpoint:
+    """The checkpoint file, or the empty state of a fresh directory (journal from segment 1)."""
+    for leftover in path.parent.glob(path.name + ".tmp"):
+        leftover.unlink()
+    try:
+        buf = path.read_bytes()
+    except FileNotFoundError:
+        return Checkpoint(journal_seq=1, next_log_id=1)
+    try:
+        return decode_checkpoint(buf)
+    except StorageError as err:
+        raise StorageError(f"{path}: {err}; the journal before it is trimmed, so the index cannot be rebuilt "
+                           "here: wipe the bookie directory and decommission its identity") from None
+
+
+def write_checkpoint(path: Path, checkpoint: Checkpoint) -> int:
+    """tmp + fsync + rename + directory fsync; returns the file's size."""
+    chunks = encode_checkpoint(checkpoint)
+    write_atomically(path, chunks)
+    return sum(len(chunk) for chunk in chunks)
+
+
+def replay(journal: Journal, index: Index, entrylogs: EntryLogs) -> int:
+    """Apply the journal after the checkpoint; ADDs missing from the index go to the entry logs again.
+
+    Idempotent over a checkpoint that already holds some effects (a fence is
+    set in memory before its record is written, and may be in the image).
+    """
+    count = 0
+    pending: list[JournalRecord] = []
+    for record in journal.records():
+        count += 1
+        if record.kind is Kind.ADD:
+            pending.append(record)
+            if len(pending) >= _REPLAY_CHUNK:
+                _replay_adds(pending, index, entrylogs)
+                pending = []
+            continue
+        _replay_adds(pending, index, entrylogs)
+        pending = []
+        apply_state_record(record, index)
+    _replay_adds(pending, index, entrylogs)
+    return count
+
+
+def apply_state_record(record: JournalRecord, index: Index) -> None:
+    """KEY, FENCE, LAC or DELETE onto the index (ADDs carry entries and are handled apart)."""
+    if record.kind is Kind.DELETE:
+        index.delete(record.ledger_id)
+        return
+    if record.ledger_id in index.deleted:
+        return
+    state = index.state_for_write(record.ledger_id)
+    if record.kind is Kind.KEY:
+        state.master_key = state.master_key or record.data
+    elif record.kind is Kind.FENCE:
+        state.fenced = True
+    elif record.kind is Kind.LAC:
+        state.explicit_lac = max(state.explicit_lac, record.value)
+
+
+def _replay_adds(records: list[JournalRecord], index: Index, entrylogs: EntryLogs) -> None:
+    todo = [r for r in records if r.ledger_id not in index.deleted and index.get(r.ledger_id, r.value) is None]
+    if not todo:
+        return
+    locations = entrylogs.append([(r.ledger_id, r.value, r.data) for r in todo])
+    for record, where in zip(todo, locations):
+        index.put(record.ledger_id, record.value, parse_header(record.data).lac, where, record_size(len(record.data)))
+
+
+def disk_usage_fraction(directory: Path) -> float:
+    """The fraction of the filesystem holding `directory` that is in use (shutil.disk_usage)."""
+    usage = shutil.disk_usage(directory)
+    return usage.used / usage.total if usage.total else 1.0
