@@ -30,7 +30,8 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
-from collections.abc import Iterable
+import struct
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import trio
@@ -84,10 +85,11 @@ class PendingRequest:
 
     `tag` is the caller's: e.g. the (entry id, bookie id) a Completions consumer needs."""
 
-    __slots__ = ("request_id", "kind", "tag", "deadline", "_value", "_error", "_done", "_event", "_sink")
+    __slots__ = ("client", "request_id", "kind", "tag", "deadline", "_value", "_error", "_done", "_event", "_sink")
 
-    def __init__(self, request_id: int, kind: P.Kind, deadline: float, tag: Any = None,
+    def __init__(self, client: BookieClient, request_id: int, kind: P.Kind, deadline: float, tag: Any = None,
                  sink: Completions | None = None) -> None:
+        self.client = client  # client.bookie_id says which bookie (set by BookiePool)
         self.request_id = request_id
         self.kind = kind
         self.tag = tag
@@ -142,8 +144,10 @@ class BookieClient:
     unless the call gives its own."""
 
     def __init__(self, host: str, port: int, *, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 connect_timeout_s: float = CONNECT_TIMEOUT_S, max_frame_bytes: int = (64 << 20)) -> None:
+                 connect_timeout_s: float = CONNECT_TIMEOUT_S, max_frame_bytes: int = (64 << 20),
+                 bookie_id: int | None = None, request_ids: Iterator[int] | None = None) -> None:
         self.host, self.port = host, port
+        self.bookie_id = bookie_id
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
         self.max_frame_bytes = max_frame_bytes
@@ -155,7 +159,8 @@ class BookieClient:
         self._closed = False
         self._retry_at = 0.0
         self._backoff_s = BACKOFF_MIN_S
-        self._ids = itertools.count(1)
+        self._ids = request_ids if request_ids is not None else itertools.count(1)
+        self._clock = 0.0  # trio time, refreshed by the sweeper: no clock read per request
         self._pending: dict[int, PendingRequest] = {}
         self._by_deadline: collections.deque[PendingRequest] = collections.deque()  # default timeouts: in order
         self._other_deadlines: list[PendingRequest] = []  # per-call timeouts and long polls
@@ -276,12 +281,15 @@ class BookieClient:
     # -- machinery -----------------------------------------------------------------------
     def _submit(self, rid: int, kind: P.Kind, frame: bytes, timeout_s: float | None, tag: Any,
                 sink: Completions | None) -> PendingRequest:
-        now = trio.current_time()
-        pending = PendingRequest(rid, kind, now + (self.timeout_s if timeout_s is None else timeout_s), tag, sink)
+        if not self._connected and not self._connecting:
+            self._clock = trio.current_time()
+        deadline = self._clock + (self.timeout_s if timeout_s is None else timeout_s)
+        pending = PendingRequest(self, rid, kind, deadline, tag, sink)
         if self._closed or self._nursery is None:
             pending._finish(None, BookieUnavailable(f"the client of bookie {self.host}:{self.port} is not running"))
             return pending
         if not (self._connected or self._connecting):
+            now = self._clock
             if now < self._retry_at:
                 self.stats["fast_failures"] += 1
                 pending._finish(None, BookieUnavailable(
@@ -348,12 +356,22 @@ class BookieClient:
         """Match answers to pending requests until the connection ends; returns why."""
         splitter = P.FrameSplitter(self.max_frame_bytes)
         pending = self._pending
+        add_ok_size, add_ok_code, rid_of = _ADD_OK_SIZE, _ADD_OK_CODE, _RID.unpack_from
         while True:
             data = await stream.receive_some(RECEIVE_BYTES)
             if not data:
                 return "the bookie closed the connection"
             try:
                 for body in splitter.feed(data):
+                    if len(body) == add_ok_size and body[:2] == add_ok_code and body[10] == 0:
+                        # The hot path, a successful ADD: only the request id matters.
+                        p = pending.pop(rid_of(body, 2)[0], None)
+                        if p is None:
+                            continue  # timed out already
+                        if p.kind is not P.Kind.ADD:
+                            return f"protocol violation: an ADD answer to a {p.kind.name} request"
+                        p._finish(None, None)
+                        continue
                     resp = P.decode_response(body)
                     p = pending.pop(resp.request_id, None)
                     if p is None:
@@ -370,7 +388,7 @@ class BookieClient:
         """Fail requests whose deadline passed (the connection stays: a slow disk is not a lost link)."""
         while True:
             await trio.sleep(SWEEP_S)
-            now = trio.current_time()
+            self._clock = now = trio.current_time()
             queue = self._by_deadline
             while queue and (queue[0]._done or queue[0].deadline <= now):
                 self._expire(queue.popleft())
@@ -386,6 +404,11 @@ class BookieClient:
             self.stats["timeouts"] += 1
             p._finish(None, BookieUnavailable(
                 f"bookie {self.host}:{self.port} did not answer a {p.kind.name} in time; its outcome is unknown"))
+
+
+_ADD_OK_SIZE = len(P.encode_response(P.Response(0, P.Kind.ADD, P.Status.OK, 0, 0))) - P.FRAME.size
+_ADD_OK_CODE = bytes((P.VERSION, P.Kind.ADD | P.RESPONSE_BIT))
+_RID = struct.Struct(">Q")
 
 
 def _complete(p: PendingRequest, resp: P.Response) -> None:
@@ -412,6 +435,7 @@ class BookiePool:
         self._addresses: dict[int, tuple[str, int]] = dict(addresses or {})
         self._clients: dict[int, BookieClient] = {}
         self._options = client_options
+        self._ids = itertools.count(1)
         self._nursery: trio.Nursery | None = None
         self._nursery_cm: Any = None
 
@@ -446,6 +470,14 @@ class BookiePool:
                     self._nursery.start_soon(client.aclose)
         self._addresses = dict(addresses)
 
+    def start_add(self, bookie_ids: Iterable[int], ledger_id: int, entry_id: int, master_key: bytes, data: bytes,
+                  recovery: bool = False, *, tag: Any = None, sink: Completions | None = None) -> list[PendingRequest]:
+        """Queue one ADD to each of `bookie_ids` (an entry's write quorum), encoded once.
+        Each PendingRequest's `.client.bookie_id` says which bookie it went to."""
+        rid = next(self._ids)
+        frame = P.encode_add(rid, ledger_id, entry_id, master_key, data, recovery)
+        return [self.client(b)._submit(rid, P.Kind.ADD, frame, None, tag, sink) for b in bookie_ids]
+
     def client(self, bookie_id: int) -> BookieClient:
         """The client of bookie `bookie_id` (BookieUnavailable if its address is unknown)."""
         client = self._clients.get(bookie_id)
@@ -455,7 +487,9 @@ class BookiePool:
             if bookie_id not in self._addresses:
                 raise BookieUnavailable(f"bookie {bookie_id} is not registered (no known address)")
             host, port = self._addresses[bookie_id]
-            client = self._clients[bookie_id] = BookieClient(host, port, **self._options)
+            # One id sequence for the pool: start_add sends the same frame to several bookies.
+            client = self._clients[bookie_id] = BookieClient(host, port, bookie_id=bookie_id, request_ids=self._ids,
+                                                             **self._options)
             client.start(self._nursery)
         return client
 
