@@ -1,0 +1,283 @@
+"""The writer of one ledger (BookKeeper's LedgerHandle + PendingAddOp), as a pure state machine.
+
+Seed 001, "Writing to the ledger", and what follows from it:
+
+- append assigns the next entry id, packages the entry with the current LAC
+  piggybacked, and sends it to its write quorum (quorum.write_quorum);
+- an entry is acknowledged after Qa acks from its write quorum, and only when
+  every lower entry is acknowledged; the LAC is the last acknowledged entry;
+- a bookie failure starts an ensemble change: a new fragment from the first
+  unacknowledged entry (LAC + 1) with the failed bookie replaced, written by
+  CAS; on a lost CAS the metadata is re-read, and if the ledger is no longer
+  OPEN every outstanding append fails with an unknown outcome;
+- LedgerFenced from any bookie: a recoverer took over. Stop and fail every
+  outstanding append as "outcome unknown", never a false success.
+
+The ack rule that BookKeeper got wrong several times (#1591, #4651, #4097):
+an ack counts only if its bookie is in the entry's write quorum *as the
+committed metadata records it*. While an ensemble-change CAS is in flight no
+entry is acknowledged at all (acks are kept, and judged against the ensemble
+that the CAS commits); acks from a bookie that the change replaced never
+count. Appends made during the change are packaged at once but sent only once
+the new ensemble is committed. So every acknowledged entry has Qa copies on
+bookies that the metadata names for it.
+
+Events in: AddAcked, AddFailed, BookiesChosen, MetadataWritten,
+MetadataBadVersion, MetadataRead, Tick. Calls in: append(payload),
+close(). Actions out: SendAdd, SendLac, ChooseBookies, WriteMetadata,
+ReadMetadata, Acknowledge, FailAdds, Completed/Failed (of the close).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from bookie import errors as B
+from bookie.entry import NO_ENTRY, Digester
+from ledger.actions import (Acknowledge, Action, AddAcked, AddFailed, BookiesChosen, ChooseBookies, Event,
+                            FailAdds, Failed, MetadataBadVersion, MetadataRead, MetadataWritten, ReadMetadata,
+                            SendAdd, SendLac, Tick, WriteMetadata)
+from ledger.close_op import CloseOp
+from ledger.errors import (EntryTooLarge, LedgerClosed, LedgerClosedUnderWriter, LedgerError, LedgerFenced,
+                           LedgerStateError, NotEnoughBookies, WrongPassword)
+from ledger.metadata import LedgerMetadata, LedgerState
+from ledger.quorum import write_quorum
+
+
+class WriterState(enum.Enum):
+    OPEN = "open"          # taking appends
+    CLOSING = "closing"    # close requested: draining outstanding appends, then the close CAS
+    CLOSED = "closed"      # closed by us
+    BROKEN = "broken"      # fenced, closed under us, out of bookies, ...: nothing more will succeed
+
+
+@dataclass(slots=True)
+class PendingAdd:
+    entry_id: int
+    data: bytes               # packaged: ids, piggybacked LAC, length, digest, payload
+    length: int               # ledger length in bytes through this entry
+    sent_to: set[int] = field(default_factory=set)
+    acks: set[int] = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class EnsembleChange:
+    first_entry: int                            # the first unacknowledged entry when it began
+    replacing: tuple[int, ...]                  # failed bookies of the last ensemble
+    proposed: LedgerMetadata | None = None      # set once bookies are chosen and the CAS is sent
+
+
+class Writer:
+    """The write side of one OPEN ledger. Drive it with append/close/step; execute the actions in order."""
+
+    def __init__(self, metadata: LedgerMetadata, version: int, digester: Digester, *,
+                 explicit_lac: bool = True) -> None:
+        if metadata.state is not LedgerState.OPEN:
+            raise LedgerStateError(f"ledger {metadata.ledger_id} is {metadata.state.value}, not OPEN")
+        self.metadata = metadata
+        self.version = version
+        self.digester = digester
+        self.explicit_lac = explicit_lac
+        self.ledger_id = metadata.ledger_id
+        self.lac = NO_ENTRY                 # last entry acknowledged to the application
+        self.length = 0                     # bytes through lac
+        self.next_entry = 0
+        self.appended_length = 0            # bytes through next_entry - 1
+        self.pending: dict[int, PendingAdd] = {}   # insertion order == entry order
+        self.failed_bookies: set[int] = set()
+        self.change: EnsembleChange | None = None
+        self.close_op: CloseOp | None = None
+        self.state = WriterState.OPEN
+        self.error: LedgerError | None = None
+        self.lac_sent = NO_ENTRY            # highest LAC that reached the bookies (piggybacked or explicit)
+        self.ensemble_changes = 0
+
+    # -- the application's calls -----------------------------------------------------------
+    def append(self, payload: bytes) -> tuple[int, list[Action]]:
+        """Assign the next entry id and send it; returns (entry_id, actions)."""
+        if self.state is not WriterState.OPEN:
+            raise self._refusal()
+        entry_id = self.next_entry
+        self.next_entry += 1
+        self.appended_length += len(payload)
+        data = self.digester.package(self.ledger_id, entry_id, self.lac, self.appended_length, payload)
+        add = PendingAdd(entry_id, data, self.appended_length)
+        self.pending[entry_id] = add
+        self.lac_sent = max(self.lac_sent, self.lac)
+        if self.change is not None:
+            return entry_id, []  # sent once the new ensemble is committed
+        return entry_id, self._send(add)
+
+    def close(self) -> list[Action]:
+        """Close as the writer: drain outstanding appends, then CAS to CLOSED at the LAC (seed 001)."""
+        if self.state is WriterState.BROKEN:
+            return [Failed(self.error)]
+        if self.state is not WriterState.OPEN:
+            return [Failed(LedgerStateError(f"ledger {self.ledger_id}: close already requested"))]
+        self.state = WriterState.CLOSING
+        return self._maybe_close()
+
+    def _refusal(self) -> LedgerError:
+        if self.state is WriterState.BROKEN:
+            return self.error
+        return LedgerClosed(self.ledger_id, "this handle is closing or closed")
+
+    # -- events ------------------------------------------------------------------------------
+    def step(self, event: Event) -> list[Action]:
+        if isinstance(event, AddAcked):
+            return self._on_ack(event)
+        if isinstance(event, AddFailed):
+            return self._on_add_failed(event)
+        if isinstance(event, (MetadataWritten, MetadataBadVersion, MetadataRead)):
+            return self._on_metadata(event)
+        if isinstance(event, BookiesChosen):
+            return self._on_bookies_chosen(event.bookies)
+        if isinstance(event, Tick):
+            return []
+        raise TypeError(f"not a writer event: {event!r}")
+
+    def _on_ack(self, event: AddAcked) -> list[Action]:
+        add = self.pending.get(event.entry_id)
+        if add is None or self.state is WriterState.BROKEN or event.bookie not in add.sent_to:
+            return []
+        add.acks.add(event.bookie)
+        return self._acknowledge()
+
+    def _on_add_failed(self, event: AddFailed) -> list[Action]:
+        if self.state in (WriterState.BROKEN, WriterState.CLOSED) or self.close_op is not None:
+            return []  # nothing outstanding any more: the close CAS decides
+        err = event.error
+        if isinstance(err, B.LedgerFenced):
+            return self._break(LedgerFenced(self.ledger_id, f"bookie {event.bookie} refused entry {event.entry_id}"))
+        if isinstance(err, B.Unauthorized):
+            return self._break(WrongPassword(f"bookie {event.bookie} refused ledger {self.ledger_id}'s master key"))
+        if isinstance(err, B.EntryTooLarge):
+            return self._break(EntryTooLarge(f"ledger {self.ledger_id} entry {event.entry_id}: {err}"))
+        add = self.pending.get(event.entry_id)
+        if add is not None:
+            add.acks.discard(event.bookie)
+        if event.bookie not in self.metadata.last_fragment.ensemble:
+            return []  # a bookie an earlier change already replaced
+        self.failed_bookies.add(event.bookie)
+        return self._start_change()
+
+    # -- acknowledging -------------------------------------------------------------------------
+    def _acknowledge(self) -> list[Action]:
+        if self.change is not None:
+            return []  # hold every ack while the ensemble-change CAS is in flight (#4651, #4097)
+        done: list[int] = []
+        qw, qa = self.metadata.write_quorum, self.metadata.ack_quorum
+        for entry_id, add in self.pending.items():
+            quorum = write_quorum(self.metadata.ensemble_for(entry_id), entry_id, qw)
+            if len(add.acks.intersection(quorum)) < qa:
+                break
+            done.append(entry_id)
+            self.lac, self.length = entry_id, add.length
+        for entry_id in done:
+            del self.pending[entry_id]
+        out: list[Action] = [Acknowledge(tuple(done))] if done else []
+        if done and not self.pending and self.explicit_lac and self.lac > self.lac_sent:
+            self.lac_sent = self.lac
+            out += [SendLac(b, self.lac) for b in self.metadata.last_fragment.ensemble if b not in self.failed_bookies]
+        return out + self._maybe_close()
+
+    def _send(self, add: PendingAdd) -> list[Action]:
+        quorum = write_quorum(self.metadata.ensemble_for(add.entry_id), add.entry_id, self.metadata.write_quorum)
+        fresh = [b for b in quorum if b not in add.sent_to]
+        add.sent_to.update(fresh)
+        return [SendAdd(b, add.entry_id, add.data) for b in fresh]
+
+    # -- ensemble change -------------------------------------------------------------------------
+    def _start_change(self) -> list[Action]:
+        if self.change is not None or self.state not in (WriterState.OPEN, WriterState.CLOSING):
+            return []  # one change at a time; failures meanwhile are handled when it commits
+        ensemble = self.metadata.last_fragment.ensemble
+        replacing = tuple(b for b in ensemble if b in self.failed_bookies)
+        if not replacing:
+            return []
+        self.change = EnsembleChange(self.lac + 1, replacing)
+        exclude = frozenset(self.metadata.bookies | self.failed_bookies)
+        return [ChooseBookies(len(replacing), exclude)]
+
+    def _on_bookies_chosen(self, bookies: tuple[int, ...]) -> list[Action]:
+        change = self.change
+        if change is None or change.proposed is not None or self.state is WriterState.BROKEN:
+            return []
+        if len(bookies) < len(change.replacing) or set(bookies) & set(self.metadata.last_fragment.ensemble):
+            return self._break(NotEnoughBookies(
+                f"ledger {self.ledger_id}: no bookie to replace failed bookie(s) {list(change.replacing)}; "
+                "appends in flight may or may not be in the ledger"))
+        substitute = dict(zip(change.replacing, bookies))
+        ensemble = tuple(substitute.get(b, b) for b in self.metadata.last_fragment.ensemble)
+        change.proposed = self.metadata.with_fragment(change.first_entry, ensemble)
+        return [WriteMetadata(change.proposed, self.version)]
+
+    def _on_metadata(self, event: Event) -> list[Action]:
+        if self.close_op is not None:
+            out = self.close_op.step(event)
+            if self.close_op.done:
+                self.metadata, self.version = self.close_op.metadata, self.close_op.version
+                failed = [a for a in out if isinstance(a, Failed)]
+                self.state = WriterState.BROKEN if failed else WriterState.CLOSED
+                if failed:
+                    self.error = failed[0].error
+            return out
+        change = self.change
+        if change is None or change.proposed is None or self.state is WriterState.BROKEN:
+            return []
+        if isinstance(event, MetadataWritten):
+            return self._commit_change(change.proposed, event.version)
+        if isinstance(event, MetadataBadVersion):
+            return [ReadMetadata()]
+        assert isinstance(event, MetadataRead)
+        return self._on_change_reread(event.metadata, event.version)
+
+    def _on_change_reread(self, metadata: LedgerMetadata, version: int) -> list[Action]:
+        change = self.change
+        assert change is not None and change.proposed is not None
+        if metadata == change.proposed:
+            return self._commit_change(metadata, version)  # our CAS landed; only its answer was lost
+        if metadata.state is not LedgerState.OPEN:
+            why = "closed" if metadata.is_closed else "in recovery"
+            err = (LedgerClosedUnderWriter(self.ledger_id, "closed by another client during an ensemble change")
+                   if metadata.is_closed else LedgerFenced(self.ledger_id, f"the ledger is {why}"))
+            return self._break(err)
+        # Still OPEN but changed by someone else (re-replication): adopt it and propose again.
+        self.metadata, self.version, self.change = metadata, version, None
+        return self._start_change()
+
+    def _commit_change(self, metadata: LedgerMetadata, version: int) -> list[Action]:
+        self.metadata, self.version, self.change = metadata, version, None
+        self.ensemble_changes += 1
+        out: list[Action] = []
+        for add in self.pending.values():
+            quorum = write_quorum(metadata.ensemble_for(add.entry_id), add.entry_id, metadata.write_quorum)
+            add.acks.intersection_update(quorum)
+            out += self._send(add)
+        out += self._start_change()  # bookies that failed while the CAS was in flight
+        return out + self._acknowledge()
+
+    # -- closing and breaking ----------------------------------------------------------------------
+    def _maybe_close(self) -> list[Action]:
+        if self.state is not WriterState.CLOSING or self.pending or self.change or self.close_op:
+            return []
+        self.close_op = CloseOp(self.metadata, self.version, self.lac, self.length)
+        return self.close_op.start()
+
+    def _break(self, error: LedgerError) -> list[Action]:
+        """Nothing outstanding will ever be acknowledged: fail it all with `error`."""
+        closing = self.state is WriterState.CLOSING
+        self.state, self.error = WriterState.BROKEN, error
+        ids = tuple(self.pending)
+        self.pending.clear()
+        self.change = None
+        out: list[Action] = [FailAdds(ids, error)] if ids else []
+        if closing:
+            out.append(Failed(error))  # the close that was waiting for the drain fails too
+        return out
+
+    def statistics(self) -> dict:
+        return {"ledger_id": self.ledger_id, "state": self.state.value, "lac": self.lac,
+                "next_entry": self.next_entry, "pending": len(self.pending),
+                "ensemble_changes": self.ensemble_changes, "changing": self.change is not None}
