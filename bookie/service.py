@@ -14,6 +14,11 @@ Bounds: at most `max_in_flight` requests per connection are being served; more
 are answered OVERLOADED at once. A client that does not read its answers is cut
 off once `max_outgoing_bytes` are queued for it. A malformed frame is answered
 BAD_REQUEST (when its request id is readable) and closes that connection only.
+
+Storage failures: a stored copy that cannot be read is answered CORRUPT (the
+reader asks another replica); a journal that cannot be written (StorageError
+from add_batch, fence, write_lac) stops the service, and with it the node: the
+bookie must restart and recover from its journal rather than keep answering.
 """
 
 from __future__ import annotations
@@ -23,13 +28,16 @@ import itertools
 import logging
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from bookie import protocol as P
-from bookie.errors import BookieError, EntryCorrupt, EntryTooLarge, NoSuchEntry, Overloaded
+from bookie.errors import BookieError, EntryCorrupt, EntryTooLarge, NoSuchEntry, Overloaded, StorageError
 from bookie.storage_config import AddRequest
+
+if TYPE_CHECKING:
+    from bookie.storage import BookieStorage
 
 log = logging.getLogger("quire.bookie.service")
 
@@ -101,7 +109,7 @@ class BookieService:
     The storage's own background work (checkpoints, disk checks, compaction) is the
     caller's to run (clusterd starts `storage.run`)."""
 
-    def __init__(self, storage: Any, host: str, port: int, config: BookieServiceConfig | None = None) -> None:
+    def __init__(self, storage: BookieStorage, host: str, port: int, config: BookieServiceConfig | None = None) -> None:
         self.storage = storage
         self.host = host
         self.port = port
@@ -277,9 +285,14 @@ class BookieService:
         raise AssertionError(f"not an ordered request: {req!r}")
 
     async def _read(self, ledger_id: int, entry_id: int) -> bytes:
-        data = self.storage.read(ledger_id, entry_id)
-        if inspect.isawaitable(data):
-            data = await data
+        try:
+            data = self.storage.read(ledger_id, entry_id)
+            if inspect.isawaitable(data):
+                data = await data
+        except StorageError as e:  # one unreadable file is this copy's problem, not the node's
+            log.error("event=read_failed ledger=%s entry=%s error=%r", ledger_id, entry_id, e)
+            raise EntryCorrupt(f"ledger {ledger_id} entry {entry_id}: this bookie cannot read its copy ({e}); "
+                               "read it from another replica") from None
         return data
 
     def _read_lac(self, conn: _Connection, req: P.ReadLac) -> None:
