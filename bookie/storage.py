@@ -372,17 +372,22 @@ class BookieStorage:
         async with self._disk():
             await self._checkpoint_locked()
 
-    async def _checkpoint_locked(self) -> None:
+    async def _checkpoint_locked(self, *, dropping: frozenset[int] = frozenset()) -> None:
         # No batch is in flight: the index reflects every journal record written so far, and
-        # everything later goes to the segment roll() starts.
+        # everything later goes to the segment roll() starts. `dropping`: entry logs compaction
+        # emptied; the checkpoint no longer lists them, so a crash before their removal leaves
+        # files that the next open deletes.
         seq = await trio.to_thread.run_sync(self._journal.roll)
         image = self._index.copy()
+        for log_id in dropping:
+            assert image.live_bytes.pop(log_id, 0) == 0, f"entry log {log_id} still holds indexed entries"
         self._journal_bytes_at_checkpoint = self._journal.bytes_written
         self._checkpoint_wanted = trio.Event()
 
         def work() -> int:
             sizes = self._entrylogs.sync()
-            logs = {log_id: (size, image.live_bytes.get(log_id, 0)) for log_id, size in sizes.items()}
+            logs = {log_id: (size, image.live_bytes.get(log_id, 0)) for log_id, size in sizes.items()
+                    if log_id not in dropping}
             written = write_checkpoint(self.directory / CHECKPOINT,
                                        Checkpoint(seq, self._entrylogs.next_log_id, logs, image))
             self._journal.trim_before(seq)
@@ -412,7 +417,7 @@ class BookieStorage:
                 count, nbytes = await self._compact_log(log_id)
                 moved += count
                 moved_bytes += nbytes
-            await self._checkpoint_locked()
+            await self._checkpoint_locked(dropping=frozenset(victims))
             self._entrylogs.remove(victims)
             for log_id in victims:
                 self._index.live_bytes.pop(log_id, None)
