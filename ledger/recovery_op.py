@@ -200,13 +200,14 @@ class RecoveryOp:
         self.phase = Phase.READING
         self.start_entry = max(self.lac + 1, self.metadata.last_fragment.first_entry)
         self.next_read = self.first_unresolved = self.start_entry
-        out: list[Action] = []
-        if self.start_entry > 0:
-            probe_id = self.start_entry - 1
-            quorum = write_quorum(self.metadata.ensemble_for(probe_id), probe_id, self.metadata.write_quorum)
-            self.probe = EntryRecovery(probe_id, quorum, self._absent_coverage(probe_id))
-            out += [SendRead(b, probe_id) for b in quorum]
-        return out + self._read_more()
+        return self._read_more()
+
+    def _start_probe(self) -> list[Action]:
+        """Nothing exists past start - 1: read that entry (not re-added, it is complete) for its length."""
+        probe_id = self.start_entry - 1
+        quorum = write_quorum(self.metadata.ensemble_for(probe_id), probe_id, self.metadata.write_quorum)
+        self.probe = EntryRecovery(probe_id, quorum, self._absent_coverage(probe_id))
+        return [SendRead(b, probe_id) for b in quorum]
 
     def _absent_coverage(self, entry_id: int) -> Coverage:
         m = self.metadata
@@ -293,6 +294,8 @@ class RecoveryOp:
             self.first_unresolved += 1
         if self.end is not None and self.first_unresolved == self.end:
             if self.end == self.start_entry:  # nothing past start - 1: its length comes from the probe
+                if self.start_entry > 0 and self.probe is None:
+                    return self._start_probe()
                 if self.probe is not None and self.probe.data is None:
                     return []
                 self.last_entry = self.start_entry - 1

@@ -1,0 +1,255 @@
+"""The writer core (ledger/writer.py) and the writer's close (ledger/close_op.py), event by event."""
+
+from __future__ import annotations
+
+import pytest
+
+from bookie import errors as B
+from bookie.entry import NO_ENTRY, Digester, DigestType, parse_header, password_key
+from ledger import actions as A
+from ledger.close_op import CloseOp
+from ledger.errors import (CloseConflict, LedgerClosedUnderWriter, LedgerFenced, LedgerInRecovery,
+                           NotEnoughBookies, OutcomeUnknown)
+from ledger.metadata import Fragment, LedgerMetadata, LedgerState
+from ledger.writer import Writer, WriterState
+
+DIGESTER = Digester(DigestType.CRC32C, b"pw")
+
+
+def metadata(ensemble=(1, 2, 3), qw=3, qa=2, **kw) -> LedgerMetadata:
+    return LedgerMetadata(7, len(ensemble), qw, qa, (Fragment(0, tuple(ensemble)),), DigestType.CRC32C,
+                          password_key(b"pw", b"check"), 0, **kw)
+
+
+def sends(actions, kind=A.SendAdd):
+    return sorted((a.bookie, a.entry_id) for a in actions if isinstance(a, kind))
+
+
+def of(actions, kind):
+    return [a for a in actions if isinstance(a, kind)]
+
+
+def test_append_sends_to_the_write_quorum_and_acknowledges_after_qa_acks():
+    w = Writer(metadata((1, 2, 3, 4), qw=3, qa=2), 0, DIGESTER)
+    e0, out = w.append(b"zero")
+    assert e0 == 0 and sends(out) == [(1, 0), (2, 0), (3, 0)]
+    e1, out = w.append(b"one")
+    assert sends(out) == [(2, 1), (3, 1), (4, 1)]
+    assert w.step(A.AddAcked(1, 0)) == []
+    assert of(w.step(A.AddAcked(3, 0)), A.Acknowledge) == [A.Acknowledge((0,))]
+    assert w.lac == 0
+
+
+def test_an_entry_is_acknowledged_only_when_every_lower_entry_is():
+    w = Writer(metadata(), 0, DIGESTER, explicit_lac=False)
+    for p in (b"a", b"b", b"c"):
+        w.append(p)
+    for b in (1, 2):
+        assert w.step(A.AddAcked(b, 2)) == []
+        assert w.step(A.AddAcked(b, 1)) == []
+    assert w.lac == NO_ENTRY
+    w.step(A.AddAcked(1, 0))
+    assert w.step(A.AddAcked(3, 0)) == [A.Acknowledge((0, 1, 2))]
+    assert w.lac == 2 and w.length == 3
+
+
+def test_the_lac_is_piggybacked_on_each_add():
+    w = Writer(metadata(), 0, DIGESTER)
+    _, out0 = w.append(b"x")
+    w.step(A.AddAcked(1, 0))
+    w.step(A.AddAcked(2, 0))
+    _, out1 = w.append(b"yy")
+    assert parse_header(out0[0].data).lac == NO_ENTRY
+    header = parse_header(out1[0].data)
+    assert header.lac == 0 and header.length == 3
+
+
+def test_acks_from_bookies_outside_the_write_quorum_never_count():
+    w = Writer(metadata((1, 2, 3, 4), qw=2, qa=2), 0, DIGESTER)
+    w.append(b"x")  # entry 0 -> bookies 1, 2
+    assert w.step(A.AddAcked(3, 0)) == []
+    assert w.step(A.AddAcked(1, 0)) == []
+    assert of(w.step(A.AddAcked(2, 0)), A.Acknowledge)
+
+
+def test_explicit_lac_once_the_writer_goes_quiet():
+    w = Writer(metadata(), 0, DIGESTER)
+    w.append(b"x")
+    w.step(A.AddAcked(1, 0))
+    out = w.step(A.AddAcked(2, 0))
+    assert of(out, A.SendLac) == [A.SendLac(1, 0), A.SendLac(2, 0), A.SendLac(3, 0)]
+
+
+def change_to(w: Writer, failed: int, new: int) -> A.WriteMetadata:
+    out = w.step(A.AddFailed(failed, w.lac + 1, B.BookieUnavailable("down")))
+    (choose,) = of(out, A.ChooseBookies)
+    assert failed in choose.exclude and choose.count == 1
+    (write,) = w.step(A.BookiesChosen((new,)))
+    return write
+
+
+def test_ensemble_change_starts_a_fragment_at_the_first_unacknowledged_entry():
+    w = Writer(metadata(), 0, DIGESTER, explicit_lac=False)
+    for p in (b"a", b"b", b"c"):
+        w.append(p)
+    w.step(A.AddAcked(1, 0))
+    w.step(A.AddAcked(2, 0))             # entry 0 acknowledged
+    write = change_to(w, failed=3, new=4)
+    assert write.expected_version == 0
+    assert write.metadata.fragments == (Fragment(0, (1, 2, 3)), Fragment(1, (1, 2, 4)))
+    # Acks meanwhile are held: not even entry 1 with two acks from surviving bookies is acknowledged.
+    w.step(A.AddAcked(1, 1))
+    assert w.step(A.AddAcked(2, 1)) == []
+    out = w.step(A.MetadataWritten(1))
+    assert sends(out) == [(4, 1), (4, 2)]           # unacknowledged entries go to the new bookie
+    assert of(out, A.Acknowledge) == [A.Acknowledge((1,))]  # 1 and 2 ack it, both recorded for entry 1
+
+
+def test_acks_from_the_replaced_bookie_never_count_deferred_failure_1591():
+    """#1591 / #4651: bookie 3 acked entry 0, then failed entry 1. The new fragment starts at 0 (nothing
+    acknowledged), without bookie 3: 3's ack of entry 0 must not count once the metadata says 1 2 4."""
+    w = Writer(metadata(), 0, DIGESTER, explicit_lac=False)
+    w.append(b"a")
+    w.append(b"b")
+    w.step(A.AddAcked(3, 0))
+    write = change_to(w, failed=3, new=4)
+    assert write.metadata.fragments == (Fragment(0, (1, 2, 4)),)
+    assert w.step(A.AddAcked(1, 0)) == []   # held: CAS in flight (and 3 + 1 would be two acks)
+    out = w.step(A.MetadataWritten(1))
+    assert not of(out, A.Acknowledge)       # only bookie 1 counts now
+    assert of(w.step(A.AddAcked(4, 0)), A.Acknowledge) == [A.Acknowledge((0,))]
+
+
+def test_appends_during_an_ensemble_change_wait_for_the_new_ensemble():
+    w = Writer(metadata(), 0, DIGESTER)
+    w.append(b"a")
+    change_to(w, failed=2, new=5)
+    _, out = w.append(b"b")
+    assert out == []
+    assert sends(w.step(A.MetadataWritten(1))) == [(1, 1), (3, 1), (5, 0), (5, 1)]
+
+
+def test_lost_cas_reread_finds_our_change_committed():
+    w = Writer(metadata(), 0, DIGESTER)
+    w.append(b"a")
+    write = change_to(w, failed=2, new=5)
+    assert w.step(A.MetadataBadVersion()) == [A.ReadMetadata()]
+    out = w.step(A.MetadataRead(write.metadata, 1))
+    assert sends(out) == [(5, 0)] and w.metadata == write.metadata
+
+
+@pytest.mark.parametrize("state, error", [(LedgerState.IN_RECOVERY, LedgerFenced),
+                                           (LedgerState.CLOSED, LedgerClosedUnderWriter)])
+def test_lost_cas_and_the_ledger_is_no_longer_open_fails_outstanding_appends(state, error):
+    m = metadata()
+    w = Writer(m, 0, DIGESTER)
+    w.append(b"a")
+    w.append(b"b")
+    change_to(w, failed=2, new=5)
+    w.step(A.MetadataBadVersion())
+    other = m.with_state(state) if state is LedgerState.IN_RECOVERY else m.closed(NO_ENTRY, 0)
+    (fail,) = w.step(A.MetadataRead(other, 1))
+    assert fail.entry_ids == (0, 1) and isinstance(fail.error, error) and isinstance(fail.error, OutcomeUnknown)
+    assert w.state is WriterState.BROKEN
+    with pytest.raises(error):
+        w.append(b"c")
+
+
+def test_lost_cas_on_a_still_open_ledger_proposes_again_on_the_new_version():
+    m = metadata((1, 2, 3, 4), qw=3, qa=2)
+    w = Writer(m, 0, DIGESTER)
+    w.append(b"a")
+    change_to(w, failed=2, new=5)
+    w.step(A.MetadataBadVersion())
+    rereplicated = m.with_fragment(0, (1, 2, 3, 6))       # someone else's change of the ensemble
+    out = w.step(A.MetadataRead(rereplicated, 4))
+    (choose,) = of(out, A.ChooseBookies)
+    (write,) = w.step(A.BookiesChosen((7,)))
+    assert write.expected_version == 4 and write.metadata.last_fragment.ensemble == (1, 7, 3, 6)
+
+
+def test_no_bookie_to_replace_fails_outstanding_appends():
+    w = Writer(metadata(), 0, DIGESTER)
+    w.append(b"a")
+    w.step(A.AddFailed(2, 0, B.BookieUnavailable("down")))
+    (fail,) = w.step(A.BookiesChosen(()))
+    assert isinstance(fail.error, NotEnoughBookies) and fail.entry_ids == (0,)
+
+
+def test_fenced_writer_fails_everything_outstanding_and_never_acknowledges_again():
+    w = Writer(metadata(), 0, DIGESTER)
+    for p in (b"a", b"b"):
+        w.append(p)
+    w.step(A.AddAcked(1, 0))
+    (fail,) = w.step(A.AddFailed(2, 0, B.LedgerFenced("fenced")))
+    assert fail.entry_ids == (0, 1) and isinstance(fail.error, LedgerFenced)
+    assert isinstance(fail.error, OutcomeUnknown)
+    assert w.step(A.AddAcked(3, 0)) == []    # a late ack is no success
+    with pytest.raises(LedgerFenced):
+        w.append(b"c")
+    assert isinstance(w.close()[0].error, LedgerFenced)
+
+
+# -- closing as the writer (seed 001) --------------------------------------------------------------
+
+def closed_writer_setup():
+    w = Writer(metadata(), 0, DIGESTER, explicit_lac=False)
+    w.append(b"abc")
+    w.step(A.AddAcked(1, 0))
+    w.step(A.AddAcked(2, 0))
+    return w
+
+
+def test_close_writes_closed_with_the_last_acknowledged_entry():
+    w = closed_writer_setup()
+    (write,) = w.close()
+    assert write.metadata.state is LedgerState.CLOSED
+    assert (write.metadata.last_entry, write.metadata.length, write.expected_version) == (0, 3, 0)
+    (done,) = w.step(A.MetadataWritten(1))
+    assert isinstance(done, A.Completed) and w.state is WriterState.CLOSED
+
+
+def test_close_waits_for_outstanding_appends():
+    w = Writer(metadata(), 0, DIGESTER, explicit_lac=False)
+    w.append(b"a")
+    assert w.close() == []
+    w.step(A.AddAcked(1, 0))
+    out = w.step(A.AddAcked(3, 0))
+    assert out[0] == A.Acknowledge((0,)) and isinstance(out[1], A.WriteMetadata)
+    assert out[1].metadata.last_entry == 0
+
+
+def test_close_cas_fails_and_the_ledger_is_still_open_retry():
+    m = metadata()
+    op = CloseOp(m, 0, 4, 40)
+    op.start()
+    assert op.step(A.MetadataBadVersion()) == [A.ReadMetadata()]
+    (again,) = op.step(A.MetadataRead(m, 3))
+    assert again.expected_version == 3 and again.metadata.last_entry == 4
+
+
+def test_close_cas_fails_and_the_ledger_is_in_recovery_error():
+    m = metadata()
+    op = CloseOp(m, 0, 4, 40)
+    op.start()
+    op.step(A.MetadataBadVersion())
+    (failed,) = op.step(A.MetadataRead(m.with_state(LedgerState.IN_RECOVERY), 1))
+    assert isinstance(failed.error, LedgerInRecovery)
+
+
+def test_close_cas_fails_and_the_ledger_is_closed_at_our_last_entry_success():
+    m = metadata()
+    op = CloseOp(m, 0, 4, 40)
+    op.start()
+    op.step(A.MetadataBadVersion())
+    (done,) = op.step(A.MetadataRead(m.closed(4, 40), 2))
+    assert isinstance(done, A.Completed) and done.result.last_entry == 4
+
+
+def test_close_cas_fails_and_the_ledger_is_closed_elsewhere_error():
+    m = metadata()
+    op = CloseOp(m, 0, 4, 40)
+    op.start()
+    op.step(A.MetadataBadVersion())
+    (failed,) = op.step(A.MetadataRead(m.closed(5, 50), 2))
+    assert isinstance(failed.error, CloseConflict)
