@@ -115,6 +115,10 @@ class ClusterConfig:
     session_secret: str = "quire-change-me"
     # Four-letter words answered on the client port (comma-separated allow-list).
     four_letter_words: str = "ruok,srvr,stat,mntr,conf,envi,isro"
+    # Bookies (nodes with the bookie role; they run only when client_protocol is "zookeeper").
+    bookie_max_entry_bytes: int = 5 << 20  # the largest packaged entry a bookie stores
+    bookie_max_in_flight: int = 10_000  # requests served at once per bookie connection; more: OVERLOADED
+    bookie_disk_usage_percent: int = 95  # above this much of its filesystem used, a bookie turns read-only
 
     @property
     def four_letter_word_set(self) -> frozenset[str]:
@@ -180,6 +184,7 @@ CLUSTER_DEFAULTS: dict[str, Any] = {
 
 
 CLIENT_PROTOCOLS = ("kv", "zookeeper")
+BOOKIE_MAX_ENTRY_BYTES_LIMIT = 64 << 20  # the storage engine's ceiling (bookie/storage_config.py)
 KNOWN_FOUR_LETTER_WORDS = frozenset({"ruok", "srvr", "stat", "mntr", "conf", "envi", "isro"})
 
 
@@ -267,6 +272,12 @@ def _check_cluster(config: ClusterConfig) -> None:
     if unknown_words:
         raise ConfigError(f"{path}: [cluster]: key 'four_letter_words': unknown {sorted(unknown_words)} "
                           f"(known: {', '.join(sorted(KNOWN_FOUR_LETTER_WORDS))})")
+    if config.bookie_disk_usage_percent > 100:
+        raise ConfigError(f"{path}: [cluster]: key 'bookie_disk_usage_percent': must be from 1 to 100, "
+                          f"got {config.bookie_disk_usage_percent}")
+    if config.bookie_max_entry_bytes > BOOKIE_MAX_ENTRY_BYTES_LIMIT:
+        raise ConfigError(f"{path}: [cluster]: key 'bookie_max_entry_bytes': at most {BOOKIE_MAX_ENTRY_BYTES_LIMIT} "
+                          f"(64 MiB), got {config.bookie_max_entry_bytes}")
     if config.min_session_timeout_ms > config.max_session_timeout_ms:
         raise ConfigError(f"{path}: [cluster]: min_session_timeout_ms exceeds max_session_timeout_ms")
     voters = sorted(config.voters)

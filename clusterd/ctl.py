@@ -99,11 +99,8 @@ def cmd_up(config: ClusterConfig, args: argparse.Namespace) -> int:
 
 
 def _ensemble(config: ClusterConfig) -> list[NodeConfig]:
-    """The nodes clusterd can run; bookie-only nodes arrive with the bookie service."""
-    for node in config.nodes:
-        if not node.in_ensemble:
-            print(f"node {node.id}: bookie-only, not started (bookie-only nodes arrive with the bookie issue)")
-    return list(config.ensemble)
+    """The nodes `up` starts: all of them (bookie-only ones run a bookie and no Zab peer)."""
+    return list(config.nodes)
 
 
 def cmd_down(config: ClusterConfig, args: argparse.Namespace) -> int:

@@ -143,11 +143,14 @@ async def fetch_statuses(config: ClusterConfig, *, timeout_s: float = 2.0) -> di
 
 
 def is_settled(statuses: dict[int, dict[str, Any] | None]) -> bool:
-    """Every node answers, one leads, and every other one follows or observes it."""
+    """Every node answers, one leads, every other ensemble member follows or observes it,
+    and every bookie that runs is registered in the metastore."""
     if any(s is None for s in statuses.values()):
         return False
     roles = [s["role"] for s in statuses.values() if s is not None]
-    return roles.count("leader") == 1 and all(r in ("leader", "follower", "observer") for r in roles)
+    bookies_ready = all(s["bookie"].get("registered") for s in statuses.values() if s is not None and "bookie" in s)
+    return (roles.count("leader") == 1 and all(r in ("leader", "follower", "observer", "bookie") for r in roles)
+            and bookies_ready)
 
 
 def status_row(node_id: int, status: dict[str, Any] | None) -> dict[str, Any]:
@@ -212,6 +215,9 @@ def _not_settled_message(config: ClusterConfig, statuses: dict[int, Any], timeou
             problems.append(f"node {node_id} does not answer on {node.host}:{node.admin_port} (see {log_path(node)})")
         elif status["role"] == "looking":
             problems.append(f"node {node_id} is still looking for a leader (see {log_path(node)})")
+        elif "bookie" in status and not status["bookie"].get("registered"):
+            problems.append(f"node {node_id}'s bookie is not registered yet: {status['bookie'].get('phase')} "
+                            f"(see {log_path(node)})")
     if not problems:
         leaders = [i for i, s in statuses.items() if s and s["role"] == "leader"]
         problems.append(f"leaders: {leaders or 'none'}")

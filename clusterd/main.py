@@ -1,7 +1,10 @@
 """`clusterd --id N [--config cluster.toml]`: run one node of a Quire cluster.
 
-One trio nursery holds the node's services: the Zab peer driver, the client
-port (key-value protocol for now) and the admin HTTP port. SIGTERM or SIGINT
+One trio nursery holds the node's services: the Zab peer driver and the client
+port (on voters and observers), the bookie (on nodes with the bookie role, when
+the cluster speaks the ZooKeeper protocol: clusterd/bookie_node.py) and the
+admin HTTP port. A bookie-only node runs no Zab peer: its bookie reaches the
+metastore through the ensemble's client ports. SIGTERM or SIGINT
 cancels the nursery and the process exits 0. Exit status 2 means the
 configuration was refused, 1 that the node could not start (e.g. a port in use).
 """
@@ -21,7 +24,8 @@ import trio
 
 from clusterd import localcluster
 from clusterd.admin import AdminServer
-from clusterd.config import BOOKIE, ClusterConfig, ConfigError, NodeConfig, load
+from clusterd.bookie_node import BookieNode, BookieStartupError
+from clusterd.config import ClusterConfig, ConfigError, NodeConfig, load
 from clusterd.kvservice import INCARNATION_BITS, KVService
 from metastore.service import MetastoreConfig, MetastoreService
 from metastore.state_machine import MetastoreStateMachine
@@ -53,7 +57,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
         _die(EXIT_STARTUP_FAILED, str(e))
     try:
         trio.run(run_node, config, node)
-    except* StartupError as group:
+    except* (StartupError, BookieStartupError) as group:
         _die(EXIT_STARTUP_FAILED, "; ".join(str(e) for e in group.exceptions))
     finally:
         localcluster.remove_pid_file(node, os.getpid())
@@ -70,10 +74,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def _runnable_node(config: ClusterConfig, node_id: int) -> NodeConfig:
     node = config.node(node_id)
-    if not node.in_ensemble:
-        assert node.roles == {BOOKIE}
-        raise ConfigError(f"{config.path}: node {node_id} is bookie-only; clusterd cannot run it yet: "
-                          "bookie-only nodes arrive with the bookie issue. Give it the voter or observer role.")
+    if not node.in_ensemble and config.client_protocol != "zookeeper":
+        raise ConfigError(f"{config.path}: node {node_id} is bookie-only, but bookies register in the metastore, "
+                          f'which needs client_protocol = "zookeeper" (this cluster speaks '
+                          f"{config.client_protocol!r}): set it in [cluster], or give the node the voter role")
     return node
 
 
@@ -100,7 +104,8 @@ async def run_node(config: ClusterConfig, node: NodeConfig) -> None:
             nursery.start_soon(_cancel_on_signal, signals, nursery.cancel_scope)
             await _start_services(nursery, config, node)
             # Lifecycle events are warnings so that the quiet default still records them.
-            log.warning("node started", extra={"pid": os.getpid(), "client": f"{node.host}:{node.client_port}",
+            log.warning("node started", extra={"pid": os.getpid(), "roles": ",".join(sorted(node.roles)),
+                                               "client": f"{node.host}:{node.client_port}" if node.in_ensemble else "-",
                                                "admin": f"{node.host}:{node.admin_port}"})
 
 
@@ -112,6 +117,37 @@ async def _cancel_on_signal(signals: Any, scope: trio.CancelScope) -> None:
 
 
 async def _start_services(nursery: trio.Nursery, config: ClusterConfig, node: NodeConfig) -> None:
+    status: dict[str, Any] = {}
+    if node.in_ensemble:
+        status = await _start_ensemble_services(nursery, config, node)
+    else:
+        status = {"status": lambda: {"role": "bookie", "peers": []}}
+    bookie = None
+    if node.is_bookie and config.client_protocol == "zookeeper":
+        bookie = BookieNode(config, node)
+        await nursery.start(bookie.run)
+    elif node.is_bookie:
+        # Bookies register in the metastore; the kv demo protocol has none. Refusing would break
+        # every kv cluster whose nodes carry the bookie role (the shipped layout), so we skip.
+        log.warning("bookie role ignored", extra={"reason": f"client_protocol is {config.client_protocol!r}, "
+                                                            "bookies need \"zookeeper\""})
+
+    def node_status() -> dict[str, Any]:
+        out = {**status["status"](), "id": node.id, "pid": os.getpid(), "cluster": config.name,
+               "roles": sorted(node.roles)}
+        if "clients" in status:
+            out["clients"] = status["clients"]()
+        if bookie is not None:
+            out["bookie"] = bookie.status()
+        return out
+
+    await nursery.start(trio.serve_listeners, AdminServer(node_status).handle_connection,
+                        await _listen(node.host, node.admin_port, "admin"))
+
+
+async def _start_ensemble_services(nursery: trio.Nursery, config: ClusterConfig,
+                                   node: NodeConfig) -> dict[str, Any]:
+    """Start the Zab peer and the client port; returns the status functions of both."""
     zookeeper = config.client_protocol == "zookeeper"
     sm = MetastoreStateMachine() if zookeeper else KVStateMachine()
     driver = PeerDriver(config.zab_config(node.id), config.peer_addresses(), node.data_dir, sm,
@@ -133,13 +169,7 @@ async def _start_services(nursery: trio.Nursery, config: ClusterConfig, node: No
         await nursery.start(trio.serve_listeners, kv.handle_connection,
                             await _listen(node.host, node.client_port, "clients"))
         client_stats = kv.statistics
-
-    def status() -> dict[str, Any]:
-        return {**driver.status(), "id": node.id, "pid": os.getpid(), "cluster": config.name,
-                "roles": sorted(node.roles), "clients": client_stats()}
-
-    await nursery.start(trio.serve_listeners, AdminServer(status).handle_connection,
-                        await _listen(node.host, node.admin_port, "admin"))
+    return {"status": driver.status, "clients": client_stats}
 
 
 async def _listen(host: str, port: int, what: str) -> list[trio.SocketListener]:

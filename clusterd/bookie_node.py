@@ -1,0 +1,130 @@
+"""The bookie of a clusterd node (trio edge): storage, service, registration, wired together.
+
+On a node with the bookie role (clusterd/main.py starts this on ensemble and
+bookie-only nodes alike, when the cluster speaks the ZooKeeper protocol):
+
+1. bind the bookie port at once, so a port in use fails the start (exit 1);
+2. open a metastore session through the ensemble's client ports (waiting for
+   a quorum as long as it takes: on an ensemble node that is this node's own
+   peers coming up), read the bookie's cookie znode;
+3. open the storage at `<data_dir>/bookie` with that instance id (a wiped or
+   swapped directory is refused: CookieMismatch, exit 1), record the instance
+   id on the first start;
+4. serve the bookie port, run the storage's background duties, register in
+   /quire/bookies (available/ or readonly/) and keep registered.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import trio
+
+from bookie.errors import CookieMismatch, StorageError
+from bookie.registration import BookieInfo, BookieRegistrar, read_cookie, record_cookie
+from bookie.service import BookieService, BookieServiceConfig
+from bookie.storage import BookieStorage
+from bookie.storage_config import BookieStorageConfig
+from clusterd.config import ClusterConfig, NodeConfig
+from metastore.client import MetaClient
+from metastore.errors import ConnectionLoss, SessionExpired
+
+log = logging.getLogger("clusterd.bookie")
+
+METASTORE_RETRY_S = 1.0
+
+
+class BookieStartupError(Exception):
+    """The bookie cannot start; the message says why (clusterd turns it into exit status 1)."""
+
+
+def storage_config(config: ClusterConfig) -> BookieStorageConfig:
+    return BookieStorageConfig(max_entry_bytes=config.bookie_max_entry_bytes,
+                               disk_usage_threshold=config.bookie_disk_usage_percent / 100)
+
+
+def service_config(config: ClusterConfig) -> BookieServiceConfig:
+    return BookieServiceConfig(max_entry_bytes=config.bookie_max_entry_bytes,
+                               max_in_flight=config.bookie_max_in_flight)
+
+
+class BookieNode:
+    """One node's bookie. `await nursery.start(bookie.run)` returns once the port is bound;
+    the rest of the start (metastore, storage, registration) goes on in the background."""
+
+    def __init__(self, config: ClusterConfig, node: NodeConfig) -> None:
+        assert node.is_bookie and node.bookie_port is not None
+        self.config = config
+        self.node = node
+        self.hosts = config.client_addresses()
+        self.storage: BookieStorage | None = None
+        self.service: BookieService | None = None
+        self.registrar = BookieRegistrar(self.hosts, BookieInfo(node.id, node.host, node.bookie_port),
+                                         self._read_only)
+        self.phase = "starting"
+
+    def _read_only(self) -> bool:
+        return self.storage is not None and self.storage.read_only
+
+    def status(self) -> dict[str, Any]:
+        """For /status: where the bookie is in its start, its registration and its counters."""
+        out: dict[str, Any] = {"port": self.node.bookie_port, "phase": self.phase,
+                               "registered": self.registrar.registered,
+                               "registrations": self.registrar.registrations}
+        if self.storage is not None:
+            out["instance_id"] = self.storage.instance_id
+            out["read_only"] = self.storage.read_only
+        if self.service is not None:
+            out["service"] = self.service.statistics()
+        return out
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        node = self.node
+        try:
+            listeners = await trio.open_tcp_listeners(node.bookie_port, host=node.host)
+        except OSError as e:
+            raise BookieStartupError(f"cannot listen for bookie clients on {node.host}:{node.bookie_port}: "
+                                     f"{e.strerror or e}") from None
+        task_status.started()
+        self.phase = "waiting for the metastore"
+        self.storage = await self._open_storage()
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self.storage.run)
+                self.service = BookieService(self.storage, node.host, node.bookie_port, service_config(self.config))
+                await nursery.start(self.service.run, listeners)
+                self.phase = "registering"
+                await nursery.start(self.registrar.run)
+                self.phase = "serving"
+                log.warning("bookie serving", extra={"bookie": f"{node.host}:{node.bookie_port}",
+                                                     "instance": self.storage.instance_id})
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.storage.close(checkpoint=True)
+
+    async def _open_storage(self) -> BookieStorage:
+        """Check the data directory against the cookie the metastore records, then open it."""
+        node, directory = self.node, self.node.data_dir / "bookie"
+        while True:
+            storage: BookieStorage | None = None
+            try:
+                async with MetaClient(self.hosts, start_timeout_s=10.0) as meta:
+                    recorded = await read_cookie(meta, node.id)
+                    try:
+                        storage = await BookieStorage.open(directory, node.id, storage_config(self.config),
+                                                           instance_id=recorded, cluster=self.config.name)
+                    except CookieMismatch as e:
+                        raise BookieStartupError(f"bookie {node.id}: {e}") from None
+                    except StorageError as e:
+                        raise BookieStartupError(f"bookie {node.id}: cannot open {directory}: {e}") from None
+                    if recorded is None:
+                        await record_cookie(meta, node.id, storage.instance_id)
+                    return storage
+            except (ConnectionLoss, SessionExpired, CookieMismatch) as e:
+                if storage is not None:
+                    await storage.close(checkpoint=False)
+                if isinstance(e, CookieMismatch):  # another instance recorded its cookie first
+                    raise BookieStartupError(f"bookie {node.id}: {e}") from None
+                log.warning("event=bookie_waiting_for_metastore error=%r retry_s=%s", e, METASTORE_RETRY_S)
+                await trio.sleep(METASTORE_RETRY_S)
