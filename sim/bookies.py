@@ -52,8 +52,9 @@ class SimBookie:
     # -- requests ---------------------------------------------------------------------------
     def _ledger(self, ledger_id: int, master_key: bytes | None, create: bool) -> SimLedger:
         ledger = self.ledgers.get(ledger_id)
-        if ledger is None:
-            if ledger_id in self.lost and self.limbo:
+        if ledger is None or (ledger_id in self.lost and self.limbo and not create):
+            if ledger_id in self.lost and self.limbo and not create:
+                # Limbo (BP-46): what it held is unknown, never "not here". Adds and fences still land.
                 raise B.BookieUnavailable(f"bookie {self.id} lost its data and is in limbo for ledger {ledger_id}")
             if not create:
                 raise B.NoSuchLedger(f"bookie {self.id} has no ledger {ledger_id}")
@@ -77,6 +78,9 @@ class SimBookie:
         if fence:
             ledger.fenced = True  # persisted before the answer (recovery reads fence too, #2614)
         data = ledger.entries.get(entry_id)
+        if data is None and ledger_id in self.lost and self.limbo:
+            raise B.BookieUnavailable(f"bookie {self.id} lost its data: entry {entry_id} of ledger {ledger_id} "
+                                      "is unknown (limbo)")
         if data is None:
             raise B.NoSuchEntry(f"bookie {self.id}: ledger {ledger_id} has no entry {entry_id}")
         return data

@@ -63,6 +63,7 @@ class SimClient:
     error: Exception | None = None
     broken_at: int | None = None      # time of the first FailAdds / Failed
     trace: list[str] = field(default_factory=list)
+    requests: list[object] = field(default_factory=list)   # every bookie request its operation sent
 
     @property
     def done(self) -> bool:
@@ -109,9 +110,10 @@ class LedgerWorld:
         self._at(self.now + self.tick_ms, "tick", name)
         return client
 
-    def writer(self, name: str, ledger_id: int, *, password: bytes = b"secret", **kw) -> SimClient:
+    def writer(self, name: str, ledger_id: int, *, password: bytes = b"secret", writer_cls: type = Writer,
+               **kw) -> SimClient:
         metadata, version = self.meta.read(ledger_id)
-        op = Writer(metadata, version, Digester(metadata.digest_type, password), **kw)
+        op = writer_cls(metadata, version, Digester(metadata.digest_type, password), **kw)
         return self._client(name, ledger_id, op, password)
 
     def recoverer(self, name: str, ledger_id: int, *, password: bytes = b"secret", **kw) -> SimClient:
@@ -215,6 +217,7 @@ class LedgerWorld:
     def _execute(self, client: SimClient, actions: list) -> None:
         for action in actions:
             if isinstance(action, BOOKIE_REQUESTS):
+                client.requests.append(action)
                 self._send(Msg(client.name, action.bookie, action))
             elif isinstance(action, (A.WriteMetadata, A.ReadMetadata)):
                 self._send(Msg(client.name, None, action))
