@@ -84,6 +84,7 @@ class BookieStorage:
         self._entrylogs = recovered.entrylogs
         self._open_batch = _Batch()
         self._busy = False  # a batch write, checkpoint or compaction holds the disk
+        self._priority_waiting = 0
         self._idle = trio.Event()
         self._lac_events: dict[int, trio.Event] = {}
         self._checkpoint_wanted = trio.Event()
@@ -243,7 +244,7 @@ class BookieStorage:
         batch.records.extend(records)
         batch.entries.extend(entries)
         while not batch.done.is_set():
-            if self._busy:
+            if self._busy or self._priority_waiting:
                 await self._idle.wait()
             else:
                 with trio.CancelScope(shield=True):
@@ -295,10 +296,19 @@ class BookieStorage:
             self._checkpoint_wanted.set()
 
     @asynccontextmanager
-    async def _disk(self) -> AsyncIterator[None]:
-        """Hold the disk: one batch write, checkpoint or compaction at a time."""
-        while self._busy:
-            await self._idle.wait()
+    async def _disk(self, *, priority: bool = False) -> AsyncIterator[None]:
+        """Hold the disk: one batch write, checkpoint or compaction at a time.
+
+        Checkpoints and compactions take `priority`: under a steady stream of adds the
+        task whose batch just finished starts the next one without yielding, so without
+        priority they could wait forever. Adds arriving meanwhile join one batch after.
+        """
+        self._priority_waiting += priority
+        try:
+            while self._busy or (self._priority_waiting and not priority):
+                await self._idle.wait()
+        finally:
+            self._priority_waiting -= priority
         self._busy = True
         try:
             yield
@@ -369,7 +379,7 @@ class BookieStorage:
         """Fsync the entry logs, write the index image (tmp+fsync+rename) with the journal position it
         covers, and delete the journal segments before that position."""
         self._check_usable()
-        async with self._disk():
+        async with self._disk(priority=True):
             await self._checkpoint_locked()
 
     async def _checkpoint_locked(self, *, dropping: frozenset[int] = frozenset()) -> None:
@@ -405,7 +415,7 @@ class BookieStorage:
         """Rewrite entry logs whose live fraction is below config.compaction_threshold into the
         current log, checkpoint so the new places are durable, then delete the old logs."""
         self._check_usable()
-        async with self._disk():
+        async with self._disk(priority=True):
             sizes = self._entrylogs.sizes()
             current = self._entrylogs.current_id()
             victims = [log_id for log_id, size in sorted(sizes.items())
