@@ -164,14 +164,16 @@ class BookieRegistrar:
         self._read_only = read_only
         self.session_timeout_ms = session_timeout_ms
         self.poll_s = poll_s
-        self.registrations = 0  # sessions that registered (more than 1: re-registered after a loss)
+        self.registrations = 0  # registrations made (more than 1: re-registered after a loss)
         self.registered = False
+        self.meta: MetaClient | None = None  # the current session's client
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         started = False
         while True:
             try:
                 async with MetaClient(self.hosts, session_timeout_ms=self.session_timeout_ms) as meta:
+                    self.meta = meta
                     await self._register(meta)
                     if not started:
                         started = True
@@ -179,7 +181,7 @@ class BookieRegistrar:
                     await self._watch(meta)
             except (ConnectionLoss, SessionExpired) as e:
                 log.warning("event=bookie_registration_lost bookie=%s error=%r action=reregister", self.info.id, e)
-            self.registered = False
+            self.registered, self.meta = False, None
             await trio.sleep(RETRY_S)
 
     async def _register(self, meta: MetaClient) -> None:
@@ -191,10 +193,16 @@ class BookieRegistrar:
                     registration_path(self.info.id, self.info.read_only), meta.session_id)
 
     async def _watch(self, meta: MetaClient) -> None:
-        """Until the session is lost: follow the storage's read-only state."""
+        """Until the session is lost: follow the storage's read-only state, and put the
+        registration back if something deleted it (an operator, a stale-node cleanup)."""
         while meta.state is not State.LOST:
             await trio.sleep(self.poll_s)
+            if meta.state is not State.CONNECTED:
+                continue  # SUSPENDED: the session may live on; LOST: the loop ends
             read_only = self._read_only()
-            if read_only != self.info.read_only and meta.state is State.CONNECTED:
+            if read_only != self.info.read_only:
                 self.info = await move(meta, self.info, read_only)
                 log.warning("event=bookie_%s bookie=%s", "read_only" if read_only else "writable", self.info.id)
+            elif await meta.exists(registration_path(self.info.id, self.info.read_only)) is None:
+                log.warning("event=bookie_registration_deleted bookie=%s action=reregister", self.info.id)
+                await self._register(meta)
