@@ -1,0 +1,218 @@
+"""Spark DataFrames over Zab data directories: one row per log record, per segment, per snapshot.
+
+    records    node, file, offset, zxid, epoch, counter, prev_zxid, session, txn_type, path,
+               checksum, order, body_hash, data_len, raw, detail
+    segments   node, file, first_zxid, prev_zxid, header_ok, records, size, stop_offset,
+               stop_reason, newest
+    snapshots  node, file, name_zxid, zxid, status, digest, error
+
+Work is split by file, and big segments by chunks of records, so it spreads over
+every core (or executor): a first Spark stage walks each segment's record lengths
+and cuts it into chunks; a second decodes each chunk (CRC, order, metastore
+transaction type and path, a 128-bit BLAKE2b digest of the record body); a third
+checks and restores each snapshot. Tasks read files with plain Python I/O, so
+every path must be readable where the tasks run (local disks in local mode, a
+shared filesystem with a cluster master).
+
+Column meanings: `checksum` is "ok", "corrupt" (CRC mismatch: zxid and the
+columns after it are null) or "torn" (the walk stopped: the bytes end mid-record
+or hold an impossible length); `order` compares the record with the one before
+it in the same log (replay.verify_decode.classify_order); `prev_zxid` is that
+record's zxid (for a segment's first record, the header's prev_zxid; null when
+unknown); `session` is the record's session id field (the Zab record's, for
+every protocol); `txn_type`/`path` are null unless the data decodes as a
+metastore transaction; `raw` (the record body) is null unless asked for.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from replay.verify_decode import (DEFAULT_CHUNK_RECORDS, Chunk, SegmentLayout, VerifyInputError, decode_chunk,
+                                  walk_segment, zxid_before)
+from replay.verify_replay import check_snapshot
+from zab.recovery import SNAPSHOT_DIR, TXNLOG_DIR
+
+_SEGMENT = re.compile(r"log\.([0-9a-f]{16})")
+_SNAPSHOT = re.compile(r"snapshot\.([0-9a-f]{16})")
+_NODE_NAME = re.compile(r"(?:node|n|zk|server)?[-_]?(\d+)")
+
+_CHUNK_SCHEMA = ("node int, file string, offsets array<bigint>, zxids array<bigint>, prevs array<bigint>, "
+                 "sessions array<bigint>, data_lens array<bigint>, orders array<string>, types array<string>, "
+                 "paths array<string>, hashes array<binary>, raws array<binary>, bad_offsets array<bigint>, "
+                 "bad_reasons array<string>, bad_details array<string>")
+_SEGMENT_SCHEMA = ("node int, file string, first_zxid bigint, prev_zxid bigint, header_ok boolean, records bigint, "
+                   "size bigint, stop_offset bigint, stop_reason string, stop_detail string, newest boolean")
+_SNAPSHOT_SCHEMA = "node int, file string, name_zxid bigint, zxid bigint, status string, digest string, error string"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeDir:
+    """A node's data directory and its id."""
+
+    node: int
+    path: str
+
+
+def parse_dirs(specs: list[str]) -> list[NodeDir]:
+    """`DIR` (its name says the id: node1, n1, zk1, 1) or `DIR=ID`, one per node.
+
+    Raises VerifyInputError for a path that is not a data directory, an id that
+    cannot be told, or an id given twice.
+    """
+    nodes: list[NodeDir] = []
+    for spec in specs:
+        path, sep, ident = spec.rpartition("=") if "=" in spec else (spec, "", "")
+        if sep and not ident.isdigit():
+            raise VerifyInputError(f"{spec!r}: the node id after '=' must be a number (DIR=ID)")
+        if not sep:
+            match = _NODE_NAME.fullmatch(Path(path).name)
+            if match is None:
+                raise VerifyInputError(f"cannot tell the node id of {path!r} from its name: pass it as {path}=ID")
+            ident = match.group(1)
+        if not (Path(path) / TXNLOG_DIR).is_dir() and not (Path(path) / SNAPSHOT_DIR).is_dir():
+            raise VerifyInputError(f"{path!r} is not a node data directory: it has neither {TXNLOG_DIR}/ "
+                                   f"nor {SNAPSHOT_DIR}/ (docs/operations.md, 'Data directory')")
+        nodes.append(NodeDir(int(ident), str(Path(path).resolve())))
+    ids = [n.node for n in nodes]
+    if len(set(ids)) != len(ids):
+        raise VerifyInputError(f"node ids given twice: {sorted(i for i in set(ids) if ids.count(i) > 1)}; "
+                               "name them explicitly with DIR=ID")
+    if not nodes:
+        raise VerifyInputError("no data directory given")
+    return nodes
+
+
+def _listed(directory: Path, pattern: re.Pattern[str]) -> list[tuple[int, str]]:
+    if not directory.is_dir():
+        return []
+    found = [(int(m.group(1), 16), e.path) for e in os.scandir(directory) if (m := pattern.fullmatch(e.name))]
+    return sorted(found)
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentFile:
+    node: int
+    path: str
+    newest: bool
+    layout: SegmentLayout | None = None
+
+
+@dataclass
+class ZabFrames:
+    """What read_zab returns: the three DataFrames and the segments' layouts (small, on the driver)."""
+
+    nodes: list[NodeDir]
+    segments: list[SegmentFile]
+    records: DataFrame
+    segments_df: DataFrame
+    snapshots: DataFrame
+
+
+# -- Spark tasks (module-level so that workers import them by name) ------------------------
+
+def _walk_task(item: SegmentFile, chunk_records: int) -> SegmentFile:
+    return replace(item, layout=walk_segment(Path(item.path).read_bytes(), chunk_records))
+
+
+def _decode_task(items, with_raw: bool):  # noqa: ANN001, ANN202 - a Spark partition iterator
+    for node, path, chunk, prev_zxid in items:
+        with open(path, "rb") as file:
+            if chunk.prev_offset >= 0:
+                file.seek(chunk.prev_offset)
+                prev_zxid = zxid_before(memoryview(file.read(chunk.start - chunk.prev_offset)), 0)
+            file.seek(chunk.start)
+            view = memoryview(file.read(chunk.end - chunk.start))
+        c = decode_chunk(view, chunk.start, chunk.end, prev_zxid, with_raw=with_raw)
+        yield (node, Path(path).name, c.offsets, c.zxids, c.prevs, c.sessions, c.data_lens, c.orders, c.types,
+               c.paths, c.hashes, c.raws, c.bad_offsets, c.bad_reasons, c.bad_details)
+
+
+def _snapshot_task(item: tuple[int, str, int], protocol: str) -> tuple:
+    node, path, name_zxid = item
+    info = check_snapshot(Path(path).read_bytes(), name_zxid, protocol, path)
+    return (node, Path(path).name, name_zxid, info.zxid, info.status, info.digest, info.error)
+
+
+# -- the reader ------------------------------------------------------------------------------
+
+def read_zab(spark: SparkSession, nodes: list[NodeDir], *, protocol: str,
+             chunk_records: int = DEFAULT_CHUNK_RECORDS, with_raw: bool = False) -> ZabFrames:
+    """Read every segment and snapshot of `nodes` into DataFrames (records are cached).
+
+    `protocol` ("zookeeper" or "kv") says how snapshot states restore.
+    """
+    sc = spark.sparkContext
+    files = []
+    for n in nodes:
+        paths = [p for _, p in _listed(Path(n.path) / TXNLOG_DIR, _SEGMENT)]
+        files += [SegmentFile(n.node, p, i == len(paths) - 1) for i, p in enumerate(paths)]
+    segments = sc.parallelize(files, max(1, len(files))).map(
+        lambda f, k=chunk_records: _walk_task(f, k)).collect() if files else []
+    tasks = [(s.node, s.path, chunk, s.layout.prev_zxid if s.layout.first_zxid is not None else None)
+             for s in segments for chunk in s.layout.chunks]
+    chunks = spark.createDataFrame(
+        sc.parallelize(tasks, max(1, len(tasks))).mapPartitions(lambda it, r=with_raw: _decode_task(it, r)),
+        _CHUNK_SCHEMA, verifySchema=False)
+    records = _records(chunks, with_raw).unionByName(_walk_stops(spark, segments))
+    records = records.persist()
+    snaps = [(n.node, p, z) for n in nodes for z, p in _listed(Path(n.path) / SNAPSHOT_DIR, _SNAPSHOT)]
+    snapshots = spark.createDataFrame(
+        sc.parallelize(snaps, max(1, len(snaps))).map(lambda s, p=protocol: _snapshot_task(s, p)),
+        _SNAPSHOT_SCHEMA, verifySchema=False).persist()
+    return ZabFrames(nodes, segments, records, _segments_frame(spark, segments), snapshots)
+
+
+def _records(chunks: DataFrame, with_raw: bool) -> DataFrame:
+    zipped = ["offsets", "zxids", "prevs", "sessions", "data_lens", "orders", "types", "paths", "hashes"]
+    if with_raw:
+        zipped.append("raws")
+    valid = chunks.select("node", "file", F.explode(F.arrays_zip(*zipped)).alias("r"))
+    zxid = F.col("r.zxids")
+    valid = valid.select(
+        "node", "file", F.col("r.offsets").alias("offset"), zxid.alias("zxid"),
+        F.shiftright(zxid, 32).alias("epoch"), zxid.bitwiseAND(F.lit(0xFFFFFFFF)).alias("counter"),
+        F.when(F.col("r.prevs") >= 0, F.col("r.prevs")).alias("prev_zxid"), F.col("r.sessions").alias("session"),
+        F.col("r.types").alias("txn_type"), F.col("r.paths").alias("path"), F.lit("ok").alias("checksum"),
+        F.col("r.orders").alias("order"), F.col("r.hashes").alias("body_hash"),
+        F.col("r.data_lens").alias("data_len"),
+        (F.col("r.raws") if with_raw else F.lit(None).cast("binary")).alias("raw"),
+        F.lit(None).cast("string").alias("detail"))
+    bad = chunks.select("node", "file", F.explode(F.arrays_zip("bad_offsets", "bad_reasons", "bad_details")).alias("b"))
+    bad = bad.select("node", "file", F.col("b.bad_offsets").alias("offset"), F.col("b.bad_reasons").alias("checksum"),
+                     F.col("b.bad_details").alias("detail"))
+    return valid.unionByName(bad, allowMissingColumns=True)
+
+
+def _walk_stops(spark: SparkSession, segments: list[SegmentFile]) -> DataFrame:
+    """Rows for the places where a walk stopped (torn or impossible length): zxid unknown."""
+    rows = [(s.node, Path(s.path).name, s.layout.stop_offset, s.layout.stop_reason, s.layout.stop_detail)
+            for s in segments if s.layout.stop_offset is not None]
+    frame = spark.createDataFrame(rows, "node int, file string, offset bigint, checksum string, detail string")
+    return frame.unionByName(_records_placeholder(spark), allowMissingColumns=True).where("offset is not null")
+
+
+def _records_placeholder(spark: SparkSession) -> DataFrame:
+    # An empty frame with every records column, so the union has all of them typed.
+    return spark.createDataFrame([], "node int, file string, offset bigint, zxid bigint, epoch bigint, counter bigint, "
+                                     "prev_zxid bigint, session bigint, txn_type string, path string, checksum string, "
+                                     "order string, body_hash binary, data_len bigint, raw binary, detail string")
+
+
+def _segments_frame(spark: SparkSession, segments: list[SegmentFile]) -> DataFrame:
+    rows = []
+    for s in segments:
+        lay = s.layout
+        rows.append((s.node, Path(s.path).name, lay.first_zxid, lay.prev_zxid if lay.prev_zxid is None or
+                     lay.prev_zxid < 1 << 63 else -1, lay.first_zxid is not None, lay.records, lay.size,
+                     lay.stop_offset, lay.stop_reason, lay.stop_detail or None, s.newest))
+    return spark.createDataFrame(rows, _SEGMENT_SCHEMA)
+
+
+__all__ = ["NodeDir", "SegmentFile", "ZabFrames", "parse_dirs", "read_zab", "Chunk"]

@@ -1,0 +1,114 @@
+"""`python -m replay.verify_zab DIR...` (or `clusterctl verify zab DIR...`, or
+`spark-submit replay/verify_zab.py DIR...`): check a cluster's Zab logs on Spark.
+
+Each DIR is one node's data directory, named so that its id shows (node1, n1, 1)
+or given as DIR=ID. Progress goes to stderr, the verdict table (or --json) to
+stdout. Exit status: 0 every check passed, 1 some check failed, 2 the command
+line or the input was refused. Checks and definitions: docs/verify.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from replay.verify_decode import DEFAULT_CHUNK_RECORDS, VerifyInputError, txn_type_and_path
+from replay.verify_replay import KV, PROTOCOLS, ZOOKEEPER
+from replay.verify_report import Verdict, render_table
+from zab.record import decode_record
+from zab.recovery import SNAPSHOT_DIR, TXNLOG_DIR
+from zab.storage_errors import RecordError
+from zab.txnlog import SEGMENT_HEADER_BYTES
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `verify zab` (shared with clusterctl)."""
+    parser.add_argument("dirs", nargs="+", metavar="DIR[=ID]", help="a node's data directory (one per node)")
+    parser.add_argument("--master", default="local[*]", help="Spark master URL (default local[*])")
+    parser.add_argument("--json", action="store_true", help="print the verdict as JSON")
+    parser.add_argument("--voters", type=int, default=None,
+                        help="voters in the ensemble, for majorities (default: the number of DIRs)")
+    parser.add_argument("--protocol", choices=("auto", *PROTOCOLS), default="auto",
+                        help="state machine of the logs (default: detected from the first record)")
+    parser.add_argument("--chunk-records", type=int, default=DEFAULT_CHUNK_RECORDS,
+                        help=f"records per Spark task when decoding (default {DEFAULT_CHUNK_RECORDS})")
+    parser.add_argument("--driver-memory", default=None, help="spark.driver.memory, e.g. 4g (local mode)")
+
+
+def detect_protocol(dirs: list[str]) -> str:
+    """"zookeeper" if the first record found decodes as a metastore transaction, else "kv"."""
+    for d in dirs:
+        for segment in sorted((Path(d) / TXNLOG_DIR).glob("log.*")):
+            with open(segment, "rb") as file:
+                head = file.read(SEGMENT_HEADER_BYTES + 65536)
+            try:
+                txn, _ = decode_record(head, SEGMENT_HEADER_BYTES)
+            except (RecordError, ValueError):
+                continue
+            return ZOOKEEPER if txn_type_and_path(txn.data)[0] is not None else KV
+        for snapshot in sorted((Path(d) / SNAPSHOT_DIR).glob("snapshot.*")):
+            with open(snapshot, "rb") as file:
+                return ZOOKEEPER if file.read(36)[32:36] == b"QZNT" else KV
+    return ZOOKEEPER
+
+
+def verify(args: argparse.Namespace, progress=None) -> Verdict:  # noqa: ANN001 - a callable or None
+    """Run every Zab check on `args.dirs`; returns the verdict (raises VerifyInputError)."""
+    # Imported here so that `--help` and input errors need no JVM.
+    from replay.spark_session import build_session
+    from replay.spark_source import parse_dirs, read_zab
+    from replay.spark_zab_checks import Context, run_checks
+
+    started = time.monotonic()
+    say = progress or (lambda message: None)
+    nodes = parse_dirs(args.dirs)
+    voters = args.voters or len(nodes)
+    if voters < len(nodes):
+        raise VerifyInputError(f"--voters {voters} is fewer than the {len(nodes)} directories given")
+    protocol = detect_protocol([n.path for n in nodes]) if args.protocol == "auto" else args.protocol
+    say(f"starting Spark ({args.master})")
+    spark = build_session(args.master, driver_memory=args.driver_memory)
+    say(f"reading {len(nodes)} node(s): {', '.join(f'{n.node}={n.path}' for n in nodes)} ({protocol})")
+    frames = read_zab(spark, nodes, protocol=protocol, chunk_records=args.chunk_records)
+    records = frames.records.count()
+    say(f"decoded {records} records in {len(frames.segments)} segments")
+    ctx = Context(spark, frames, voters, protocol, say)
+    checks = run_checks(ctx)
+    frames.records.unpersist()
+    frames.snapshots.unpersist()
+    facts = {"nodes given": len(nodes), "protocol": protocol, "records": records, **ctx.facts}
+    return Verdict("zab", checks, facts, time.monotonic() - started)
+
+
+def progress_printer(started: float | None = None):  # noqa: ANN201 - a callable
+    """A progress callback printing `[  1.2s] message` lines to stderr."""
+    origin = time.monotonic() if started is None else started
+
+    def say(message: str) -> None:
+        print(f"[{time.monotonic() - origin:6.1f}s] {message}", file=sys.stderr, flush=True)
+    return say
+
+
+def run(args: argparse.Namespace) -> int:
+    """Verify, print, and return the exit status."""
+    try:
+        verdict = verify(args, progress_printer())
+    except VerifyInputError as err:
+        print(f"verify: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    print(verdict.to_json() if args.json else render_table(verdict))
+    return EXIT_OK if verdict.passed else EXIT_FAILED
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m replay.verify_zab", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
