@@ -32,6 +32,7 @@ DIGESTER = Digester(DigestType.CRC32C, b"bench")
 @dataclass
 class AddRate:
     adders: int
+    per_call: int
     payload_bytes: int
     adds: int
     elapsed_s: float
@@ -48,7 +49,7 @@ class AddRate:
         return self.adds / self.fsyncs if self.fsyncs else 0.0
 
 
-async def _adds(folder: Path, adders: int, payload_bytes: int, seconds: float) -> AddRate:
+async def _adds(folder: Path, adders: int, payload_bytes: int, seconds: float, per_call: int = 1) -> AddRate:
     storage = await BookieStorage.open(folder, 1, BookieStorageConfig())
     latencies: list[float] = []
     payload = b"p" * payload_bytes
@@ -56,13 +57,16 @@ async def _adds(folder: Path, adders: int, payload_bytes: int, seconds: float) -
     before = storage.statistics()
 
     async def adder(ledger_id: int) -> None:
+        # `per_call` adds per add_batch: what the service hands over from one socket read.
         entry_id = 0
         while trio.current_time() < deadline:
-            data = DIGESTER.package(ledger_id, entry_id, entry_id - 1, 0, payload)
+            batch = [AddRequest(ledger_id, e, KEY, DIGESTER.package(ledger_id, e, e - 1, 0, payload))
+                     for e in range(entry_id, entry_id + per_call)]
             started = time.perf_counter()
-            await storage.add(AddRequest(ledger_id, entry_id, KEY, data))
+            outcomes = await storage.add_batch(batch)
+            assert outcomes == [None] * per_call, outcomes
             latencies.append(time.perf_counter() - started)
-            entry_id += 1
+            entry_id += per_call
 
     started = time.perf_counter()
     async with trio.open_nursery() as nursery:
@@ -75,11 +79,12 @@ async def _adds(folder: Path, adders: int, payload_bytes: int, seconds: float) -
     after = storage.statistics()
     await storage.close(checkpoint=False)
     latencies.sort()
-    return AddRate(adders, payload_bytes, after["adds"] - before["adds"], elapsed, after["fsyncs"] - before["fsyncs"],
+    return AddRate(adders, per_call, payload_bytes, after["adds"] - before["adds"], elapsed, after["fsyncs"] - before["fsyncs"],
                    1000 * statistics.median(latencies), 1000 * latencies[int(0.99 * (len(latencies) - 1))])
 
 
-def measure(folder: Path, adder_counts: list[int], payload_bytes: int = 100, seconds: float = 3.0) -> dict:
+def measure(folder: Path, adder_counts: list[int], payload_bytes: int = 100, seconds: float = 3.0,
+            per_call: int = 1) -> dict:
     """For each adder count: the disk's append+fsync rate, then the engine's add rate, interleaved
     so that each ratio compares the two on the same disk at the same time (a shared disk's fsync
     rate drifts by 10x when neighbours are busy)."""
@@ -87,7 +92,7 @@ def measure(folder: Path, adder_counts: list[int], payload_bytes: int = 100, sec
     for adders in adder_counts:
         disk = append_fsync(folder, seconds)
         with tempfile.TemporaryDirectory(dir=folder, prefix="bookie-bench-") as tmp:
-            rate = trio.run(_adds, Path(tmp), adders, payload_bytes, seconds)
+            rate = trio.run(_adds, Path(tmp), adders, payload_bytes, seconds, per_call)
         runs.append(dict(asdict(rate), adds_per_s=round(rate.adds_per_s), adds_per_fsync=round(rate.adds_per_fsync, 1),
                          disk_append_fsync_per_s=round(disk.per_s), vs_disk=round(rate.adds_per_s / disk.per_s, 2)))
     return {"runs": runs}
@@ -99,8 +104,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--adders", default="1,16,64,256", help="comma-separated concurrent adder counts")
     parser.add_argument("--payload-bytes", type=int, default=100)
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--per-call", type=int, default=1, help="adds per add_batch call (one socket read's worth)")
     args = parser.parse_args(argv)
-    result = measure(args.folder, [int(n) for n in args.adders.split(",")], args.payload_bytes, args.seconds)
+    result = measure(args.folder, [int(n) for n in args.adders.split(",")], args.payload_bytes, args.seconds,
+                     args.per_call)
     print(json.dumps(result, indent=2))
 
 

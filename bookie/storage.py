@@ -480,7 +480,7 @@ class BookieStorage:
         return read_only
 
     async def run(self, *, task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
-        """Background duties until cancelled: checkpoint when checkpoint_every_bytes of journal were
+        """Background duties until cancelled or closed: checkpoint when checkpoint_every_bytes of journal were
         written or checkpoint_interval_ms passed with writes; re-check the disk; compact."""
         config = self.config
         now = trio.current_time()
@@ -489,9 +489,11 @@ class BookieStorage:
                                    config.compaction_interval_ms) if ms > 0]
         tick = min(intervals, default=1000) / 1000
         task_status.started()
-        while True:
+        while not self._closed:
             with trio.move_on_after(tick):
                 await self._checkpoint_wanted.wait()
+            if self._closed:
+                return
             now = trio.current_time()
             written = self._journal.bytes_written > self._journal_bytes_at_checkpoint
             due = config.checkpoint_interval_ms and now - last["checkpoint"] >= config.checkpoint_interval_ms / 1000
