@@ -32,6 +32,7 @@ import itertools
 import logging
 import struct
 from collections.abc import Iterable, Iterator
+from contextlib import AsyncExitStack
 from typing import Any
 
 import trio
@@ -152,7 +153,7 @@ class BookieClient:
         self.connect_timeout_s = connect_timeout_s
         self.max_frame_bytes = max_frame_bytes
         self._nursery: trio.Nursery | None = None
-        self._own_nursery: Any = None
+        self._stack = AsyncExitStack()
         self._scope: trio.CancelScope | None = None  # the current connection's
         self._connecting = False
         self._connected = False
@@ -177,15 +178,18 @@ class BookieClient:
         self._nursery = nursery
 
     async def __aenter__(self) -> BookieClient:
-        self._own_nursery = trio.open_nursery()
-        self.start(await self._own_nursery.__aenter__())
+        self._stack = AsyncExitStack()
+        self.start(await self._stack.enter_async_context(trio.open_nursery()))
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-        assert self._nursery is not None
-        self._nursery.cancel_scope.cancel()  # a connection attempt in progress, too
-        await self._own_nursery.__aexit__(None, None, None)
+        try:
+            await self.aclose()
+            assert self._nursery is not None
+            self._nursery.cancel_scope.cancel()  # a connection attempt in progress, too
+        finally:
+            # Only our own tasks are in the nursery: the body's exception propagates unwrapped.
+            await self._stack.aclose()
 
     async def aclose(self) -> None:
         """Fail every pending request (BookieUnavailable) and drop the connection."""
@@ -369,6 +373,7 @@ class BookieClient:
                         if p is None:
                             continue  # timed out already
                         if p.kind is not P.Kind.ADD:
+                            pending[p.request_id] = p  # failed with the others as the connection ends
                             return f"protocol violation: an ADD answer to a {p.kind.name} request"
                         p._finish(None, None)
                         continue
@@ -377,6 +382,7 @@ class BookieClient:
                     if p is None:
                         continue  # timed out already
                     if resp.kind is not p.kind and resp.status is P.Status.OK:
+                        pending[p.request_id] = p
                         return f"protocol violation: a {resp.kind.name} answer to a {p.kind.name} request"
                     _complete(p, resp)
                 if splitter.error is not None:
@@ -437,20 +443,22 @@ class BookiePool:
         self._options = client_options
         self._ids = itertools.count(1)
         self._nursery: trio.Nursery | None = None
-        self._nursery_cm: Any = None
+        self._stack = AsyncExitStack()
 
     async def __aenter__(self) -> BookiePool:
-        self._nursery_cm = trio.open_nursery()
-        self._nursery = await self._nursery_cm.__aenter__()
+        self._nursery = await self._stack.enter_async_context(trio.open_nursery())
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        for c in list(self._clients.values()):
-            await c.aclose()
-        self._clients.clear()
-        assert self._nursery is not None
-        self._nursery.cancel_scope.cancel()
-        await self._nursery_cm.__aexit__(None, None, None)
+        try:
+            for c in list(self._clients.values()):
+                await c.aclose()
+            self._clients.clear()
+            assert self._nursery is not None
+            self._nursery.cancel_scope.cancel()
+        finally:
+            await self._stack.aclose()
+            self._nursery = None
 
     @property
     def bookies(self) -> list[int]:

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 MAX_REQUEST_HEAD_BYTES = 8 << 10
 READ_TIMEOUT_S = 5.0
 MAX_RESPONSE_BYTES = 4 << 20
-ROLES = ("leader", "follower", "observer", "looking")
+ROLES = ("leader", "follower", "observer", "looking", "bookie")  # "bookie": a bookie-only node
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout"}
 
 
@@ -107,7 +107,7 @@ def _response(status: int, content_type: str, body: bytes) -> bytes:
 
 
 def render_metrics(status: dict[str, Any]) -> str:
-    """Prometheus text of the numbers in a node status: role, epochs, zxids, log and kv stats."""
+    """Prometheus text of the numbers in a node status: role, epochs, zxids, log, client and bookie stats."""
     lines = []
 
     def gauge(name: str, value: Any, help_text: str) -> None:
@@ -125,6 +125,14 @@ def render_metrics(status: dict[str, Any]) -> str:
     for group in ("log", "clients"):
         for key, value in sorted((status.get(group) or {}).items()):
             gauge(f"quire_{group}_{_metric_name(key)}", value, f"{group} statistic {key}")
+    bookie = status.get("bookie") or {}
+    gauge("quire_bookie_registered", bookie.get("registered"), "1 while the bookie is registered in the metastore")
+    gauge("quire_bookie_read_only", bookie.get("read_only"), "1 while the bookie's disk is over its threshold")
+    service = bookie.get("service") or {}
+    for key, value in sorted(service.items()):
+        gauge(f"quire_bookie_{_metric_name(key)}", value, f"bookie service statistic {key}")
+    for key, value in sorted((service.get("storage") or {}).items()):
+        gauge(f"quire_bookie_storage_{_metric_name(key)}", value, f"bookie storage statistic {key}")
     return "\n".join(lines) + "\n"
 
 

@@ -74,8 +74,12 @@ async def test_every_bookie_registers_including_the_bookie_only_node(cluster):
             for b in bookies:
                 assert (b.host, b.port, b.read_only) == ("127.0.0.1", cluster.config.node(b.id).bookie_port, False)
                 assert len(await read_cookie(meta, b.id)) >= 16
-    statuses = {s["id"]: s for s in cluster.status()}
-    assert statuses[4]["role"] == "bookie" and statuses[4]["pid"]
+    statuses = await localcluster.fetch_statuses(cluster.config)
+    assert statuses[4]["role"] == "bookie" and statuses[4]["pid"] and "epoch" not in statuses[4]
+    for node_id, status in statuses.items():
+        bookie = status["bookie"]
+        assert (bookie["registered"], bookie["phase"], bookie["read_only"]) == (True, "serving", False)
+        assert "fsyncs" in bookie["service"]["storage"]
 
 
 @trio_test
