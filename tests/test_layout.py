@@ -21,7 +21,7 @@ EDGE = {
     "zab/txnlog.py", "zab/snapshot.py", "zab/epochfile.py", "zab/recovery.py",
     "bookie/journal.py", "bookie/entrylog.py", "bookie/storage.py", "bookie/storage_recovery.py",
     "bookie/service.py", "bookie/client.py", "bookie/registration.py",
-    "ledger/manager.py", "ledger/client.py", "ledger/client_sync.py",
+    "ledger/manager.py", "ledger/client.py", "ledger/client_sync.py", "ledger/driver.py", "ledger/handles.py",
     # The Spark verifiers' readers and entry points (files, the JVM, clocks for progress).
     "replay/spark_session.py", "replay/spark_source.py", "replay/spark_replay.py", "replay/verify_zab.py",
 }
