@@ -20,6 +20,7 @@ from bookie.client import BookiePool
 from bookie.service import BookieService
 from bookie_fixtures import open_storage, trio_test
 from ledger.client import LedgerClient
+from ledger.client_sync import SyncLedgerClient
 from ledger.errors import LedgerFenced, MetadataConflict, NoSuchLedger, OutcomeUnknown, WrongPassword
 from metastore.errors import NoNode
 
@@ -180,3 +181,25 @@ async def test_wrong_password_is_refused(tmp_path):
             await w.append(b"x")
             with pytest.raises(WrongPassword):
                 await client.open(w.ledger_id, b"wrong")
+
+
+@trio_test
+async def test_the_synchronous_facade(tmp_path):
+    @asynccontextmanager
+    async def no_metastore():
+        yield NoRegistrations()
+
+    def story(addresses):
+        with SyncLedgerClient([], addresses, manager=MemoryManager(), meta_factory=no_metastore) as ledgers:
+            w = ledgers.create(3, 2, 2, password=b"pw")
+            assert w.append(b"first") == 0
+            assert w.append_many([b"second", b"third"]) == [1, 2]
+            assert w.close().last_entry == 2
+            r = ledgers.open(w.ledger_id, b"pw")
+            assert [e.payload for e in r.tail(1)] == [b"second", b"third"]
+            assert ledgers.list_ledgers() == [w.ledger_id]
+
+    with trio.fail_after(30):
+        async with bookies(tmp_path, 3) as services:
+            addresses = {b: ("127.0.0.1", s.port) for b, (s, _) in services.items()}
+            await trio.to_thread.run_sync(story, addresses)

@@ -1,0 +1,190 @@
+"""A blocking facade over LedgerClient, for the CLI and synchronous programs (like metastore/client_sync.py).
+
+One background thread runs a trio loop holding a MetaClient, a BookiePool and a
+LedgerClient; each method hands its call to that loop and blocks until it is
+done. Handles wrap the async ones; their semantics are unchanged (docs/ledger.md).
+
+    with SyncLedgerClient([("127.0.0.1", 21811)]) as ledgers:
+        w = ledgers.create(3, 3, 2, password=b"pw")
+        w.append_many([b"a", b"b"])
+        w.close()
+        r = ledgers.open(w.ledger_id, b"pw")
+        for entry in r.tail(0):        # ends after the last entry of a closed ledger
+            print(entry.entry_id, entry.payload)
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from functools import partial
+from typing import Any
+
+import trio
+
+from bookie.client import BookiePool
+from bookie.entry import DigestType, Entry
+from ledger.client import LedgerClient
+from ledger.handles import ReadHandle, WriteHandle
+from ledger.manager import LedgerManager
+from ledger.metadata import LedgerMetadata
+from metastore.client import MetaClient
+
+
+class SyncLedgerClient:
+    """`with SyncLedgerClient(meta_hosts, bookie_addresses=None, **LedgerClient options) as c:`.
+
+    Bookie addresses come from the metastore's registrations; `bookie_addresses`
+    ({id: (host, port)}) adds known ones. `meta_factory` replaces the MetaClient
+    (a callable returning an async context manager that yields a metastore client)."""
+
+    def __init__(self, meta_hosts: Sequence[tuple[str, int]], bookie_addresses: dict[int, tuple[str, int]] | None = None,
+                 *, manager: LedgerManager | None = None,
+                 meta_factory: Callable[[], AbstractAsyncContextManager[Any]] | None = None, **options: Any) -> None:
+        self._meta_factory = meta_factory or partial(MetaClient, list(meta_hosts))
+        self._addresses = dict(bookie_addresses or {})
+        self._manager = manager
+        self._options = options
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._client: LedgerClient | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._stop: trio.Event | None = None
+
+    def __enter__(self) -> SyncLedgerClient:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("a SyncLedgerClient starts once; create another")
+        self._thread = threading.Thread(target=trio.run, args=(self._main,), name="ledgerclient", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            self._thread.join()
+            raise self._error
+
+    async def _main(self) -> None:
+        try:
+            async with AsyncExitStack() as stack:
+                meta = await stack.enter_async_context(self._meta_factory())
+                pool = await stack.enter_async_context(BookiePool(self._addresses))
+                self._client = await stack.enter_async_context(
+                    LedgerClient(meta, pool, self._manager, **self._options))
+                self._stop = trio.Event()
+                self._token = trio.lowlevel.current_trio_token()
+                self._ready.set()
+                await self._stop.wait()
+        except BaseException as e:  # handed to start(), which re-raises it in the caller's thread
+            if self._ready.is_set():
+                raise
+            self._error = e
+            self._ready.set()
+
+    def close(self) -> None:
+        """Stop the loop (handles become unusable). Idempotent."""
+        if self._thread is None or self._token is None or not self._thread.is_alive():
+            return
+        try:
+            trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
+        except trio.RunFinishedError:
+            pass
+        self._thread.join()
+
+    @property
+    def client(self) -> LedgerClient:
+        if self._client is None:
+            raise RuntimeError("the SyncLedgerClient is not started")
+        return self._client
+
+    def run(self, async_fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run `await async_fn(*args, **kwargs)` in the client's loop and return its result."""
+        if self._token is None:
+            raise RuntimeError("the SyncLedgerClient is not started")
+        return trio.from_thread.run(partial(async_fn, *args, **kwargs), trio_token=self._token)
+
+    # -- ledgers (see LedgerClient) -----------------------------------------------------------
+    def create(self, ensemble_size: int, write_quorum: int, ack_quorum: int,
+               digest_type: DigestType = DigestType.CRC32C, password: bytes = b"",
+               custom: dict[str, bytes] | None = None) -> SyncWriteHandle:
+        handle = self.run(self.client.create, ensemble_size, write_quorum, ack_quorum, digest_type, password, custom)
+        return SyncWriteHandle(self, handle)
+
+    def open(self, ledger_id: int, password: bytes, recover: bool = False) -> SyncReadHandle:
+        return SyncReadHandle(self, self.run(self.client.open, ledger_id, password, recover))
+
+    def recover(self, ledger_id: int, password: bytes) -> LedgerMetadata:
+        return self.run(self.client.recover, ledger_id, password)
+
+    def delete(self, ledger_id: int) -> None:
+        self.run(self.client.delete, ledger_id)
+
+    def list_ledgers(self) -> list[int]:
+        return self.run(self.client.list_ledgers)
+
+
+class SyncWriteHandle:
+    def __init__(self, owner: SyncLedgerClient, handle: WriteHandle) -> None:
+        self._owner, self.handle = owner, handle
+
+    @property
+    def ledger_id(self) -> int:
+        return self.handle.ledger_id
+
+    @property
+    def lac(self) -> int:
+        return self.handle.lac
+
+    def append(self, payload: bytes) -> int:
+        return self._owner.run(self.handle.append, payload)
+
+    def append_many(self, payloads: list[bytes]) -> list[int]:
+        """Pipelined: every payload is in flight at once."""
+        return self._owner.run(self.handle.append_many, payloads)
+
+    def close(self) -> LedgerMetadata:
+        return self._owner.run(self.handle.close)
+
+
+class SyncReadHandle:
+    def __init__(self, owner: SyncLedgerClient, handle: ReadHandle) -> None:
+        self._owner, self.handle = owner, handle
+
+    @property
+    def ledger_id(self) -> int:
+        return self.handle.ledger_id
+
+    @property
+    def last_entry(self) -> int | None:
+        return self.handle.last_entry
+
+    @property
+    def lac(self) -> int:
+        return self.handle.lac
+
+    @property
+    def metadata(self) -> LedgerMetadata:
+        return self.handle.metadata
+
+    def read(self, first: int, last: int) -> list[Entry]:
+        return self._owner.run(self.handle.read, first, last)
+
+    def read_lac(self) -> int:
+        return self._owner.run(self.handle.read_lac)
+
+    def tail(self, from_entry: int = 0) -> Iterator[Entry]:
+        """Entries from `from_entry` on as they are confirmed; ends after a closed ledger's last entry."""
+        next_entry = from_entry
+        while True:
+            batch = self._owner.run(self.handle.wait_entries, next_entry)
+            yield from batch
+            next_entry += len(batch)
+            h = self.handle
+            if not batch and h.is_closed and next_entry > h.metadata.last_entry:
+                return
