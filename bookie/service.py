@@ -247,7 +247,7 @@ class BookieService:
                 outcomes = [e] * len(adds)
             for add, outcome in zip(adds, outcomes, strict=True):
                 if outcome is None:
-                    conn.answer(P.Response(add.request_id, P.Kind.ADD, P.Status.OK, add.ledger_id, add.entry_id))
+                    conn.send(P.encode_add_ok(add.request_id, add.ledger_id, add.entry_id))
                 else:
                     self.stats["add_errors"] += 1
                     conn.fail(add, P.Kind.ADD, outcome)

@@ -124,6 +124,10 @@ def test_an_add_whose_entry_names_another_entry_is_refused():
     assert e.value.request_id == 5
 
 
+def test_the_hot_path_add_answer_is_the_general_encoding():
+    assert P.encode_add_ok(5, 7, 3) == P.encode_response(P.Response(5, P.Kind.ADD, P.Status.OK, 7, 3))
+
+
 def test_unknown_versions_types_and_flags_are_refused_with_the_request_id():
     read = body_of(P.encode_request(P.ReadEntry(9, 7, 3)))
     for damaged in (b"\x02" + read[1:], read[:1] + b"\x77" + read[2:], read[:-1] + b"\x80"):
