@@ -15,6 +15,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 import trio
 import trio.testing
 
@@ -289,3 +291,30 @@ async def test_a_request_the_bookie_never_answers_times_out_and_the_connection_s
                     await c.read_lac(70)
                 assert 0.3 <= trio.current_time() - start < 1 and c.connected
             nursery.cancel_scope.cancel()
+
+
+# --- fuzz: random bytes on one connection never hurt the bookie or its other clients ----------
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(st.one_of(
+    st.binary(max_size=64),
+    st.sampled_from([P.encode_request(P.ReadLac(1, 42)), P.encode_add(2, 42, 1, KEY, entry(42, 1))]),
+    st.builds(lambda b: struct.pack(">II", len(b), P.crc32c(b)) + b, st.binary(min_size=1, max_size=80)),
+), max_size=6))
+def test_random_bytes_close_at_most_their_own_connection(tmp_path_factory, chunks):
+    tmp_path = tmp_path_factory.mktemp("fuzz")
+
+    async def main():
+        with trio.fail_after(10):
+            async with bookie(tmp_path) as service, client_of(service) as c:
+                await c.add(42, 0, KEY, entry(42, 0))
+                stream = await trio.open_tcp_stream("127.0.0.1", service.port)
+                async with stream:
+                    for chunk in chunks:
+                        try:
+                            await stream.send_all(chunk)
+                        except trio.BrokenResourceError:
+                            break  # the bookie closed this connection: allowed
+                    assert await c.read_lac(42) in (NO_ENTRY, 0)  # the well-behaved client goes on (0: a fuzz add)
+                    assert DIGESTER.verify(await c.read(42, 0)).entry_id == 0
+    trio.run(main)
