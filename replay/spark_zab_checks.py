@@ -19,6 +19,7 @@ from replay.verify_decode import ORDER_OK, ORDER_UNKNOWN
 from replay.verify_history import CommittedHistory, build_history
 from replay.verify_report import MAX_EXAMPLES, CheckResult
 from zab import zxid as Z
+from zab.txnlog import UNKNOWN_PREV_ZXID
 
 CHECKSUMS, AGREEMENT, PREFIX, EPOCH_ORDER = "Checksums", "Agreement", "PrefixConsistency/TotalOrder", "EpochOrder"
 QUORUM, SKIPPED, REPLAY = "QuorumPresence", "NoSkippedProposal", "Replay"
@@ -47,6 +48,8 @@ class Context:
     bases: dict[int, int | None] = field(default_factory=dict)
     tops: dict[int, int] = field(default_factory=dict)
     facts: dict[str, object] = field(default_factory=dict)
+    node_stats: dict = field(default_factory=dict)
+    snapshot_rows: list = field(default_factory=list)
 
     @property
     def majority(self) -> int:
@@ -54,92 +57,107 @@ class Context:
 
 
 def run_checks(ctx: Context) -> list[CheckResult]:
-    """Every Zab check, in the order of CHECK_NAMES."""
+    """Every Zab check, in the order of CHECK_NAMES.
+
+    Spark jobs are few on purpose: each check first gets its counts from one
+    aggregate, and only asks for examples when there is something to show.
+    """
     ctx.valid = ctx.frames.records.where("checksum = 'ok'")
     ctx.per_zxid = ctx.valid.groupBy("zxid").agg(
         F.first("epoch").alias("epoch"), F.first("counter").alias("counter"),
         F.countDistinct("node").alias("n_nodes"), F.collect_set("node").alias("nodes"),
         F.collect_set("body_hash").alias("hashes"), F.collect_set("prev_zxid").alias("preds")).persist()
-    results = {CHECKSUMS: check_checksums(ctx), AGREEMENT: check_agreement(ctx)}
-    results[EPOCH_ORDER] = check_epoch_order(ctx)
+    ctx.progress("aggregating per file and per zxid")
+    files = _per_file(ctx)
+    zsum = ctx.per_zxid.agg(
+        F.count("*").alias("zxids"), F.sum((F.size("hashes") > 1).cast("long")).alias("differing"),
+        F.sum((F.size("preds") > 1).cast("long")).alias("forks"),
+        F.max(F.when(F.col("n_nodes") >= ctx.majority, F.col("zxid"))).alias("c")).first()
+    results = {CHECKSUMS: check_checksums(ctx, files), AGREEMENT: check_agreement(ctx, zsum)}
+    results[EPOCH_ORDER] = check_epoch_order(ctx, files)
     ctx.progress("finding the committed history")
-    _commit(ctx)
+    _commit(ctx, zsum.c)
     per_record = _with_history(ctx)
-    results[PREFIX] = check_prefix(ctx, per_record)
+    results[PREFIX] = check_prefix(ctx, per_record, zsum.forks or 0)
     results[SKIPPED] = check_skipped(ctx, per_record)
     results[QUORUM] = check_quorum(ctx)
     results[REPLAY] = check_replay(ctx)
+    per_record.unpersist()
     ctx.per_zxid.unpersist()
     return [results[name] for name in CHECK_NAMES]
 
 
+def _per_file(ctx: Context) -> list:
+    """One row per segment: its records' counts, damage, order flags, zxid range (one job)."""
+    ok = F.col("checksum") == "ok"
+    flagged = ok & ~F.col("order").isin(ORDER_OK, ORDER_UNKNOWN)
+    agg = ctx.frames.records.groupBy("node", "file").agg(
+        F.count("*").alias("rows"), F.sum((~ok).cast("long")).alias("bad"),
+        F.max(F.when(ok, F.col("offset"))).alias("last_ok"), F.min(F.when(~ok, F.col("offset"))).alias("first_bad"),
+        F.max(F.when(~ok, F.col("offset"))).alias("last_bad"), F.sum(flagged.cast("long")).alias("misordered"),
+        F.min("zxid").alias("low"), F.max("zxid").alias("high"))
+    return ctx.frames.segments_df.join(agg, ["node", "file"], "left").orderBy("node", "file").collect()
+
+
 # -- Checksums ---------------------------------------------------------------------------------
 
-def check_checksums(ctx: Context) -> CheckResult:
+def check_checksums(ctx: Context, files: list) -> CheckResult:
     """Every record's CRC, every segment header, every snapshot file."""
     ctx.progress("Checksums: records, segment headers, snapshots")
-    result = CheckResult(CHECKSUMS)
-    records = ctx.frames.records
-    last_ok = ctx.valid.groupBy("node", "file").agg(F.max("offset").alias("last_ok"))
-    bad = records.where("checksum != 'ok'").join(ctx.frames.segments_df.select("node", "file", "newest"),
-                                                 ["node", "file"]).join(last_ok, ["node", "file"], "left")
+    result = CheckResult(CHECKSUMS, checked=sum(f.rows or 0 for f in files) + len(files))
     # A damaged record after the newest segment's last valid one is a torn tail: a crash
     # left it, nothing in it was acknowledged, and the node truncates it when it opens the log.
-    tail = F.col("newest") & (F.col("last_ok").isNull() | (F.col("offset") > F.col("last_ok")))
-    bad = bad.withColumn("tail", tail).persist()
-    harmful = bad.where("not tail").orderBy("node", "file", "offset")
-    result.add(harmful.count(), [f"node {r.node} {r.file} offset {r.offset}: {r.checksum}: {r.detail}"
-                                 for r in harmful.limit(MAX_EXAMPLES).collect()])
-    for r in bad.where("tail").collect()[:MAX_EXAMPLES]:
-        result.notes.append(f"node {r.node} {r.file}: {r.checksum} tail at offset {r.offset} (a crash's unsynced "
-                            "write; the node truncates it on restart)")
-    bad.unpersist()
-    segments = ctx.frames.segments_df
-    headers = segments.where("not header_ok and not (newest and records = 0)").collect()
-    result.add(len(headers), [f"node {r.node} {r.file}: invalid segment header" for r in headers])
-    snaps = ctx.frames.snapshots
-    broken = snaps.where("status != 'ok'").collect()
+    harmful = [f for f in files if f.bad and not (f.newest and (f.last_ok is None or f.first_bad > f.last_ok))]
+    for f in files:
+        if f.bad and f not in harmful:
+            result.notes.append(f"node {f.node} {f.file}: damaged tail from offset {f.first_bad} (a crash's "
+                                "unsynced write; the node truncates it on restart)")
+    if harmful:
+        bad = ctx.frames.records.where("checksum != 'ok'").orderBy("node", "file", "offset")
+        rows = [r for r in bad.limit(200).collect() if any(r.node == f.node and r.file == f.file for f in harmful)]
+        result.add(sum(f.bad for f in harmful), [f"node {r.node} {r.file} offset {r.offset}: {r.checksum}: "
+                                                 f"{r.detail}" for r in rows])
+    headers = [f for f in files if not f.header_ok and not (f.newest and f.records == 0)]
+    result.add(len(headers), [f"node {f.node} {f.file}: invalid segment header" for f in headers])
+    snaps = ctx.snapshot_rows = ctx.frames.snapshots.collect()
+    result.checked += len(snaps)
+    broken = [r for r in snaps if r.status != "ok"]
     result.add(len(broken), [f"node {r.node} {r.file}: {r.error}" for r in broken])
-    result.checked = records.count() + segments.count() + snaps.count()
     return result
 
 
 # -- Agreement ---------------------------------------------------------------------------------
 
-def check_agreement(ctx: Context) -> CheckResult:
+def check_agreement(ctx: Context, zsum) -> CheckResult:  # noqa: ANN001 - a Row
     """Every zxid names the same record body on every node whose log holds it."""
     ctx.progress("Agreement: one body per zxid")
-    result = CheckResult(AGREEMENT, checked=ctx.per_zxid.count())
-    differing = ctx.per_zxid.where(F.size("hashes") > 1).select("zxid").persist()
-    count = differing.count()
-    examples = []
-    if count:
-        first = [r.zxid for r in differing.orderBy("zxid").limit(MAX_EXAMPLES).collect()]
-        rows = ctx.valid.where(F.col("zxid").isin(first)).select("zxid", "node", "body_hash", "txn_type", "path")
-        by_zxid: dict[int, list[str]] = {}
-        for r in rows.orderBy("zxid", "node").collect():
-            by_zxid.setdefault(r.zxid, []).append(f"node {r.node}: {bytes(r.body_hash).hex()[:12]} "
-                                                  f"{r.txn_type or ''} {r.path or ''}".rstrip())
-        examples = [f"zxid {fmt(z)} differs: " + "; ".join(by_zxid[z]) for z in first]
-    differing.unpersist()
-    result.add(count, examples)
+    result = CheckResult(AGREEMENT, checked=zsum.zxids)
+    if not zsum.differing:
+        return result
+    first = [r.zxid for r in ctx.per_zxid.where(F.size("hashes") > 1).orderBy("zxid").limit(MAX_EXAMPLES).collect()]
+    rows = ctx.valid.where(F.col("zxid").isin(first)).select("zxid", "node", "body_hash", "txn_type", "path")
+    by_zxid: dict[int, list[str]] = {}
+    for r in rows.orderBy("zxid", "node").collect():
+        by_zxid.setdefault(r.zxid, []).append(f"node {r.node}: {bytes(r.body_hash).hex()[:12]} "
+                                              f"{r.txn_type or ''} {r.path or ''}".rstrip())
+    result.add(zsum.differing, [f"zxid {fmt(z)} differs: " + "; ".join(by_zxid[z]) for z in first])
     return result
 
 
 # -- EpochOrder --------------------------------------------------------------------------------
 
-def check_epoch_order(ctx: Context) -> CheckResult:
+def check_epoch_order(ctx: Context, files: list) -> CheckResult:
     """Within each log: zxids increase, epochs never go backwards, counters are contiguous
     within an epoch and a new epoch starts at 1; segments chain (docs/formats.md)."""
     ctx.progress("EpochOrder: each log in order")
-    result = CheckResult(EPOCH_ORDER, checked=ctx.valid.count())
-    flagged = ctx.valid.where(~F.col("order").isin(ORDER_OK, ORDER_UNKNOWN))
-    rows = flagged.orderBy("node", "zxid").limit(MAX_EXAMPLES).collect()
-    result.add(flagged.count(), [f"node {r.node} {r.file} offset {r.offset}: {fmt(r.zxid)} after "
-                                 f"{fmt(r.prev_zxid)}: {r.order}" for r in rows])
-    files = ctx.valid.groupBy("node", "file").agg(F.min("zxid").alias("low"), F.max("zxid").alias("high"))
-    segs = ctx.frames.segments_df.join(files, ["node", "file"], "left").orderBy("node", "file").collect()
-    for prev, seg in zip([None, *segs], segs):
+    result = CheckResult(EPOCH_ORDER, checked=sum((f.rows or 0) - (f.bad or 0) for f in files))
+    misordered = sum(f.misordered or 0 for f in files)
+    if misordered:
+        flagged = ctx.valid.where(~F.col("order").isin(ORDER_OK, ORDER_UNKNOWN))
+        rows = flagged.orderBy("node", "zxid").limit(MAX_EXAMPLES).collect()
+        result.add(misordered, [f"node {r.node} {r.file} offset {r.offset}: {fmt(r.zxid)} after "
+                                f"{fmt(r.prev_zxid)}: {r.order}" for r in rows])
+    for prev, seg in zip([None, *files], files):
         if seg.header_ok and seg.low is not None and seg.low != seg.first_zxid:
             result.add(1, [f"node {seg.node} {seg.file}: header says first zxid {fmt(seg.first_zxid)}, "
                            f"first record is {fmt(seg.low)}"])
@@ -153,27 +171,35 @@ def check_epoch_order(ctx: Context) -> CheckResult:
 
 # -- the committed history ------------------------------------------------------------------------
 
-def _commit(ctx: Context) -> None:
-    """C, the horizons, the commit point and H (replay.verify_history)."""
-    c = ctx.per_zxid.where(F.col("n_nodes") >= ctx.majority).agg(F.max("zxid")).first()[0]
-    oldest = ctx.frames.segments_df.where("header_ok").groupBy("node").agg(F.min("file").alias("file"))
-    base_rows = ctx.frames.segments_df.join(oldest, ["node", "file"]).collect()
-    ctx.bases = {r.node: (None if r.prev_zxid is None or r.prev_zxid < 0 else r.prev_zxid) for r in base_rows}
-    snaps = ctx.frames.snapshots.where("status = 'ok'").groupBy("node").agg(F.max("zxid").alias("z")).collect()
+def _commit(ctx: Context, c: int | None) -> None:
+    """The horizons, the commit point and H (replay.verify_history); `c` is C."""
+    for s in reversed(ctx.frames.segments):  # name order: the oldest valid header comes last
+        if s.layout.prev_zxid is not None:
+            ctx.bases[s.node] = None if s.layout.prev_zxid == UNKNOWN_PREV_ZXID else s.layout.prev_zxid
     ctx.horizons = {n.node: 0 for n in ctx.frames.nodes}
     for node, base in ctx.bases.items():
         ctx.horizons[node] = max(ctx.horizons[node], base or 0)
-    for r in snaps:
-        ctx.horizons[r.node] = max(ctx.horizons[r.node], r.z)
+    for r in [r for r in ctx.snapshot_rows if r.status == "ok"]:
+        ctx.horizons[r.node] = max(ctx.horizons[r.node], r.zxid)
     commit_point = max([c or 0, *ctx.horizons.values()])
-    top = ctx.per_zxid.where(F.col("zxid") <= commit_point).agg(F.max("zxid")).first()[0]
-    counters = {r.epoch: (r.lo, r.hi) for r in ctx.per_zxid.groupBy("epoch").agg(
-        F.min("counter").alias("lo"), F.max("counter").alias("hi")).collect()}
+    counters: dict[int, tuple[int, int]] = {}
     starts: dict[int, dict[int, int]] = {}
-    for r in ctx.valid.where("counter = 1").groupBy("zxid", "prev_zxid").agg(F.countDistinct("node").alias("n")).collect():
-        votes = starts.setdefault(r.zxid, {})
-        if r.prev_zxid is not None:
-            votes[r.prev_zxid] = r.n
+    top = None
+    # One job: per epoch the counter range and the highest zxid <= commit point; the
+    # predecessors of every counter-1 zxid ride along (few: one per epoch and node).
+    for r in ctx.per_zxid.groupBy("epoch").agg(
+            F.min("counter").alias("lo"), F.max("counter").alias("hi"),
+            F.max(F.when(F.col("zxid") <= commit_point, F.col("zxid"))).alias("top"),
+            F.collect_list(F.when(F.col("counter") == 1, F.col("zxid"))).alias("firsts")).collect():
+        counters[r.epoch] = (r.lo, r.hi)
+        top = max(top or 0, r.top or 0) or None
+        for z in r.firsts:
+            starts[z] = {}
+    if starts:
+        for r in ctx.valid.where(F.col("zxid").isin(list(starts))).groupBy("zxid", "prev_zxid").agg(
+                F.countDistinct("node").alias("n")).collect():
+            if r.prev_zxid is not None:
+                starts[r.zxid][r.prev_zxid] = r.n
     ctx.history = build_history(top, commit_point, counters, starts)
     ctx.facts.update({"majority": f"{ctx.majority} of {ctx.voters} voters",
                       "C (highest zxid on a majority)": fmt(c), "commit point": fmt(commit_point),
@@ -192,45 +218,50 @@ def _history_frame(ctx: Context) -> DataFrame:
 
 
 def _with_history(ctx: Context) -> DataFrame:
-    """Valid records with `in_h` (the record's zxid is in H) and per-node facts collected."""
+    """Valid records with `in_h` (the zxid is in H) and `divergent` (an epoch start in H
+    whose predecessor in this log is not H's); per-node counts collected in one job."""
     joined = ctx.valid.join(F.broadcast(_history_frame(ctx)), "epoch", "left")
     joined = joined.withColumn("in_h", F.coalesce(F.col("counter").between(F.col("lo"), F.col("hi")), F.lit(False)))
+    joined = joined.withColumn("divergent", F.col("in_h") & (F.col("lo") == 1) & (F.col("counter") == 1)
+                               & F.col("prev_zxid").isNotNull() & (F.col("prev_zxid") != F.col("h_pred")))
     joined = joined.persist()
+    zxid, in_h = F.col("zxid"), F.col("in_h")
     stats = joined.groupBy("node").agg(
-        F.count("*").alias("records"), F.sum(F.col("in_h").cast("long")).alias("in_h"),
-        F.min(F.when(F.col("in_h"), F.col("zxid"))).alias("low_h"),
-        F.max(F.when(F.col("in_h"), F.col("zxid"))).alias("top_h"),
-        F.min("zxid").alias("first"), F.max("zxid").alias("last")).collect()
+        F.count("*").alias("records"), F.sum(in_h.cast("long")).alias("in_h"),
+        F.min(F.when(in_h, zxid)).alias("low_h"), F.max(F.when(in_h, zxid)).alias("top_h"),
+        F.min("zxid").alias("first"), F.max("zxid").alias("last"),
+        F.sum(F.col("divergent").cast("long")).alias("divergent"),
+        F.min(F.when(~in_h, zxid)).alias("low_out"), F.sum((~in_h).cast("long")).alias("out")).collect()
     ctx.tops = {r.node: r.top_h for r in stats if r.top_h is not None}
-    ctx.facts["nodes"] = ", ".join(
+    ctx.facts["nodes"] = "; ".join(
         f"{r.node}: {r.records} records {fmt(r.first)}..{fmt(r.last)}, committed up to {fmt(r.top_h)}"
         for r in sorted(stats, key=lambda r: r.node))
-    ctx.facts["node stats"] = {r.node: (r.in_h, r.low_h, r.top_h) for r in stats}
+    ctx.node_stats = {r.node: r for r in stats}
     return joined
 
 
 # -- PrefixConsistency / TotalOrder ------------------------------------------------------------
 
-def check_prefix(ctx: Context, joined: DataFrame) -> CheckResult:
+def check_prefix(ctx: Context, joined: DataFrame, forks: int) -> CheckResult:
     """Each log's committed part is H between its first and last committed zxid, with
     nothing missing; every zxid has one predecessor on every node that holds it."""
     ctx.progress("PrefixConsistency/TotalOrder: each log against the committed history")
     h = ctx.history
-    stats = ctx.facts.pop("node stats")
-    result = CheckResult(PREFIX, checked=sum(s[0] or 0 for s in stats.values()))
-    for node, (in_h, low, top) in sorted(stats.items()):
-        missing = h.count_between(low, top) - in_h if top is not None else 0
+    result = CheckResult(PREFIX, checked=sum(r.in_h or 0 for r in ctx.node_stats.values()))
+    for node, r in sorted(ctx.node_stats.items()):
+        missing = h.count_between(r.low_h, r.top_h) - r.in_h if r.top_h is not None else 0
         if missing:
-            result.add(missing, [f"node {node}: {missing} committed txn(s) between {fmt(low)} and {fmt(top)} "
-                                 "missing from its log"])
-    divergent = joined.where("in_h and lo = 1 and counter = 1 and prev_zxid is not null and prev_zxid != h_pred")
-    rows = divergent.orderBy("zxid", "node").limit(MAX_EXAMPLES).collect()
-    result.add(divergent.count(), [f"node {r.node}: {fmt(r.zxid)} follows {fmt(r.prev_zxid)}, the committed "
-                                   f"history has {fmt(r.h_pred)} before it" for r in rows])
-    forks = ctx.per_zxid.where(F.size("preds") > 1)
-    rows = forks.orderBy("zxid").limit(MAX_EXAMPLES).collect()
-    result.add(forks.count(), [f"TotalOrder: {fmt(r.zxid)} has different predecessors on different nodes: "
-                               f"{', '.join(fmt(p) for p in sorted(r.preds))}" for r in rows])
+            result.add(missing, [f"node {node}: {missing} committed txn(s) between {fmt(r.low_h)} and "
+                                 f"{fmt(r.top_h)} missing from its log"])
+    divergent = sum(r.divergent or 0 for r in ctx.node_stats.values())
+    if divergent:
+        rows = joined.where("divergent").orderBy("zxid", "node").limit(MAX_EXAMPLES).collect()
+        result.add(divergent, [f"node {r.node}: {fmt(r.zxid)} follows {fmt(r.prev_zxid)}, the committed "
+                               f"history has {fmt(r.h_pred)} before it" for r in rows])
+    if forks:
+        rows = ctx.per_zxid.where(F.size("preds") > 1).orderBy("zxid").limit(MAX_EXAMPLES).collect()
+        result.add(forks, [f"TotalOrder: {fmt(r.zxid)} has different predecessors on different nodes: "
+                           f"{', '.join(fmt(p) for p in sorted(r.preds))}" for r in rows])
     for zxid, votes in h.contested[:MAX_EXAMPLES]:
         result.notes.append(f"predecessor of {fmt(zxid)} contested: "
                             + ", ".join(f"{fmt(p)} on {n} node(s)" for p, n in sorted(votes.items())))
@@ -243,19 +274,19 @@ def check_skipped(ctx: Context, joined: DataFrame) -> CheckResult:
     """No log holds, inside its committed part, a zxid that is not in H: a proposal that a
     later epoch truncated (or never committed) must not sit among committed txns."""
     ctx.progress("NoSkippedProposal: uncommitted proposals inside committed history")
-    tops = ctx.spark.createDataFrame(list(ctx.tops.items()) or [(0, 0)], "node int, top_h bigint")
-    inside = joined.join(F.broadcast(tops), "node").where("not in_h and zxid < top_h")
-    result = CheckResult(SKIPPED, checked=joined.count())
-    rows = inside.orderBy("node", "zxid").limit(MAX_EXAMPLES).collect()
-    result.add(inside.count(), [
-        f"node {r.node} {r.file} offset {r.offset}: {fmt(r.zxid)} (epoch {r.epoch}) is not in the committed "
-        f"history but precedes {fmt(r.top_h)} in this log" for r in rows])
-    tails = joined.join(F.broadcast(tops), "node", "left").where(
-        "not in_h and (top_h is null or zxid > top_h) and zxid <= " + str(ctx.history.commit_point))
-    for r in tails.groupBy("node").agg(F.count("*").alias("n"), F.min("zxid").alias("z")).collect():
-        result.notes.append(f"node {r.node}: {r.n} uncommitted record(s) from {fmt(r.z)} at the end of its log "
-                            "(a proposal no quorum took; a leader would TRUNC them)")
-    joined.unpersist()
+    result = CheckResult(SKIPPED, checked=sum(r.records for r in ctx.node_stats.values()))
+    for node, r in sorted(ctx.node_stats.items()):
+        if not r.out:
+            continue
+        inside = joined.where((F.col("node") == node) & ~F.col("in_h") & (F.col("zxid") < (r.top_h or 0)))
+        count = inside.count() if r.top_h is not None and r.low_out < r.top_h else 0
+        if count:
+            rows = inside.orderBy("zxid").limit(MAX_EXAMPLES).collect()
+            result.add(count, [f"node {node} {x.file} offset {x.offset}: {fmt(x.zxid)} (epoch {x.epoch}) is not in "
+                               f"the committed history but precedes {fmt(r.top_h)} in this log" for x in rows])
+        if r.out > count:
+            result.notes.append(f"node {node}: {r.out - count} record(s) past its committed history at the end of "
+                                "its log (proposals not committed yet, or that no quorum took: a leader TRUNCs them)")
     return result
 
 
@@ -275,11 +306,14 @@ def check_quorum(ctx: Context) -> CheckResult:
     for node, horizon in ctx.horizons.items():
         covered = (F.lit(horizon) >= F.col("zxid")) & ~F.array_contains("nodes", node)
         coverage = coverage + covered.cast("int")
-    short = committed.withColumn("coverage", coverage).where(F.col("coverage") < ctx.majority)
-    result.checked = committed.count()
-    rows = short.orderBy("zxid").limit(MAX_EXAMPLES).collect()
-    result.add(short.count(), [f"{fmt(r.zxid)} is committed but only nodes {sorted(r.nodes)} hold it "
-                               f"({r.coverage} of the {ctx.majority} needed)" for r in rows])
+    committed = committed.withColumn("coverage", coverage)
+    totals = committed.agg(F.count("*").alias("n"),
+                           F.sum((F.col("coverage") < ctx.majority).cast("long")).alias("short")).first()
+    result.checked = totals.n
+    if totals.short:
+        rows = committed.where(F.col("coverage") < ctx.majority).orderBy("zxid").limit(MAX_EXAMPLES).collect()
+        result.add(totals.short, [f"{fmt(r.zxid)} is committed but only nodes {sorted(r.nodes)} hold it "
+                                  f"({r.coverage} of the {ctx.majority} needed)" for r in rows])
     missing = h.count_between(h.first, h.last) - result.checked
     if missing > 0:
         result.add(missing, [f"{missing} committed zxid(s) of {_describe(h)} are in no log at all"])
@@ -292,7 +326,7 @@ def check_replay(ctx: Context) -> CheckResult:
     """From every valid snapshot (and zxid 0 where a log reaches back to it), replay each
     node's log through the state machine; equal digests at every zxid two sources reach."""
     ctx.progress("Replay: applying every log through the state machine")
-    snaps = ctx.frames.snapshots.where("status = 'ok'").collect()
+    snaps = [r for r in ctx.snapshot_rows if r.status == "ok"]
     checkpoints = {r.zxid for r in snaps} | set(ctx.tops.values()) | {ctx.history.commit_point}
     segments: dict[int, list[tuple[int, str]]] = {}
     for s in ctx.frames.segments:

@@ -25,9 +25,10 @@ from zab.txnlog import SEGMENT_HEADER_BYTES
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of `verify zab` (shared with clusterctl)."""
-    parser.add_argument("dirs", nargs="+", metavar="DIR[=ID]", help="a node's data directory (one per node)")
+def add_arguments(parser: argparse.ArgumentParser, *, dirs_required: bool = True) -> None:
+    """The options of `verify zab` (shared with clusterctl, where DIRs default to the config's)."""
+    parser.add_argument("dirs", nargs="+" if dirs_required else "*", metavar="DIR[=ID]",
+                        help="a node's data directory (one per node)")
     parser.add_argument("--master", default="local[*]", help="Spark master URL (default local[*])")
     parser.add_argument("--json", action="store_true", help="print the verdict as JSON")
     parser.add_argument("--voters", type=int, default=None,

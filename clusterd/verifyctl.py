@@ -1,0 +1,36 @@
+"""`clusterctl verify zab [DIR[=ID]...]`: the Spark verifier of replay/verify_zab.py.
+
+Without DIRs it verifies the data directories of the config's ensemble, with the
+config's voter count for majorities. Exit status as replay.verify_zab: 0 every
+check passed, 1 a check failed, 2 the input was refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from clusterd.config import ClusterConfig
+
+
+def add_commands(command: Any) -> None:
+    """Register `verify` (with its `zab` target) through clusterctl's `command` helper."""
+    verify = command("verify", cmd_verify, "check the cluster's logs on Spark (docs/verify.md)")
+    targets = verify.add_subparsers(dest="target", required=True, metavar="TARGET")
+    zab = targets.add_parser("zab", help="Zab logs and snapshots: Agreement, PrefixConsistency, ..., Replay",
+                             description="Check Zab logs and snapshots of a cluster's data directories.")
+    _zab_arguments(zab)
+
+
+def _zab_arguments(parser: argparse.ArgumentParser) -> None:
+    from replay.verify_zab import add_arguments
+    add_arguments(parser, dirs_required=False)  # the config names them
+
+
+def cmd_verify(config: ClusterConfig, args: argparse.Namespace) -> int:
+    from replay.verify_zab import run
+    if not args.dirs:
+        args.dirs = [f"{node.data_dir}={node.id}" for node in config.ensemble]
+        if args.voters is None:
+            args.voters = len(config.voters)
+    return run(args)
