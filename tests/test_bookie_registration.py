@@ -8,6 +8,7 @@ directory, and re-register when its registration is lost.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -80,6 +81,16 @@ async def test_every_bookie_registers_including_the_bookie_only_node(cluster):
         bookie = status["bookie"]
         assert (bookie["registered"], bookie["phase"], bookie["read_only"]) == (True, "serving", False)
         assert "fsyncs" in bookie["service"]["storage"]
+
+
+def test_clusterctl_bookie_ls_lists_every_registered_bookie(cluster):
+    listed = cluster.ctl("bookie", "ls", "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = json.loads(listed.stdout)
+    assert [(r["id"], r["port"], r["state"]) for r in rows] == \
+        [(i, cluster.config.node(i).bookie_port, "available") for i in (1, 2, 3, 4)]
+    text = cluster.ctl("bookie", "ls")
+    assert text.returncode == 0 and text.stdout.splitlines()[0].split() == ["bookie", "address", "state"]
 
 
 @trio_test

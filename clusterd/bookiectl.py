@@ -1,0 +1,45 @@
+"""`clusterctl bookie ls`: the bookies registered in the metastore (bookie/registration.py).
+
+Exit status: 0 done, 1 the metastore was unreachable, 2 the cluster does not
+speak the ZooKeeper protocol (bookies register in the metastore).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+from bookie.registration import list_bookies
+from clusterd import zkctl
+from clusterd.config import ClusterConfig
+
+Command = Callable[[ClusterConfig, argparse.Namespace], int]
+
+
+def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]) -> None:
+    """Register `bookie ls` with clusterctl's parser (`command` is ctl's factory)."""
+    bookie = command("bookie", zkctl._zk(cmd_bookie), "bookies: `bookie ls` lists the registered bookies")
+    bookie.add_argument("action", choices=("ls",), help="ls: every registered bookie, available and read-only")
+    bookie.add_argument("--json", action="store_true", help="print JSON")
+
+
+def cmd_bookie(config: ClusterConfig, args: argparse.Namespace) -> int:
+    with zkctl._client(config) as c:
+        bookies = c.run(lambda: list_bookies(c.client))
+    configured = config.bookie_addresses()
+    rows: list[dict[str, Any]] = [asdict(b) | {"state": "read-only" if b.read_only else "available"}
+                                  for b in bookies]
+    registered = {b.id for b in bookies}
+    rows += [{"id": i, "host": h, "port": p, "read_only": None, "state": "not registered"}
+             for i, (h, p) in sorted(configured.items()) if i not in registered]
+    rows.sort(key=lambda r: r["id"])
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{'bookie':<7} {'address':<22} state")
+    for r in rows:
+        print(f"{r['id']:<7} {r['host'] + ':' + str(r['port']):<22} {r['state']}")
+    return 0
