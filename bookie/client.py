@@ -326,6 +326,10 @@ class BookieClient:
             self.stats["connect_failures"] += 1
             self._fail_all(f"cannot connect to bookie {self.host}:{self.port}: {e!r}")
             return
+        if self._closed:  # closed while connecting (e.g. the pool dropped a moved bookie)
+            self._connecting = False
+            await stream.aclose()
+            return
         self._connecting, self._connected, self._backoff_s = False, True, BACKOFF_MIN_S
         self.stats["connects"] += 1
         reason = "the bookie closed the connection"

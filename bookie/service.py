@@ -83,6 +83,7 @@ class _Connection:
         self.wake = trio.Event()
         self.in_flight = 0
         self.closing = False
+        self.drained = trio.Event()  # set once nothing is queued after closing began
         self.scope: trio.CancelScope | None = None  # the connection's nursery
 
     def send(self, frame: bytes) -> None:
@@ -151,10 +152,9 @@ class BookieService:
                 conn.scope = nursery.cancel_scope
                 nursery.start_soon(self._writer, conn)
                 await self._read_loop(conn, nursery)
-                if conn.closing:  # a bad frame: let its BAD_REQUEST answer leave first
+                if conn.closing and conn.out:  # a bad frame: let its BAD_REQUEST answer leave first
                     with trio.move_on_after(FLUSH_BEFORE_CLOSE_S):
-                        while conn.out:
-                            await trio.sleep(0.001)
+                        await conn.drained.wait()
                 nursery.cancel_scope.cancel()
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as e:
             log.info("event=connection_lost conn=%s error=%r", conn.id, e)
@@ -172,6 +172,8 @@ class BookieService:
                 conn.out.clear()
                 conn.out_bytes = 0
                 await conn.stream.send_all(data)
+            if conn.closing and not conn.out:
+                conn.drained.set()
 
     async def _read_loop(self, conn: _Connection, nursery: trio.Nursery) -> None:
         splitter = P.FrameSplitter(self.cfg.max_frame_bytes)
