@@ -29,6 +29,8 @@ from metastore.client import MetaClient
 from metastore.errors import SessionExpired
 from test_cluster_processes import ENV, Cluster, copy_config, free_ports
 
+pytestmark = pytest.mark.multiprocess
+
 KEY = master_key(b"pw")
 DIGESTER = Digester(DigestType.CRC32C, b"pw")
 
