@@ -30,6 +30,7 @@ ReadMetadata, Acknowledge, FailAdds, Completed/Failed (of the close).
 
 from __future__ import annotations
 
+import collections
 import enum
 from dataclasses import dataclass, field
 
@@ -58,7 +59,8 @@ class PendingAdd:
     data: bytes               # packaged: ids, piggybacked LAC, length, digest, payload
     length: int               # ledger length in bytes through this entry
     sent_to: set[int] = field(default_factory=set)
-    acks: set[int] = field(default_factory=set)
+    quorum: frozenset[int] = frozenset()  # its write quorum in the committed metadata (set when sent)
+    acks: set[int] = field(default_factory=set)  # always within `quorum`
 
 
 @dataclass(slots=True)
@@ -72,19 +74,28 @@ class Writer:
     """The write side of one OPEN ledger. Drive it with append/close/step; execute the actions in order."""
 
     def __init__(self, metadata: LedgerMetadata, version: int, digester: Digester, *,
-                 explicit_lac: bool = True) -> None:
+                 explicit_lac: bool = True, max_outstanding: int = 4096, retry_ticks: int = 2) -> None:
         if metadata.state is not LedgerState.OPEN:
             raise LedgerStateError(f"ledger {metadata.ledger_id} is {metadata.state.value}, not OPEN")
         self.metadata = metadata
         self.version = version
         self.digester = digester
         self.explicit_lac = explicit_lac
+        self.max_outstanding = max_outstanding  # appends sent but not acknowledged; more wait, unsent
+        self.retry_ticks = retry_ticks
         self.ledger_id = metadata.ledger_id
         self.lac = NO_ENTRY                 # last entry acknowledged to the application
         self.length = 0                     # bytes through lac
         self.next_entry = 0
         self.appended_length = 0            # bytes through next_entry - 1
-        self.pending: dict[int, PendingAdd] = {}   # insertion order == entry order
+        # Entry order. An OrderedDict: a plain dict deleted from the front makes every later scan
+        # from the front walk over the holes (quadratic under pipelining).
+        self.pending: collections.OrderedDict[int, PendingAdd] = collections.OrderedDict()
+        self.unsent: collections.deque[int] = collections.deque()  # pending ids not sent yet (window, change)
+        self.retry: set[tuple[int, int]] = set()   # (bookie, entry) refused as Overloaded: sent again later
+        self._ticks = 0
+        self._lac_sent_tick = -1                   # explicit LACs: at most one round per tick
+        self._lac_due = False
         self.failed_bookies: set[int] = set()
         self.change: EnsembleChange | None = None
         self.close_op: CloseOp | None = None
@@ -105,9 +116,8 @@ class Writer:
         add = PendingAdd(entry_id, data, self.appended_length)
         self.pending[entry_id] = add
         self.lac_sent = max(self.lac_sent, self.lac)
-        if self.change is not None:
-            return entry_id, []  # sent once the new ensemble is committed
-        return entry_id, self._send(add)
+        self.unsent.append(entry_id)
+        return entry_id, self._send_unsent()
 
     def close(self) -> list[Action]:
         """Close as the writer: drain outstanding appends, then CAS to CLOSED at the LAC (seed 001)."""
@@ -134,14 +144,16 @@ class Writer:
         if isinstance(event, BookiesChosen):
             return self._on_bookies_chosen(event.bookies)
         if isinstance(event, Tick):
-            return []
+            return self._on_tick()
         raise TypeError(f"not a writer event: {event!r}")
 
     def _on_ack(self, event: AddAcked) -> list[Action]:
         add = self.pending.get(event.entry_id)
-        if add is None or self.state is WriterState.BROKEN or event.bookie not in add.sent_to:
-            return []
+        if add is None or self.state is WriterState.BROKEN or event.bookie not in add.quorum:
+            return []  # an ack from a bookie the metadata does not record for the entry never counts
         add.acks.add(event.bookie)
+        if len(add.acks) < self.metadata.ack_quorum or next(iter(self.pending)) != event.entry_id:
+            return []  # not acknowledged yet, or a lower entry is not
         return self._acknowledge()
 
     def _on_add_failed(self, event: AddFailed) -> list[Action]:
@@ -154,6 +166,9 @@ class Writer:
             return self._break(WrongPassword(f"bookie {event.bookie} refused ledger {self.ledger_id}'s master key"))
         if isinstance(err, B.EntryTooLarge):
             return self._break(EntryTooLarge(f"ledger {self.ledger_id} entry {event.entry_id}: {err}"))
+        if isinstance(err, B.Overloaded):
+            self.retry.add((event.bookie, event.entry_id))  # busy, not failed: the same bookie, a bit later
+            return []
         add = self.pending.get(event.entry_id)
         if add is not None:
             add.acks.discard(event.bookie)
@@ -167,23 +182,61 @@ class Writer:
         if self.change is not None:
             return []  # hold every ack while the ensemble-change CAS is in flight (#4651, #4097)
         done: list[int] = []
-        qw, qa = self.metadata.write_quorum, self.metadata.ack_quorum
-        for entry_id, add in self.pending.items():
-            quorum = write_quorum(self.metadata.ensemble_for(entry_id), entry_id, qw)
-            if len(add.acks.intersection(quorum)) < qa:
+        qa, pending = self.metadata.ack_quorum, self.pending
+        while pending:
+            entry_id = next(iter(pending))
+            add = pending[entry_id]
+            if len(add.acks) < qa or not add.quorum:  # acks are within the committed write quorum
                 break
+            del pending[entry_id]
             done.append(entry_id)
             self.lac, self.length = entry_id, add.length
-        for entry_id in done:
-            del self.pending[entry_id]
         out: list[Action] = [Acknowledge(tuple(done))] if done else []
+        out += self._send_unsent()
         if done and not self.pending and self.explicit_lac and self.lac > self.lac_sent:
-            self.lac_sent = self.lac
-            out += [SendLac(b, self.lac) for b in self.metadata.last_fragment.ensemble if b not in self.failed_bookies]
+            out += self._explicit_lac()
         return out + self._maybe_close()
 
+    def _explicit_lac(self) -> list[Action]:
+        """The writer went quiet: tell the bookies the LAC that no later add will piggyback (for tailing
+        readers). At most one round per tick; a later one waits for the next Tick."""
+        if self._lac_sent_tick == self._ticks:
+            self._lac_due = True
+            return []
+        self._lac_sent_tick, self._lac_due, self.lac_sent = self._ticks, False, self.lac
+        return [SendLac(b, self.lac) for b in self.metadata.last_fragment.ensemble if b not in self.failed_bookies]
+
+    def _send_unsent(self) -> list[Action]:
+        """Send waiting appends while the window allows (and no ensemble change is in flight)."""
+        if not self.unsent:
+            return []
+        out: list[Action] = []
+        in_flight = len(self.pending) - len(self.unsent)
+        while self.unsent and self.change is None and in_flight < self.max_outstanding:
+            out += self._send(self.pending[self.unsent.popleft()])
+            in_flight += 1
+        return out
+
+    def _on_tick(self) -> list[Action]:
+        self._ticks += 1
+        out: list[Action] = []
+        if self._lac_due and not self.pending and self.lac > self.lac_sent and self.state is not WriterState.BROKEN:
+            out += self._explicit_lac()
+        if not self.retry or self._ticks % self.retry_ticks or self.change is not None:
+            return out
+        for bookie, entry_id in sorted(self.retry):
+            add = self.pending.get(entry_id)
+            quorum = write_quorum(self.metadata.ensemble_for(entry_id), entry_id, self.metadata.write_quorum)
+            if add is not None and bookie in quorum and bookie in add.sent_to:
+                out.append(SendAdd(bookie, entry_id, add.data))
+        self.retry.clear()
+        return out
+
     def _send(self, add: PendingAdd) -> list[Action]:
+        """Send to the entry's write quorum in the committed metadata (the bookies not sent to yet)."""
         quorum = write_quorum(self.metadata.ensemble_for(add.entry_id), add.entry_id, self.metadata.write_quorum)
+        add.quorum = frozenset(quorum)
+        add.acks.intersection_update(add.quorum)
         fresh = [b for b in quorum if b not in add.sent_to]
         add.sent_to.update(fresh)
         return [SendAdd(b, add.entry_id, add.data) for b in fresh]
@@ -252,9 +305,9 @@ class Writer:
         self.ensemble_changes += 1
         out: list[Action] = []
         for add in self.pending.values():
-            quorum = write_quorum(metadata.ensemble_for(add.entry_id), add.entry_id, metadata.write_quorum)
-            add.acks.intersection_update(quorum)
-            out += self._send(add)
+            if add.sent_to:  # the others wait in self.unsent
+                out += self._send(add)  # judged, and completed, against the new write quorum
+        out += self._send_unsent()
         out += self._start_change()  # bookies that failed while the CAS was in flight
         return out + self._acknowledge()
 
@@ -271,6 +324,7 @@ class Writer:
         self.state, self.error = WriterState.BROKEN, error
         ids = tuple(self.pending)
         self.pending.clear()
+        self.unsent.clear()
         self.change = None
         out: list[Action] = [FailAdds(ids, error)] if ids else []
         if closing:

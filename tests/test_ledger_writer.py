@@ -253,3 +253,32 @@ def test_close_cas_fails_and_the_ledger_is_closed_elsewhere_error():
     op.step(A.MetadataBadVersion())
     (failed,) = op.step(A.MetadataRead(m.closed(5, 50), 2))
     assert isinstance(failed.error, CloseConflict)
+
+
+def test_appends_beyond_the_window_wait_unsent_until_acks_make_room():
+    w = Writer(metadata(), 0, DIGESTER, explicit_lac=False, max_outstanding=2)
+    outs = [w.append(p)[1] for p in (b"a", b"b", b"c")]
+    assert [len(o) for o in outs] == [3, 3, 0]
+    w.step(A.AddAcked(1, 0))
+    out = w.step(A.AddAcked(2, 0))
+    assert out[0] == A.Acknowledge((0,)) and sends(out[1:]) == [(1, 2), (2, 2), (3, 2)]
+
+
+def test_an_overloaded_bookie_is_asked_again_not_replaced():
+    w = Writer(metadata(), 0, DIGESTER, retry_ticks=2)
+    w.append(b"a")
+    assert w.step(A.AddFailed(2, 0, B.Overloaded("busy"))) == []
+    assert w.step(A.Tick()) == []
+    assert sends(w.step(A.Tick())) == [(2, 0)]
+    assert w.change is None and w.ensemble_changes == 0
+
+
+def test_explicit_lacs_are_sent_at_most_once_per_tick():
+    w = Writer(metadata(), 0, DIGESTER)
+    w.append(b"a")
+    w.step(A.AddAcked(1, 0))
+    assert len(of(w.step(A.AddAcked(2, 0)), A.SendLac)) == 3
+    w.append(b"b")
+    w.step(A.AddAcked(1, 1))
+    assert of(w.step(A.AddAcked(2, 1)), A.SendLac) == []     # same tick: deferred
+    assert of(w.step(A.Tick()), A.SendLac) == [A.SendLac(b, 1) for b in (1, 2, 3)]
