@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,7 +25,9 @@ from bookie.registration import (AVAILABLE, COOKIES, READONLY, BookieInfo, Booki
                                  read_cookie, record_cookie, register)
 from bookie.errors import CookieMismatch
 from bookie_fixtures import trio_test
+from clusterd import config as cfg
 from clusterd import localcluster
+from clusterd.bookie_node import BookieNode, BookieStartupError
 from metastore.client import MetaClient
 from metastore.errors import SessionExpired
 from test_cluster_processes import ENV, Cluster, copy_config, free_ports
@@ -175,3 +178,13 @@ def test_a_wiped_bookie_directory_is_refused_at_start(cluster):
                           env=ENV, cwd=cluster.path.parent, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1, done.stderr
     assert "clusterd: bookie 4:" in done.stderr and "wiped" in done.stderr
+
+
+def test_a_bookie_port_in_use_is_a_startup_error(tmp_path):
+    config = cfg.load(copy_config(tmp_path, client_protocol="zookeeper"))
+    node = config.node(1)
+    with socket.socket() as squatter:
+        squatter.bind((node.host, node.bookie_port))
+        squatter.listen()
+        with pytest.raises(BookieStartupError, match=f"cannot listen for bookie clients on 127.0.0.1:{node.bookie_port}"):
+            trio.run(BookieNode(config, node).run)
