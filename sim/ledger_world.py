@@ -57,6 +57,8 @@ class SimClient:
     key: bytes
     alive: bool = True
     acked: list[int] = field(default_factory=list)
+    acked_at: list[int] = field(default_factory=list)      # the time of each acknowledgement
+    done_at: int | None = None
     failed: dict[int, Exception] = field(default_factory=dict)
     payloads: dict[int, bytes] = field(default_factory=dict)
     result: object = None
@@ -235,11 +237,12 @@ class LedgerWorld:
                 raise InvariantViolation(f"{client.name} acknowledged {action.entry_ids} after it broke")
             assert list(action.entry_ids) == list(range(len(client.acked), len(client.acked) + len(action.entry_ids)))
             client.acked += action.entry_ids
+            client.acked_at += [self.now] * len(action.entry_ids)
         elif isinstance(action, A.FailAdds):
             client.failed.update({e: action.error for e in action.entry_ids})
             client.broken_at = self.now if client.broken_at is None else client.broken_at
         elif isinstance(action, A.Completed):
-            client.result = action.result
+            client.result, client.done_at = action.result, self.now
         elif isinstance(action, A.Failed):
             client.error = action.error
             client.broken_at = self.now if client.broken_at is None else client.broken_at
@@ -296,6 +299,12 @@ class LedgerWorld:
         return A.MetadataBadVersion() if version is None else A.MetadataWritten(version)
 
     # -- oracles ----------------------------------------------------------------------------------------
+    def acknowledged_by(self, writer: str, time: int) -> int:
+        """The last entry `writer` had acknowledged to its application at `time` (NO_ENTRY if none)."""
+        w = self.clients[writer]
+        count = sum(1 for t in w.acked_at if t <= time)
+        return w.acked[count - 1] if count else -1
+
     def check_closed_ledger(self, ledger_id: int) -> LedgerMetadata:
         """Every acknowledged entry is in the closed ledger, on Qa recorded bookies, with its payload."""
         metadata, _ = self.meta.read(ledger_id)

@@ -6,7 +6,9 @@ After the faults every bookie comes back and the network heals; then the ledger 
 - every entry acknowledged to the writer is in the closed ledger, with Qa genuine copies on the bookies
   the metadata records for it, holding the writer's payload (LedgerWorld.check_closed_ledger);
 - every recoverer that finished agrees on the same closed metadata;
-- the writer got no acknowledgement after its first failure (checked as it happens by the world).
+- the writer got no acknowledgement after its first failure (checked as it happens by the world);
+- readers of the open ledger (every 20 ms: read the LAC, then the entry at it) never see a LAC past
+  what the writer had acknowledged, and read exactly the writer's payload.
 A failing example prints its parameters; the run is deterministic from them.
 """
 
@@ -18,10 +20,12 @@ from dataclasses import dataclass
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bookie.entry import Digester, DigestType
+from ledger.read_op import ReadEntryOp, ReadLacOp
 from ledger.writer import WriterState
-from sim.ledger_world import LedgerWorld
+from sim.ledger_world import InvariantViolation, LedgerWorld
 
-EXAMPLES = 3000 if os.environ.get("QUIRE_SOAK") else 150
+EXAMPLES = 3000 if os.environ.get("QUIRE_SOAK") else 100
 FAULT_WINDOW_MS = 200
 
 
@@ -75,6 +79,8 @@ def run_story(story: Story) -> LedgerWorld:
         if w.alive and ms % 2 == 0 and appended < story.entries and w.op.state is WriterState.OPEN:
             world.append("w", b"entry %d" % appended)
             appended += 1
+        if ms % 20 == 10:
+            start_reader(world, lid, ms)
         world.run(1)
     heal(world)
     recoverers = [c for name, c in world.clients.items() if name.startswith("r") and c.alive]
@@ -82,6 +88,29 @@ def run_story(story: Story) -> LedgerWorld:
         recoverers = [world.recoverer("final", lid)]
     assert world.run_until(lambda: all(r.done for r in recoverers), 60_000), "recovery made no progress"
     return world
+
+
+def start_reader(world: LedgerWorld, lid: int, ms: int) -> None:
+    """An open-ledger reader: its LAC, then (when it completes, see check) the entry at that LAC."""
+    metadata, _ = world.meta.read(lid)
+    world.start_op(f"lac{ms}", lid, ReadLacOp(metadata))
+
+
+def check_readers(world: LedgerWorld) -> None:
+    digester = Digester(DigestType.CRC32C, b"secret")
+    for name, c in list(world.clients.items()):
+        if not name.startswith("lac") or c.result is None:
+            continue
+        lac = c.result
+        if lac > world.acknowledged_by("w", c.done_at):
+            raise InvariantViolation(f"reader {name} saw LAC {lac} at {c.done_at}, past what the writer "
+                                     f"had acknowledged ({world.acknowledged_by('w', c.done_at)})")
+        if lac >= 0:
+            metadata, _ = world.meta.read(1)
+            reader = world.start_op(f"read{name}", 1, ReadEntryOp(metadata, lac, digester))
+            world.run_until(lambda: reader.done, 5_000)
+            if reader.result is not None and reader.result.payload != world.clients["w"].payloads[lac]:
+                raise InvariantViolation(f"reader {name} read entry {lac} as {reader.result.payload!r}")
 
 
 def apply_fault(world: LedgerWorld, fault: str, bookie: int) -> None:
@@ -104,9 +133,11 @@ def check(world: LedgerWorld) -> None:
     lid = 1
     closed, _ = world.meta.read(lid)
     world.check_closed_ledger(lid)
-    finished = [c for name, c in world.clients.items() if name != "w" and c.result is not None]
+    recoverers = [c for name, c in world.clients.items() if name.startswith(("r", "final"))]
+    finished = [c for c in recoverers if c.result is not None]
     assert finished and all(c.result == closed for c in finished), "recoverers disagree"
-    assert all(c.error is None for name, c in world.clients.items() if name != "w")
+    assert all(c.error is None for c in recoverers)
+    check_readers(world)
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
