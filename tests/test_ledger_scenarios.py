@@ -13,7 +13,7 @@ import pytest
 
 from bookie.entry import NO_ENTRY, Digester, DigestType
 from ledger import actions as A
-from ledger.errors import LedgerFenced, OutcomeUnknown
+from ledger.errors import LedgerFenced, LedgerInRecovery, OutcomeUnknown
 from ledger.metadata import LedgerState
 from ledger.read_op import ReadEntryOp
 from ledger.recovery_op import RecoveryOp
@@ -357,3 +357,27 @@ def test_speculative_read_and_corrupt_replica():
     r = world.start_op("corrupt", lid, ReadEntryOp(metadata, 0, digester, speculative_ticks=100))
     assert world.run_until(lambda: r.done, 100) and r.result.payload == b"payload"
     assert [a.bookie for a in r.requests] == [1, 2]
+
+
+def test_a_writer_closing_while_a_recoverer_holds_the_ledger_gets_ledger_in_recovery():
+    """Seed 001, closing as a writer: the close CAS loses to a recoverer's IN_RECOVERY mark -> error.
+    The recoverer then closes the ledger with every entry the writer acknowledged."""
+    world = LedgerWorld(seed=11)
+    lid = writer_with(world)
+    w = world.clients["w"]
+    for i in range(5):
+        world.append("w", b"e%d" % i)
+    world.run_until(lambda: len(w.acked) == 5)
+    slow_close = world.hold(lambda m: m.client == "w" and isinstance(m.action, A.WriteMetadata))
+    world.close("w")
+    held_fences = world.hold(lambda m: m.client == "r" and isinstance(m.action, A.SendFence))
+    r = world.recoverer("r", lid)
+    world.run(50)
+    assert world.meta.read(lid)[0].state is LedgerState.IN_RECOVERY
+    world.release(slow_close)
+    assert world.run_until(lambda: w.error is not None, 1_000)
+    assert isinstance(w.error, LedgerInRecovery)
+    world.release(held_fences)
+    assert world.run_until(lambda: r.done)
+    assert r.result.last_entry == 4
+    world.check_closed_ledger(lid)
