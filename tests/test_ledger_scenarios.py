@@ -381,3 +381,36 @@ def test_a_writer_closing_while_a_recoverer_holds_the_ledger_gets_ledger_in_reco
     assert world.run_until(lambda: r.done)
     assert r.result.last_entry == 4
     world.check_closed_ledger(lid)
+
+
+def test_log_level_fencing_new_owner_recovers_then_cases_the_ledger_list():
+    """Ledgers to logs (FAULTS.md): a log is a CAS-protected list of ledgers. The new owner recovers the
+    old owner's last ledger (fencing it), adds its own ledger to the list by CAS; the old owner, still
+    alive, is fenced on its appends and loses its own CAS on the list, so the log has one history."""
+    world = LedgerWorld(seed=12, bookies=4)
+    log = {"ledgers": (), "version": 0}
+
+    def cas_list(ledgers: tuple, expected: int) -> bool:
+        if log["version"] != expected:
+            return False
+        log["ledgers"], log["version"] = ledgers, expected + 1
+        return True
+
+    old = writer_with(world)
+    assert cas_list((old,), 0)
+    w = world.clients["w"]
+    for i in range(10):
+        world.append("w", b"old %d" % i)
+    world.run(3)
+    seen_version = log["version"]                                 # the new owner reads the list
+    r = recover(world, old)
+    new = world.create_ledger((2, 3, 4), 3, 2).ledger_id
+    assert cas_list((old, new), seen_version)
+    world.run(100)
+    assert not cas_list((old, world.create_ledger((1, 2, 3), 3, 2).ledger_id), seen_version)  # old owner's roll
+    if w.broken_at is None:
+        world.append("w", b"zombie")
+        world.run(100)
+    assert isinstance(next(iter(w.failed.values())), LedgerFenced)
+    assert log["ledgers"] == (old, new) and r.result.last_entry >= (w.acked[-1] if w.acked else NO_ENTRY)
+    world.check_closed_ledger(old)
