@@ -20,9 +20,10 @@ BookKeeper's LedgerRecoveryOp, sans-I/O. The steps:
    ever re-read or re-written, and recovery never touches old fragments
    (BookKeeper #2615); starting below the last fragment would re-add old
    entries to the new ensemble, a second copy the metadata does not record.
-   Each read fences too (FAULTS.md "Fencing is not enough", #2614: a bookie
-   whose fence was lost must not take the old writer's add after it answered
-   "no such entry"). Reads go to the entry's whole write quorum at once, a
+   Reads fence too (FAULTS.md "Fencing is not enough", #2614: a bookie whose
+   fence was lost must not take the old writer's add after it answered "no
+   such entry"): every read to a bookie that has not confirmed a fence (by
+   answering the fence or a fencing read) carries the fence flag. Reads go to the entry's whole write quorum at once, a
    window of entries ahead. Per entry:
      * found: one digest-verified copy is enough; it is re-added (recovery
        add, accepted by fenced bookies) to its whole write quorum and counts
@@ -86,7 +87,7 @@ class RecoveryOp:
     """One recovery of one ledger. start(), then step(event) until Completed or Failed."""
 
     def __init__(self, metadata: LedgerMetadata, version: int, digester: Digester, *,
-                 read_window: int = 16, retry_ticks: int = 3) -> None:
+                 read_window: int = 64, retry_ticks: int = 3) -> None:
         self.metadata = metadata
         self.version = version
         self.digester = digester
@@ -99,6 +100,7 @@ class RecoveryOp:
         # fencing
         self.fence_coverage: Coverage | None = None
         self.fenced: dict[int, int] = {}          # bookie -> LAC it reported
+        self._fenced_by_read: set[int] = set()    # bookies that answered a fencing read
         self._fence_retry: set[int] = set()
         self.lac = NO_ENTRY
         # reading
@@ -222,8 +224,13 @@ class RecoveryOp:
             self.next_read += 1
             quorum = write_quorum(m.last_fragment.ensemble, e, m.write_quorum)
             self.entries[e] = EntryRecovery(e, quorum, self._absent_coverage(e))
-            out += [SendRead(b, e, fence=True) for b in quorum]
+            out += [SendRead(b, e, fence=self._needs_fence(b)) for b in quorum]
         return out
+
+    def _needs_fence(self, bookie: int) -> bool:
+        """Reads fence every bookie that has not confirmed a fence yet (#2614); a fence is durable, so
+        once confirmed, plain reads do (a fence on every read would cost the bookie a journal write)."""
+        return bookie not in self.fenced and bookie not in self._fenced_by_read
 
     def _verified(self, event: ReadAnswered) -> int | None:
         """The entry's length if the copy is genuine, else None (a corrupt copy is an unknown answer)."""
@@ -243,6 +250,8 @@ class RecoveryOp:
         if rec is None or rec.is_absent or event.bookie not in rec.quorum:
             return []
         rec.answered.add(event.bookie)
+        if isinstance(event, ReadAnswered) or isinstance(event.error, ABSENT_ERRORS):
+            self._fenced_by_read.add(event.bookie)  # it fenced before answering
         if isinstance(event, ReadAnswered):
             length = self._verified(event)
             if length is None:
@@ -317,9 +326,9 @@ class RecoveryOp:
             if self.probe is not None and self.probe.data is None:
                 recs.append(self.probe)
             for rec in recs:
-                fence = rec is not self.probe
                 if rec.data is None:
-                    out += [SendRead(b, rec.entry_id, fence=fence) for b in sorted(rec.read_retry)]
+                    out += [SendRead(b, rec.entry_id, fence=rec is not self.probe and self._needs_fence(b))
+                            for b in sorted(rec.read_retry)]
                 else:
                     out += [SendAdd(b, rec.entry_id, rec.data, recovery=True) for b in sorted(rec.add_retry)]
                     rec.add_retry.clear()
