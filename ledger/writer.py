@@ -250,7 +250,7 @@ class Writer:
         if not replacing:
             return []
         self.change = EnsembleChange(self.lac + 1, replacing)
-        exclude = frozenset(self.metadata.bookies | self.failed_bookies)
+        exclude = frozenset(self.metadata.last_fragment.ensemble) | self.failed_bookies
         return [ChooseBookies(len(replacing), exclude)]
 
     def _on_bookies_chosen(self, bookies: tuple[int, ...]) -> list[Action]:
