@@ -51,9 +51,9 @@ from dataclasses import dataclass, field
 
 from bookie import errors as B
 from bookie.entry import NO_ENTRY, DigestMismatch, Digester, EntryFormatError
-from ledger.actions import (Action, AddAcked, AddFailed, Completed, Event, Failed, FenceAnswered, FenceFailed,
-                            MetadataBadVersion, MetadataRead, MetadataWritten, ReadAnswered, ReadFailed,
-                            ReadMetadata, SendAdd, SendFence, SendRead, Tick, WriteMetadata)
+from ledger.actions import (Action, AddAcked, AddFailed, BookiesChosen, ChooseBookies, Completed, Event, Failed,
+                            FenceAnswered, FenceFailed, MetadataBadVersion, MetadataRead, MetadataWritten,
+                            ReadAnswered, ReadFailed, ReadMetadata, SendAdd, SendFence, SendRead, Tick, WriteMetadata)
 from ledger.errors import MetadataConflict, WrongPassword
 from ledger.metadata import LedgerMetadata, LedgerState
 from ledger.quorum import Coverage, write_quorum
@@ -72,14 +72,16 @@ class Phase(enum.Enum):
 @dataclass(slots=True)
 class EntryRecovery:
     entry_id: int
-    quorum: tuple[int, ...]
+    quorum: tuple[int, ...]      # where the old writer wrote it: read from here, absence judged here
     absent: Coverage
+    targets: tuple[int, ...] = ()  # where it is re-added: its write quorum in the current metadata
     data: bytes | None = None
     length: int = 0
     is_absent: bool = False
     add_acks: set[int] = field(default_factory=set)
     read_retry: set[int] = field(default_factory=set)   # bookies to ask again on a Tick
     add_retry: set[int] = field(default_factory=set)
+    add_sent: set[int] = field(default_factory=set)
     answered: set[int] = field(default_factory=set)
 
 
@@ -97,6 +99,12 @@ class RecoveryOp:
         self.phase = Phase.MARKING
         self._proposed: LedgerMetadata | None = None
         self._ticks = 0
+        self.restarts = 0
+        self._reset()
+        self.result: LedgerMetadata | None = None
+
+    def _reset(self) -> None:
+        """Forget what fencing and reading found (at start, and when the metadata changed under us)."""
         # fencing
         self.fence_coverage: Coverage | None = None
         self.fenced: dict[int, int] = {}          # bookie -> LAC it reported
@@ -112,7 +120,12 @@ class RecoveryOp:
         self.probe: EntryRecovery | None = None   # entry start - 1, read for its length only
         self.last_entry = NO_ENTRY
         self.length = 0
-        self.result: LedgerMetadata | None = None
+        self.read_ensemble: tuple[int, ...] = ()   # the last fragment's ensemble when fencing began
+        self.failed_bookies: set[int] = set()      # re-adds failed there: replace them (ensemble change)
+        self.substitute: dict[int, int] = {}       # failed bookie of the last ensemble -> its replacement
+        self.change_from: int | None = None        # entries from here on are re-added to the substitutes
+        self._choosing = False
+        self.ensemble_changes = 0
 
     # -- driving ----------------------------------------------------------------------------------
     def start(self) -> list[Action]:
@@ -137,6 +150,8 @@ class RecoveryOp:
                 return self._on_read(event)
             if isinstance(event, (AddAcked, AddFailed)):
                 return self._on_add(event)
+            if isinstance(event, BookiesChosen):
+                return self._on_bookies_chosen(event.bookies)
         return []
 
     # -- marking and closing: the two CAS steps -------------------------------------------------------
@@ -161,13 +176,21 @@ class RecoveryOp:
         if self.phase is Phase.MARKING:
             return self._begin_fencing() if metadata.state is LedgerState.IN_RECOVERY else self._mark()
         if metadata.state is LedgerState.IN_RECOVERY:
-            return self._close()
+            if metadata.fragments == self._fragments_read:
+                return self._close()  # only something else changed: close again on the new version
+            return self._restart()    # the ensembles changed under us: what we verified may not hold
         self.phase = Phase.DONE
         return [Failed(MetadataConflict(f"ledger {self.ledger_id} went back to OPEN during recovery"))]
 
+    def _restart(self) -> list[Action]:
+        self.restarts += 1
+        self._reset()
+        return self._begin_fencing()
+
     def _close(self) -> list[Action]:
         self.phase = Phase.CLOSING
-        self._proposed = self.metadata.closed(self.last_entry, self.length)
+        self._fragments_read = self.metadata.fragments
+        self._proposed = self._closing_base().closed(self.last_entry, self.length)
         return [WriteMetadata(self._proposed, self.version)]
 
     def _done(self, metadata: LedgerMetadata) -> list[Action]:
@@ -179,10 +202,11 @@ class RecoveryOp:
         self.phase = Phase.FENCING
         m = self.metadata
         self.fence_coverage = Coverage.ensemble(m.ensemble_size, m.write_quorum, m.ack_quorum)
+        self.read_ensemble = m.last_fragment.ensemble
         return [SendFence(b) for b in m.last_fragment.ensemble]
 
     def _on_fence(self, event: FenceAnswered | FenceFailed) -> list[Action]:
-        ensemble = self.metadata.last_fragment.ensemble
+        ensemble = self.read_ensemble
         if event.bookie not in ensemble:
             return []
         if isinstance(event, FenceFailed):
@@ -222,8 +246,10 @@ class RecoveryOp:
                 self.end is None or self.next_read < self.end):
             e = self.next_read
             self.next_read += 1
-            quorum = write_quorum(m.last_fragment.ensemble, e, m.write_quorum)
-            self.entries[e] = EntryRecovery(e, quorum, self._absent_coverage(e))
+            quorum = write_quorum(self.read_ensemble, e, m.write_quorum)
+            moved = self.change_from is not None and e >= self.change_from
+            targets = write_quorum(self._target_ensemble() if moved else m.ensemble_for(e), e, m.write_quorum)
+            self.entries[e] = EntryRecovery(e, quorum, self._absent_coverage(e), targets)
             out += [SendRead(b, e, fence=self._needs_fence(b)) for b in quorum]
         return out
 
@@ -260,9 +286,9 @@ class RecoveryOp:
             if rec.data is not None:
                 return []
             rec.data, rec.length = event.data, length
-            return [SendAdd(b, rec.entry_id, rec.data, recovery=True) for b in rec.quorum]
+            return self._readd(rec)
         if isinstance(event.error, ABSENT_ERRORS) and rec.data is None:
-            index = self.metadata.last_fragment.ensemble.index(event.bookie)
+            index = self.read_ensemble.index(event.bookie)
             if rec.absent.add(index):
                 rec.is_absent = True
                 self.end = rec.entry_id if self.end is None else min(self.end, rec.entry_id)
@@ -282,13 +308,22 @@ class RecoveryOp:
         probe.data, probe.length = event.data, length
         return self._advance()
 
+    def _readd(self, rec: EntryRecovery) -> list[Action]:
+        """Recovery adds (accepted by fenced bookies) to the targets not sent to yet."""
+        fresh = [b for b in rec.targets if b not in rec.add_sent]
+        rec.add_sent.update(fresh)
+        return [SendAdd(b, rec.entry_id, rec.data, recovery=True) for b in fresh]
+
     def _on_add(self, event: AddAcked | AddFailed) -> list[Action]:
         rec = self.entries.get(event.entry_id)
-        if rec is None or rec.data is None or event.bookie not in rec.quorum:
-            return []
+        if rec is None or rec.data is None or event.bookie not in rec.targets:
+            return []  # an ack from a bookie the metadata does not record for the entry never counts
         if isinstance(event, AddFailed):
             rec.add_retry.add(event.bookie)
-            return []
+            if isinstance(event.error, (B.Overloaded, B.LedgerFenced)):
+                return []  # busy (or a bookie that refuses recovery adds): ask again later
+            self.failed_bookies.add(event.bookie)
+            return self._start_change()
         rec.add_acks.add(event.bookie)
         return self._advance()
 
@@ -330,7 +365,58 @@ class RecoveryOp:
                     out += [SendRead(b, rec.entry_id, fence=rec is not self.probe and self._needs_fence(b))
                             for b in sorted(rec.read_retry)]
                 else:
-                    out += [SendAdd(b, rec.entry_id, rec.data, recovery=True) for b in sorted(rec.add_retry)]
+                    out += [SendAdd(b, rec.entry_id, rec.data, recovery=True)
+                            for b in sorted(rec.add_retry) if b in rec.targets]
                     rec.add_retry.clear()
                 rec.read_retry.clear()
         return out
+
+    # -- replacing a failed bookie during recovery -------------------------------------------------------
+    # BookKeeper's recovery adds change the ensemble like a writer's adds. Here the new fragment is
+    # never written on its own: entries from `change_from` on are re-added to the substituted
+    # ensemble first, and the fragment goes into the metadata with the close, in one CAS. A recoverer
+    # that dies halfway leaves the metadata as it was, so the next one still reads where the old
+    # writer wrote (an intermediate fragment would make it judge absence on a bookie that never had
+    # the entries).
+    def _start_change(self) -> list[Action]:
+        ensemble = self._target_ensemble()
+        replacing = [b for b in ensemble if b in self.failed_bookies]
+        if self._choosing or not replacing:
+            return []
+        self._choosing = True
+        return [ChooseBookies(len(replacing), frozenset(ensemble) | self.failed_bookies)]
+
+    def _target_ensemble(self) -> tuple[int, ...]:
+        return tuple(self.substitute.get(b, b) for b in self.metadata.last_fragment.ensemble)
+
+    def _on_bookies_chosen(self, bookies: tuple[int, ...]) -> list[Action]:
+        ensemble = self._target_ensemble()
+        replacing = [b for b in ensemble if b in self.failed_bookies]
+        self._choosing = False
+        if not replacing or len(bookies) < len(replacing) or set(bookies) & set(ensemble):
+            return []  # no spare bookie: the failed ones are asked again on Ticks
+        for old, new in zip(replacing, bookies):
+            for original, current in list(self.substitute.items()):
+                if current == old:
+                    self.substitute[original] = new
+            if old in self.metadata.last_fragment.ensemble:
+                self.substitute[old] = new
+        first = max(self.first_unresolved, self.metadata.last_fragment.first_entry)
+        self.change_from = first if self.change_from is None else min(self.change_from, first)
+        self.first_unresolved = self.change_from  # entries from there on are judged on the new targets
+        self.ensemble_changes += 1
+        ensemble, out = self._target_ensemble(), []
+        for rec in self.entries.values():
+            if rec.is_absent or rec.entry_id < self.change_from:
+                continue
+            rec.targets = write_quorum(ensemble, rec.entry_id, self.metadata.write_quorum)
+            rec.add_acks.intersection_update(rec.targets)
+            if rec.data is not None:
+                out += self._readd(rec)
+        return out + self._advance()
+
+    def _closing_base(self) -> LedgerMetadata:
+        """The metadata to close: with the substituted fragment if any entry lives in it."""
+        if self.change_from is None or self.change_from > self.last_entry:
+            return self.metadata
+        return self.metadata.with_fragment(self.change_from, self._target_ensemble())

@@ -14,7 +14,7 @@ import pytest
 from bookie.entry import NO_ENTRY, Digester, DigestType
 from ledger import actions as A
 from ledger.errors import LedgerFenced, LedgerInRecovery, OutcomeUnknown
-from ledger.metadata import LedgerState
+from ledger.metadata import Fragment, LedgerState
 from ledger.read_op import ReadEntryOp
 from ledger.recovery_op import RecoveryOp
 from ledger.writer import Writer
@@ -414,3 +414,27 @@ def test_log_level_fencing_new_owner_recovers_then_cases_the_ledger_list():
     assert isinstance(next(iter(w.failed.values())), LedgerFenced)
     assert log["ledgers"] == (old, new) and r.result.last_entry >= (w.acked[-1] if w.acked else NO_ENTRY)
     world.check_closed_ledger(old)
+
+
+def test_recovery_replaces_a_dead_bookie_when_re_adds_cannot_reach_qa():
+    """E = Qw = Qa = 3 on bookies 1 2 3, bookie 4 spare. Entries 0..4 are acknowledged (on every
+    bookie; the bookies know LAC 3); the writer dies, then bookie 3. Recovery must re-add entry 4 to
+    all three of its write quorum: it replaces 3 by 4 for the entries it re-adds, and the close
+    records that fragment. A first recoverer dies halfway: the metadata still shows the old ensemble
+    (the fragment is written only with the close), and the second one recovers from there."""
+    world = LedgerWorld(seed=13, bookies=4)
+    lid = writer_with(world, qw=3, qa=3, explicit_lac=False)
+    w = world.clients["w"]
+    for i in range(5):
+        world.append("w", b"e%d" % i)
+        world.run_until(lambda: len(w.acked) == i + 1)
+    world.crash_client("w")
+    world.crash_bookie(3)
+    first = world.recoverer("r1", lid)
+    assert world.run_until(lambda: any(isinstance(a, A.SendAdd) and a.bookie == 4 for a in first.requests), 2_000)
+    world.crash_client("r1")
+    assert world.meta.read(lid)[0].fragments == (Fragment(0, (1, 2, 3)),)
+    r = recover(world, lid, "r2")
+    assert r.result.last_entry == 4 and r.op.start_entry == 4 and r.op.ensemble_changes == 1
+    assert r.result.fragments == (Fragment(0, (1, 2, 3)), Fragment(4, (1, 2, 4)))
+    world.check_closed_ledger(lid)
