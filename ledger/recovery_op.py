@@ -39,7 +39,11 @@ BookKeeper's LedgerRecoveryOp, sans-I/O. The steps:
    the last entry's header; when no entry past `start - 1` exists, from entry
    `start - 1` read once, not re-added). On a lost CAS re-read: CLOSED by
    another recoverer -> adopt their result (convergence); still IN_RECOVERY
-   (changed by someone else) -> close again on the new version.
+   with the same fragments -> close again on the new version; other
+   fragments -> recover again from fencing.
+5. A bookie whose recovery adds fail is replaced (ChooseBookies) for the
+   entries re-added from then on; that fragment goes into the metadata only
+   with the close (see the last section of this module).
 
 Completed(result) carries the closed LedgerMetadata; `version` is its znode version.
 """
