@@ -26,3 +26,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "soak" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local SparkSession for the whole test session (the Spark verifiers' tests): 2 cores,
+    2 shuffle partitions, no UI. The JVM starts once; every verifier reuses it (getOrCreate)."""
+    from replay.spark_session import build_session  # only sessions that use Spark pay for importing it
+    session = build_session("local[2]", app_name="quire-tests", shuffle_partitions=2)
+    yield session
+    session.stop()
