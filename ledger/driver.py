@@ -181,10 +181,15 @@ class OpDriver:
             return
 
     async def _choose(self, op_id: int, action: A.ChooseBookies) -> None:
-        try:
-            writable = await self.ctx.writable_bookies()
-        except MetastoreError:
-            writable = []
+        while True:
+            try:
+                writable = await self.ctx.writable_bookies()
+                break
+            except MetastoreError as e:  # a metastore hiccup is not "no bookies": ask again
+                log.info("event=placement_retry ledger=%d error=%r", self.ledger_id, e)
+                await trio.sleep(METADATA_RETRY_S)
+                if op_id not in self._ops:
+                    return
         candidates = [b for b in writable if b not in action.exclude]
         chosen = tuple(self.ctx.rng.sample(candidates, min(action.count, len(candidates))))
         self._post((op_id, A.BookiesChosen(chosen)))
