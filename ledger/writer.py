@@ -296,13 +296,16 @@ class Writer:
             err = (LedgerClosedUnderWriter(self.ledger_id, "closed by another client during an ensemble change")
                    if metadata.is_closed else LedgerFenced(self.ledger_id, f"the ledger is {why}"))
             return self._break(err)
-        # Still OPEN but changed by someone else (re-replication): adopt it and propose again.
-        self.metadata, self.version, self.change = metadata, version, None
-        return self._start_change()
+        # Still OPEN but changed by someone else (re-replication): adopt it, propose again if needed.
+        return self._adopt(metadata, version)
 
     def _commit_change(self, metadata: LedgerMetadata, version: int) -> list[Action]:
-        self.metadata, self.version, self.change = metadata, version, None
         self.ensemble_changes += 1
+        return self._adopt(metadata, version)
+
+    def _adopt(self, metadata: LedgerMetadata, version: int) -> list[Action]:
+        """Committed metadata with (maybe) other bookies: judge and complete every entry against it."""
+        self.metadata, self.version, self.change = metadata, version, None
         out: list[Action] = []
         for add in self.pending.values():
             if add.sent_to:  # the others wait in self.unsent
