@@ -96,7 +96,8 @@ def _per_file(ctx: Context) -> list:
         F.max(F.when(ok, F.col("offset"))).alias("last_ok"), F.min(F.when(~ok, F.col("offset"))).alias("first_bad"),
         F.max(F.when(~ok, F.col("offset"))).alias("last_bad"), F.sum(flagged.cast("long")).alias("misordered"),
         F.min("zxid").alias("low"), F.max("zxid").alias("high"))
-    return ctx.frames.segments_df.join(agg, ["node", "file"], "left").orderBy("node", "file").collect()
+    rows = ctx.frames.segments_df.join(agg, ["node", "file"], "left").collect()
+    return sorted(rows, key=lambda r: (r.node, r.file))  # few rows: sorted here, not by a Spark job
 
 
 # -- Checksums ---------------------------------------------------------------------------------
@@ -137,7 +138,7 @@ def check_agreement(ctx: Context, zsum) -> CheckResult:  # noqa: ANN001 - a Row
     first = [r.zxid for r in ctx.per_zxid.where(F.size("hashes") > 1).orderBy("zxid").limit(MAX_EXAMPLES).collect()]
     rows = ctx.valid.where(F.col("zxid").isin(first)).select("zxid", "node", "body_hash", "txn_type", "path")
     by_zxid: dict[int, list[str]] = {}
-    for r in rows.orderBy("zxid", "node").collect():
+    for r in sorted(rows.collect(), key=lambda r: (r.zxid, r.node)):
         by_zxid.setdefault(r.zxid, []).append(f"node {r.node}: {bytes(r.body_hash).hex()[:12]} "
                                               f"{r.txn_type or ''} {r.path or ''}".rstrip())
     result.add(zsum.differing, [f"zxid {fmt(z)} differs: " + "; ".join(by_zxid[z]) for z in first])
