@@ -340,8 +340,9 @@ class BookieClient:
                 nursery.start_soon(self._sweeper)
                 reason = await self._reader(stream)
                 nursery.cancel_scope.cancel()
-        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as e:
-            reason = f"connection error {e!r}"
+        except* (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as group:
+            # Nurseries wrap errors in groups: a reset bookie must fail its requests, not the pool.
+            reason = f"connection error {group.exceptions[0]!r}"
         finally:
             self._connected, self._scope = False, None
             with trio.CancelScope(shield=True):

@@ -156,8 +156,10 @@ class BookieService:
                     with trio.move_on_after(FLUSH_BEFORE_CLOSE_S):
                         await conn.drained.wait()
                 nursery.cancel_scope.cancel()
-        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as e:
-            log.info("event=connection_lost conn=%s error=%r", conn.id, e)
+        except* (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as group:
+            # The nursery wraps a reset peer in an ExceptionGroup: catch it there, or one client's
+            # reset would take the whole node down.
+            log.info("event=connection_lost conn=%s error=%r", conn.id, group.exceptions[0])
         finally:
             conn.closing, conn.scope = True, None
             del self.connections[conn.id]

@@ -8,6 +8,7 @@ close only their own connection, and connection loss failing what was in flight.
 
 from __future__ import annotations
 
+import socket
 import struct
 from functools import partial
 from collections.abc import AsyncIterator
@@ -318,3 +319,20 @@ def test_random_bytes_close_at_most_their_own_connection(tmp_path_factory, chunk
                     assert await c.read_lac(42) in (NO_ENTRY, 0)  # the well-behaved client goes on (0: a fuzz add)
                     assert DIGESTER.verify(await c.read(42, 0)).entry_id == 0
     trio.run(main)
+
+
+@trio_test
+async def test_a_client_that_resets_its_connection_does_not_take_the_bookie_down(tmp_path):
+    """A peer vanishing with a TCP RST (SO_LINGER 0) mid-request: only that connection ends.
+    (It used to escape the connection's nursery as an ExceptionGroup and stop the node.)"""
+    with trio.fail_after(10):
+        async with bookie(tmp_path) as service, client_of(service) as c:
+            for _ in range(3):
+                sock = trio.socket.socket()
+                await sock.connect(("127.0.0.1", service.port))
+                await sock.send(P.encode_request(P.ReadLac(1, 42))[:-3])  # half a request
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                sock.close()
+                await trio.sleep(0.05)
+            await c.add(42, 0, KEY, entry(42, 0))
+            assert await c.read_lac(42) == NO_ENTRY

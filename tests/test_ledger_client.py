@@ -137,10 +137,6 @@ async def test_a_tailing_reader_sees_entries_as_they_are_confirmed(tmp_path):
             assert seen == [b"t%d" % i for i in range(20)]
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "bookie/client.py: a connection reset inside BookieClient._connection's nursery escapes as an "
-    "ExceptionGroup (its `except (OSError, trio.BrokenResourceError, ...)` cannot catch it) and tears the "
-    "BookiePool down; passes once _connection catches with except*"))
 @trio_test
 async def test_a_bookie_dies_during_appends_and_the_writer_changes_ensemble(tmp_path):
     with trio.fail_after(30):
