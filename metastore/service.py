@@ -188,8 +188,8 @@ class MetastoreService:
                 nursery.start_soon(self._writer, conn, nursery.cancel_scope)
                 await self._serve(conn)
                 conn.close()
-        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
+        except* (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the client went away (a reset arrives wrapped in the nursery's group): only it is affected
         finally:
             del self.connections[conn.id]
             self.watches.drop_connection(conn.id)

@@ -124,6 +124,22 @@ def running_kv(kv_cluster: Cluster) -> Cluster:
     return start_cluster(kv_cluster)
 
 
+def test_connections_reset_on_every_port_end_only_themselves(running: Cluster) -> None:
+    """A peer vanishing with a TCP reset (SO_LINGER 0), silent or mid-frame, on the client, peer,
+    admin and bookie port of every node: each node keeps running and serving."""
+    for node in running.config.nodes:
+        for port in node.ports.values():
+            for payload in (b"", b"\x00\x00\x00\x30abc", b"GET / HTTP/1.1\r\n"):
+                with socket.create_connection((node.host, port)) as s:
+                    s.sendall(payload)
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    rows = running.status()
+    assert all(row["pid"] is not None for row in rows), rows
+    assert sorted(row["role"] for row in rows) == ["follower", "follower", "leader"]
+    done = running.ctl("create", "/after-resets", "ok")
+    assert done.returncode == 0, done.stderr
+
+
 def test_up_status_down(running: Cluster) -> None:
     rows = running.status()
     assert [row["id"] for row in rows] == [1, 2, 3]
