@@ -26,6 +26,7 @@ from bookie.registration import BookieInfo, BookieRegistrar, read_cookie, record
 from bookie.service import BookieService, BookieServiceConfig
 from bookie.storage import BookieStorage
 from bookie.storage_config import BookieStorageConfig
+from clusterd.bookie_gc import BookieGarbageCollector
 from clusterd.config import ClusterConfig, NodeConfig
 from metastore.client import MetaClient
 from metastore.errors import ConnectionLoss, SessionExpired
@@ -41,6 +42,7 @@ class BookieStartupError(Exception):
 
 def storage_config(config: ClusterConfig) -> BookieStorageConfig:
     return BookieStorageConfig(max_entry_bytes=config.bookie_max_entry_bytes,
+                               entry_log_bytes=config.bookie_entry_log_bytes,
                                disk_usage_threshold=config.bookie_disk_usage_percent / 100)
 
 
@@ -62,6 +64,7 @@ class BookieNode:
         self.service: BookieService | None = None
         self.registrar = BookieRegistrar(self.hosts, BookieInfo(node.id, node.host, node.bookie_port),
                                          self._read_only)
+        self.gc: BookieGarbageCollector | None = None
         self.phase = "starting"
 
     def _read_only(self) -> bool:
@@ -77,6 +80,8 @@ class BookieNode:
             out["read_only"] = self.storage.read_only
         if self.service is not None:
             out["service"] = self.service.statistics()
+        if self.gc is not None:
+            out["gc"] = dict(self.gc.stats)
         return out
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -96,6 +101,8 @@ class BookieNode:
                 await nursery.start(self.service.run, listeners)
                 self.phase = "registering"
                 await nursery.start(self.registrar.run)
+                self.gc = BookieGarbageCollector(self.hosts, self.storage, self.config.bookie_gc_interval_ms)
+                await nursery.start(self.gc.run)
                 self.phase = "serving"
                 log.warning("bookie serving", extra={"bookie": f"{node.host}:{node.bookie_port}",
                                                      "instance": self.storage.instance_id})

@@ -119,6 +119,8 @@ class ClusterConfig:
     bookie_max_entry_bytes: int = 5 << 20  # the largest packaged entry a bookie stores
     bookie_max_in_flight: int = 10_000  # requests served at once per bookie connection; more: OVERLOADED
     bookie_disk_usage_percent: int = 95  # above this much of its filesystem used, a bookie turns read-only
+    bookie_entry_log_bytes: int = 128 << 20  # entry logs rotate at this size; compaction reclaims whole logs
+    bookie_gc_interval_ms: int = 60_000  # how often a bookie looks for deleted ledgers (two misses needed)
 
     @property
     def four_letter_word_set(self) -> frozenset[str]:
@@ -272,6 +274,9 @@ def _check_cluster(config: ClusterConfig) -> None:
     if unknown_words:
         raise ConfigError(f"{path}: [cluster]: key 'four_letter_words': unknown {sorted(unknown_words)} "
                           f"(known: {', '.join(sorted(KNOWN_FOUR_LETTER_WORDS))})")
+    if config.bookie_entry_log_bytes < 4096:
+        raise ConfigError(f"{path}: [cluster]: key 'bookie_entry_log_bytes': must be at least 4096, "
+                          f"got {config.bookie_entry_log_bytes}")
     if config.bookie_disk_usage_percent > 100:
         raise ConfigError(f"{path}: [cluster]: key 'bookie_disk_usage_percent': must be from 1 to 100, "
                           f"got {config.bookie_disk_usage_percent}")

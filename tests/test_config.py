@@ -185,6 +185,8 @@ def test_bad_node_values(tmp_path: Path, key: str, value: str, problem: str) -> 
     ("cluster = 5\n", "key 'cluster': expected a table, got integer 5"),
     ("[cluster]\nping_interval_ticks = 10\nsync_limit_ticks = 10\n",
      "ping_interval_ticks must be smaller than sync_limit_ticks"),
+    ("[cluster]\nbookie_entry_log_bytes = 100\n", "key 'bookie_entry_log_bytes': must be at least 4096"),
+    ("[cluster]\nbookie_disk_usage_percent = 101\n", "key 'bookie_disk_usage_percent': must be from 1 to 100"),
 ])
 def test_bad_cluster_values(tmp_path: Path, text: str, problem: str) -> None:
     refuse(tmp_path, text + "\n" + three_voters(), problem)

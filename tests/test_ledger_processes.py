@@ -19,7 +19,7 @@ import pytest
 import trio
 
 from bookie.client import BookiePool
-from bookie.errors import EntryCorrupt
+from bookie.errors import EntryCorrupt, NoSuchLedger
 from clusterd import localcluster
 from ledger.client import LedgerClient
 from ledger.metadata import LedgerState
@@ -33,7 +33,11 @@ PASSWORD = b"pw"
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> Iterator[Cluster]:
-    c = Cluster(four_node_config(tmp_path_factory.mktemp("ledgers")))
+    path = four_node_config(tmp_path_factory.mktemp("ledgers"))
+    # Garbage collection often and small entry logs, so that a deleted ledger's space comes back quickly.
+    path.write_text(path.read_text().replace(
+        "[cluster]\n", "[cluster]\nbookie_gc_interval_ms = 300\nbookie_entry_log_bytes = 65536\n", 1))
+    c = Cluster(path)
     up = c.ctl("up", timeout=120)
     assert up.returncode == 0, up.stdout + up.stderr
     yield c
@@ -108,10 +112,40 @@ def test_a_bookie_sigkilled_during_appends_costs_no_acknowledged_entry(cluster: 
         restart_all_down_nodes(cluster)
 
 
+def test_a_deleted_ledger_is_collected_by_every_bookie_and_its_space_comes_back(cluster: Cluster):
+    """Two ledgers on every bookie; one is deleted. Each bookie's collector sees it missing from
+    two listings, confirms with an exists-check, deletes it and compacts its entry logs; the
+    other ledger is untouched."""
+    payload = bytes(range(256)) * 2
+
+    async def scenario(client: LedgerClient):
+        kept = await client.create(4, 4, 2, password=PASSWORD)
+        doomed = await client.create(4, 4, 2, password=PASSWORD)
+        for w in (kept, doomed):
+            await w.append_many([payload] * 600)  # ~300 KB per bookie: several 64 KB entry logs
+            await w.close()
+        client.pool.update(cluster.config.bookie_addresses())
+        await client.delete(doomed.ledger_id)
+        with trio.fail_after(30):
+            for bookie in (1, 2, 3, 4):
+                while True:
+                    try:
+                        await client.pool.client(bookie).read(doomed.ledger_id, 0)
+                    except NoSuchLedger:
+                        break
+                    await trio.sleep(0.1)
+        assert await read_all(client, kept.ledger_id) == [payload] * 600
+        statuses = await localcluster.fetch_statuses(cluster.config)
+        gc = {i: s["bookie"]["gc"] for i, s in statuses.items()}
+        assert all(g["ledgers_deleted"] >= 1 and g["bytes_freed"] > 0 for g in gc.values()), gc
+
+    run_with_ledgers(cluster, scenario)
+
+
 WRITER = """
 import sys, trio
 from bookie.client import BookiePool
-from bookie.errors import EntryCorrupt
+from bookie.errors import EntryCorrupt, NoSuchLedger
 from ledger.client import LedgerClient
 from metastore.client import MetaClient
 
