@@ -78,6 +78,8 @@ def _parser() -> argparse.ArgumentParser:
     demo = command("demo", cmd_demo, "a fresh cluster under load, its leader SIGKILLed, every write checked")
     demo.add_argument("--writes", type=int, default=2000, help="acknowledged writes to aim for (default 2000)")
     demo.add_argument("--clients", type=int, default=4, help="concurrent clients (default 4)")
+    demo.add_argument("--ledger-entries", type=int, default=5000,
+                      help="entries the ledger part appends with a tailing reader (default 5000)")
     demo.add_argument("--kill", choices=("leader", "follower", "all"), default="leader",
                       help="what to SIGKILL a third of the way in (default: leader)")
     return parser
@@ -151,7 +153,8 @@ def cmd_get(config: ClusterConfig, args: argparse.Namespace) -> int:
 
 
 def cmd_demo(config: ClusterConfig, args: argparse.Namespace) -> int:
-    return demo.run(config, writes=args.writes, clients=args.clients, kill=args.kill)
+    return demo.run(config, writes=args.writes, clients=args.clients, kill=args.kill,
+                    ledger_entries=args.ledger_entries)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from typing import Any
 import trio
 
 from clusterd import config as cfg
-from clusterd import demo_check, localcluster
+from clusterd import demo_check, demo_ledgers, localcluster
 from clusterd.config import ClusterConfig, NodeConfig
 from clusterd.demo_writers import COUNTER, COUNTER_LOG, MEMBERS, ROOT, SEQUENTIAL, DemoClients, GaveUp, Record
 from clusterd.localcluster import ClusterError
@@ -80,7 +80,7 @@ class Demo:
         return next((str(n.id) for n in self.nodes if (n.host, n.client_port) == address), "?")
 
 
-def run(config: ClusterConfig, *, writes: int, clients: int, kill: str) -> int:
+def run(config: ClusterConfig, *, writes: int, clients: int, kill: str, ledger_entries: int = 5000) -> int:
     """Run the demo on a copy of `config` with fresh data; the process exit status."""
     if config.client_protocol != "zookeeper":
         print(f"clusterctl: the demo drives the metastore, so it needs client_protocol = \"zookeeper\" under "
@@ -92,7 +92,7 @@ def run(config: ClusterConfig, *, writes: int, clients: int, kill: str) -> int:
     demo = Demo(_fresh_copy(config))
     demo.say(f"demo cluster: {len(demo.nodes)} nodes, data and logs in {demo.config.path.parent}")
     try:
-        return trio.run(_main, demo, writes, clients, kill)
+        return trio.run(_main, demo, writes, clients, kill, ledger_entries)
     finally:
         demo.stop_all()
         demo.say("cluster stopped")
@@ -116,7 +116,7 @@ def _fresh_copy(config: ClusterConfig) -> ClusterConfig:
     return cfg.load(path)
 
 
-async def _main(demo: Demo, writes: int, clients: int, kill: str) -> int:
+async def _main(demo: Demo, writes: int, clients: int, kill: str, ledger_entries: int) -> int:
     demo.start(demo.nodes)
     statuses = await localcluster.wait_settled(demo.config, demo.nodes, timeout_s=START_TIMEOUT_S,
                                                children=demo.children)
@@ -133,7 +133,15 @@ async def _main(demo: Demo, writes: int, clients: int, kill: str) -> int:
             demo.say(f"verdict: FAIL: a client gave up: {type(error).__name__}: {error}")
             return 1
         await _wait_converged(demo)
-        return await _verify(demo, sessions)
+        status = await _verify(demo, sessions)
+    demo.say("ledgers: a pipelined writer with a tailing reader, then a writer process SIGKILLed and its ledger "
+             "recovered")
+    problems = await demo_ledgers.run(demo.config, ledger_entries, demo.say)
+    for problem in problems[:10]:
+        demo.say(f"  {problem}")
+    demo.say("ledger verdict: " + ("FAIL" if problems else "OK: every acknowledged entry read back intact, "
+                                   "the killed writer's included"))
+    return status or (1 if problems else 0)
 
 
 async def _write_through_a_crash(demo: Demo, sessions: DemoClients, writes: int, kill: str) -> None:
