@@ -7,6 +7,7 @@ so that an ensemble of 3 always has a spare bookie to change to.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -256,3 +257,34 @@ def damage_stored_copy(bookie_dir: Path, payload: bytes) -> int:
         if damaged:
             path.write_bytes(bytes(data))
     return damaged
+
+
+def test_clusterctl_ledger_commands(cluster: Cluster):
+    """The CLI round trip: append (closing, and leaving open), read, tail, stat, recover, ls,
+    delete, each with --json; a wrong password and a missing ledger exit 1."""
+    def ctl_json(*args: str) -> object:
+        done = cluster.ctl("ledger", *args, "--json")
+        assert done.returncode == 0, done.stdout + done.stderr
+        return [json.loads(line) for line in done.stdout.splitlines()] if args[0] in ("read", "tail") \
+            else json.loads(done.stdout)
+
+    written = ctl_json("append", "alpha", "beta", "gamma", "--password", "pw")
+    assert written["entries"] == [0, 1, 2] and written["closed"]
+    ledger = str(written["ledger_id"])
+    assert [e["data"] for e in ctl_json("read", ledger, "--password", "pw")] == ["alpha", "beta", "gamma"]
+    stat = ctl_json("stat", ledger)
+    assert stat["state"] == "CLOSED" and stat["last_entry"] == 2 and len(stat["fragments"][0]["ensemble"]) == 3
+
+    left_open = ctl_json("append", "x", "y", "--keep-open", "-E", "3", "-Q", "3", "-A", "2", "--password", "pw")
+    assert not left_open["closed"] and ctl_json("stat", str(left_open["ledger_id"]))["state"] == "OPEN"
+    recovered = ctl_json("recover", str(left_open["ledger_id"]), "--password", "pw")
+    assert recovered["state"] == "CLOSED" and recovered["last_entry"] == 1
+    assert [e["data"] for e in ctl_json("tail", str(left_open["ledger_id"]), "--password", "pw")] == ["x", "y"]
+
+    wrong = cluster.ctl("ledger", "read", ledger, "--password", "nope")
+    assert wrong.returncode == 1 and "WrongPassword" in wrong.stderr
+    assert int(ledger) in ctl_json("ls")
+    assert ctl_json("delete", ledger) == {"deleted": int(ledger)}
+    assert int(ledger) not in ctl_json("ls")
+    missing = cluster.ctl("ledger", "stat", ledger)
+    assert missing.returncode == 1 and "NoSuchLedger" in missing.stderr
