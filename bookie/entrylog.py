@@ -22,6 +22,7 @@ from pathlib import Path
 
 from bookie.errors import EntryCorrupt, StorageError
 from bookie.index import Location, record_size
+from bookie.storage_batch import Admitted, encode_entry_records
 from bookie.storage_codec import (ENTRY_LOG_MAGIC, FILE_HEADER_BYTES, CorruptRecord, TornRecord, decode_entry_record,
                                   decode_file_header, encode_entry_record, encode_file_header)
 from zab.snapshot import fsync_directory, write_all
@@ -105,6 +106,20 @@ class EntryLogs:
             chunks.append(record)
         self._write(chunks)
         return locations
+
+    def append_admitted(self, entries: list[Admitted]) -> list[int]:
+        """The add hot path of append(): records of (ledger, entry, packaged entry, LAC) tuples, one
+        write per log touched, not fsynced; returns their packed positions (index.pack_position)."""
+        positions: list[int] = []
+        start = 0
+        while start < len(entries):
+            if self._current is None or self._current.size >= self._rotate_bytes:
+                self._rotate()
+            chunks: list[bytes] = []
+            start, self._current.size = encode_entry_records(entries, start, self._current.log_id, self._current.size,
+                                                             self._rotate_bytes, chunks, positions)
+            self._write(chunks)
+        return positions
 
     def _write(self, chunks: list[bytes]) -> None:
         if chunks:

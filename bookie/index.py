@@ -86,6 +86,18 @@ class LedgerEntries:
             self.sparse[entry_id] = (position, length)
         return previous
 
+    def put_new(self, entry_id: int, position: int, length: int) -> tuple[int, int] | None:
+        """put(), cheaper when the entry extends the dense run (the common case of a stream of adds)."""
+        gap = entry_id - self.base - len(self.positions)
+        if self.sparse or not self.positions or not 0 <= gap <= DENSE_GAP:
+            return self.put(entry_id, position, length)
+        if gap:
+            self.positions.extend([0] * gap)
+            self.lengths.extend([0] * gap)
+        self.positions.append(position)
+        self.lengths.append(length)
+        return None
+
     def _absorb_sparse(self) -> None:
         # Outliers the dense run has now reached move into it, keeping get() one lookup.
         end = self.base + len(self.positions)
@@ -170,6 +182,30 @@ class Index:
         self.live_bytes[where.log_id] = self.live_bytes.get(where.log_id, 0) + record_bytes
         state.max_lac = max(state.max_lac, lac)
         state.last_entry = max(state.last_entry, entry_id)
+
+    def put_many(self, entries: list[tuple[int, int, bytes, int]], positions: list[int]) -> set[int]:
+        """put() of each (ledger, entry, packaged entry, LAC field) at its packed position (one entry
+        log record each); returns the ledgers touched."""
+        touched: set[int] = set()
+        live = self.live_bytes
+        last_ledger = state = None
+        for (ledger_id, entry_id, data, lac), position in zip(entries, positions, strict=True):
+            if ledger_id != last_ledger:
+                if ledger_id in self.deleted:
+                    continue  # deleted while its add was in flight: the bytes are garbage for compaction
+                state, last_ledger = self.state_for_write(ledger_id), ledger_id
+                touched.add(ledger_id)
+            length = len(data)
+            replaced = state.entries.put_new(entry_id, position, length)
+            if replaced is not None:
+                self._release(replaced)
+            log_id = position >> OFFSET_BITS
+            live[log_id] = live.get(log_id, 0) + ENTRY_RECORD_HEADER_BYTES + length
+            if lac > state.max_lac:
+                state.max_lac = lac
+            if entry_id > state.last_entry:
+                state.last_entry = entry_id
+        return touched
 
     def move(self, ledger_id: int, entry_id: int, old: Location, new: Location, record_bytes: int) -> bool:
         """Point the entry at its compacted copy if it still lives at `old`; return whether it moved."""

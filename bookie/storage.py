@@ -35,6 +35,7 @@ from bookie.entry import EntryFormatError, parse_header
 from bookie.errors import (BadRequest, BookieError, BookieReadOnly, EntryTooLarge, LedgerFenced, NoSuchEntry,
                            NoSuchLedger, StorageError, Unauthorized)
 from bookie.index import LedgerState, Location, record_size
+from bookie.storage_batch import AddFields, admit_adds
 from bookie.storage_codec import FILE_HEADER_BYTES, JournalRecord, Kind, encode_journal_record, scan_entry_log
 from bookie.storage_config import (MASTER_KEY_BYTES, MAX_ID, AddRequest, BookieStorageConfig, CompactionStats)
 from bookie.checkpoint import Checkpoint
@@ -48,10 +49,11 @@ __all__ = ["AddRequest", "BookieStorage", "BookieStorageConfig", "CompactionStat
 class _Batch:
     """Records waiting for one journal write + fsync, and the entries they carry."""
 
-    __slots__ = ("records", "entries", "done", "error")
+    __slots__ = ("records", "record_count", "entries", "done", "error")
 
     def __init__(self) -> None:
-        self.records: list[bytes] = []
+        self.records: list[bytes] = []  # encoded journal records, possibly in several chunks each
+        self.record_count = 0
         self.entries: list[tuple[int, int, bytes, int]] = []  # ledger, entry, packaged entry, its LAC field
         self.done = trio.Event()
         self.error: StorageError | None = None
@@ -87,6 +89,7 @@ class BookieStorage:
         self._priority_waiting = 0
         self._idle = trio.Event()
         self._lac_events: dict[int, trio.Event] = {}
+        self._fence_batches: dict[int, _Batch] = {}  # ledger -> batch carrying its newest FENCE record
         self._checkpoint_wanted = trio.Event()
         self._journal_bytes_at_checkpoint = 0
         self._read_only = False
@@ -135,13 +138,31 @@ class BookieStorage:
         here), Unauthorized (another master key is bound), LedgerFenced (fenced
         and not a recovery add). Re-adding a stored entry is a success.
         """
+        return await self.add_fields([(a.ledger_id, a.entry_id, a.master_key, a.data, a.recovery) for a in adds])
+
+    async def add_fields(self, adds: list[AddFields]) -> list[BookieError | None]:
+        """add_batch of (ledger_id, entry_id, master_key, packaged entry, recovery) tuples: the service's
+        hot path, without an AddRequest per entry."""
         self._check_usable()
         records: list[bytes] = []
         entries: list[tuple[int, int, bytes, int]] = []
-        results = [self._admit(req, records, entries) for req in adds]
-        self._stats["adds_refused"] += sum(1 for r in results if r is not None)
+        keys = [0]  # KEY records the slow path wrote (the fast path writes each ADD in two chunks)
+
+        def slow(add: AddFields) -> BookieError | None:
+            before = len(records) - len(entries)
+            outcome = self._admit(AddRequest(*add), records, entries)
+            keys[0] += len(records) - len(entries) - before
+            return outcome
+
+        if self._read_only:
+            results = [slow(add) for add in adds]
+        else:
+            results = admit_adds(self._index, adds, self.config.max_entry_bytes, records, entries, slow)
+        refused = len(results) - results.count(None)
+        if refused:
+            self._stats["adds_refused"] += refused
         if records:
-            await self._commit(records, entries)
+            await self._commit(records, entries, keys[0] + len(entries))
         return results
 
     async def add(self, req: AddRequest) -> None:
@@ -197,29 +218,54 @@ class BookieStorage:
         From the moment this is called, non-recovery adds are refused; it
         returns once the fence record is fsynced. Fencing a ledger never seen
         here creates its state, so a late add is refused too. Raises
-        Unauthorized, NoSuchLedger (deleted here), BadRequest.
+        Unauthorized, NoSuchLedger (deleted here), BadRequest. Fencing a ledger
+        whose fence is already durable writes nothing (recovery reads fence
+        again and again): it only answers the LAC.
         """
         self._check_usable()
         records: list[bytes] = []
         state = self._bind(ledger_id, master_key, records)
+        if state.fenced and not records:
+            carrier = self._fence_batches.get(ledger_id)
+            if carrier is None or (carrier.done.is_set() and carrier.error is None):
+                self._fence_batches.pop(ledger_id, None)
+                return state.lac  # fenced on disk already (read back on open, or its batch is fsynced)
         state.fenced = True
         records.append(encode_journal_record(JournalRecord(Kind.FENCE, ledger_id)))
+        self._fence_batches[ledger_id] = self._open_batch  # the batch _commit joins
         await self._commit(records, [])
         return state.lac
 
     async def write_lac(self, ledger_id: int, lac: int, master_key: bytes) -> None:
-        """Persist an explicit LAC (the writer's, when no add carries it); the LAC never goes down."""
+        """Record an explicit LAC (the writer's, when no add carries it); the LAC never goes down.
+
+        It takes effect at once; its journal record rides on the next group commit (or run()'s
+        next tick, or close()) rather than cost an fsync: an explicit LAC is a hint for readers, as
+        in BookKeeper. A crash that loses it lowers this bookie's LAC to what its entries carry;
+        every LAC it had named an entry the writer had acknowledged (Qa durable copies), and
+        recovery reads forward from the LAC until entries are absent. Binding an unseen ledger's
+        key is still durable before the answer (docs/bookie_storage.md, Guarantees)."""
         self._check_usable()
         if not -1 <= lac <= MAX_ID:
             raise BadRequest(f"LAC {lac} is not an entry id or -1")
         records: list[bytes] = []
         self._bind(ledger_id, master_key, records)
+        binds = bool(records)
         records.append(encode_journal_record(JournalRecord(Kind.LAC, ledger_id, lac)))
-        await self._commit(records, [])
+        if binds:
+            await self._commit(records, [])
+        else:
+            self._join(records, [])
         state = self._index.state(ledger_id)
         if state is not None and lac > state.explicit_lac:
             state.explicit_lac = lac
             self._notify(ledger_id)
+
+    async def flush(self) -> None:
+        """Write and fsync records waiting in the open batch with no caller waiting on them
+        (explicit LACs). run() calls it every tick, close() before closing."""
+        if self._open_batch.record_count and self._failed is None and not self._closed:
+            await self._commit([], [])
 
     async def delete_ledgers(self, ledger_ids: Iterable[int]) -> None:
         """Drop ledgers from the index, durably (journal now, checkpoint later); reads answer
@@ -231,6 +277,7 @@ class BookieStorage:
             if ledger_id in self._index.deleted:
                 continue
             self._index.delete(ledger_id)
+            self._fence_batches.pop(ledger_id, None)
             self._notify(ledger_id)
             records.append(encode_journal_record(JournalRecord(Kind.DELETE, ledger_id)))
         if records:
@@ -238,11 +285,10 @@ class BookieStorage:
 
     # --- group commit ------------------------------------------------------------------------
 
-    async def _commit(self, records: list[bytes], entries: list) -> None:
-        """Join the open batch and return once it is durable (writing it ourselves if nobody is)."""
-        batch = self._open_batch
-        batch.records.extend(records)
-        batch.entries.extend(entries)
+    async def _commit(self, records: list[bytes], entries: list, count: int | None = None) -> None:
+        """Join the open batch and return once it is durable (writing it ourselves if nobody is).
+        `count`: how many records `records` holds (default: one per item)."""
+        batch = self._join(records, entries, count)
         while not batch.done.is_set():
             if self._busy or self._priority_waiting:
                 await self._idle.wait()
@@ -253,13 +299,20 @@ class BookieStorage:
         if batch.error is not None:
             raise batch.error
 
+    def _join(self, records: list[bytes], entries: list, count: int | None = None) -> _Batch:
+        batch = self._open_batch
+        batch.records += records
+        batch.record_count += len(records) if count is None else count
+        batch.entries += entries
+        return batch
+
     async def _write_open_batch(self) -> None:
         batch, self._open_batch = self._open_batch, _Batch()
         try:
             if self._closed or self._failed is not None:
                 raise StorageError(f"bookie storage {self.directory} is closed or failed; restart the bookie")
-            locations = await trio.to_thread.run_sync(self._write_batch, batch)
-            self._apply(batch, locations)
+            positions = await trio.to_thread.run_sync(self._write_batch, batch)
+            self._apply(batch, positions)
         except BaseException as err:
             # Every waiter of this batch must learn that it is not durable; a bug still crashes.
             self._failed = self._failed or f"{type(err).__name__}: {err}"
@@ -270,28 +323,24 @@ class BookieStorage:
         finally:
             batch.done.set()
 
-    def _write_batch(self, batch: _Batch) -> list[Location]:
+    def _write_batch(self, batch: _Batch) -> list[int]:
         """Worker thread: one journal write, the entry log appends, one fsync."""
         self._journal.append(batch.records)
         try:
-            locations = self._entrylogs.append([(lg, e, data) for lg, e, data, _ in batch.entries])
+            positions = self._entrylogs.append_admitted(batch.entries)
         except OSError as err:
             raise StorageError(f"entry logs in {self.directory}: {err}; restart the bookie") from err
         self._journal.sync()
-        return locations
+        return positions
 
-    def _apply(self, batch: _Batch, locations: list[Location]) -> None:
+    def _apply(self, batch: _Batch, positions: list[int]) -> None:
         """After the fsync: index the entries (now readable) and wake LAC waiters."""
-        touched = set()
-        for (ledger_id, entry_id, data, lac), where in zip(batch.entries, locations):
-            self._index.put(ledger_id, entry_id, lac, where, record_size(len(data)))
-            touched.add(ledger_id)
-            self._stats["add_bytes"] += len(data)
-        for ledger_id in touched:
+        for ledger_id in self._index.put_many(batch.entries, positions):
             self._notify(ledger_id)
+        self._stats["add_bytes"] += sum(len(entry[2]) for entry in batch.entries)
         self._stats["adds"] += len(batch.entries)
         self._stats["batches"] += 1
-        self._stats["journal_records"] += len(batch.records)
+        self._stats["journal_records"] += batch.record_count
         if self._journal.bytes_written - self._journal_bytes_at_checkpoint >= self.config.checkpoint_every_bytes:
             self._checkpoint_wanted.set()
 
@@ -494,6 +543,7 @@ class BookieStorage:
                 await self._checkpoint_wanted.wait()
             if self._closed:
                 return
+            await self.flush()
             now = trio.current_time()
             written = self._journal.bytes_written > self._journal_bytes_at_checkpoint
             due = config.checkpoint_interval_ms and now - last["checkpoint"] >= config.checkpoint_interval_ms / 1000
@@ -521,13 +571,14 @@ class BookieStorage:
             entry_logs=len(self._entrylogs.sizes()), entry_log_bytes=sum(self._entrylogs.sizes().values()),
             ledgers=len(self._index.ledgers), deleted_ledgers=len(self._index.deleted),
             entries=self._index.entry_count(), read_only=self._read_only, disk_usage=round(self._disk_usage, 4),
-            pending_records=len(self._open_batch.records), failed=self._failed)
+            pending_records=self._open_batch.record_count, failed=self._failed)
         return stats
 
     async def close(self, *, checkpoint: bool = True) -> None:
         """Checkpoint (unless told not to or failed) and release the files. Unfinished adds fail."""
         if self._closed:
             return
+        await self.flush()
         if checkpoint and self._failed is None:
             await self.checkpoint()
         async with self._disk():

@@ -155,6 +155,41 @@ async def test_fence_refuses_adds_but_recovery_adds_pass_and_survive_restart(tmp
 
 
 @trio_test
+async def test_a_repeat_fence_of_a_durably_fenced_ledger_writes_nothing_but_still_checks_the_key(tmp_path):
+    storage = await open_storage(tmp_path)
+    await add_all(storage, [add_req(9, i) for i in range(3)])
+    assert await storage.fence(9, KEY) == 1
+    before = storage.statistics()
+    assert [await storage.fence(9, KEY) for _ in range(5)] == [1] * 5  # recovery reads fence every time
+    after = storage.statistics()
+    assert (after["journal_records"], after["fsyncs"]) == (before["journal_records"], before["fsyncs"])
+    with pytest.raises(Unauthorized):
+        await storage.fence(9, OTHER_KEY)
+    await storage.close(checkpoint=False)
+    storage = await open_storage(tmp_path)  # fenced on disk: a fence after a restart writes nothing either
+    records = storage.statistics()["journal_records"]
+    assert await storage.fence(9, KEY) == 1 and storage.statistics()["journal_records"] == records
+    await storage.close()
+
+
+@trio_test
+async def test_an_explicit_lac_takes_effect_at_once_and_rides_on_the_next_group_commit(tmp_path):
+    storage = await open_storage(tmp_path)
+    await add_all(storage, [add_req(4, i) for i in range(3)])
+    fsyncs = storage.statistics()["fsyncs"]
+    await storage.write_lac(4, 2, KEY)
+    assert storage.lac(4) == 2 and storage.statistics()["fsyncs"] == fsyncs  # a hint: no fsync of its own
+    assert storage.statistics()["pending_records"] == 1
+    await storage.add(add_req(4, 3))  # the next group commit carries it
+    assert storage.statistics()["pending_records"] == 0
+    await storage.write_lac(4, 3, KEY)
+    await storage.close(checkpoint=False)  # close writes what is pending
+    storage = await open_storage(tmp_path)
+    assert storage.lac(4) == 3
+    await storage.close()
+
+
+@trio_test
 async def test_fencing_an_unknown_ledger_creates_it_so_a_late_add_is_refused(tmp_path):
     storage = await open_storage(tmp_path)
     assert await storage.fence(44, KEY) == NO_ENTRY
