@@ -1,7 +1,9 @@
-"""`python -m bench.run [--quick] [--only zab|metastore] [--no-zk] [--keep] [...]`: run the suite, write the report.
+"""`python -m bench.run [--quick] [--only zab|metastore|ledger] [--no-zk] [--keep] [...]`: run the suite, write the report.
 
-Two parts run by default: the Zab layer with the KV demo client, and the
-metastore (kazoo against ZooKeeper and against Quire's ZooKeeper protocol).
+Three parts run by default: the Zab layer with the KV demo client, the
+metastore (kazoo against ZooKeeper and against Quire's ZooKeeper protocol), and
+ledgers and bookies against the disk (bench/ledger.py). `--only ledger`
+rewrites only its own section of the report.
 
 Exit status 0 when every section ran, 1 when some failed (the report says
 which and why), 2 for a bad command line.
@@ -15,8 +17,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench import report
-from bench.suite import FULL, PARTS, QUICK, Suite
+from bench import ledger, ledger_report, machine, report
+from bench.suite import FULL, PARTS, QUICK, QUIET_BUSY_MAX, Suite
+
+ALL_PARTS = PARTS + ("ledger",)
+LEDGER_QUIET_WAIT_S = 30.0  # before the ledger part when it runs alone (the suite waits on its own)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -25,27 +30,46 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="quire-bench-", dir=args.workdir))
     print(f"bench: working in {workdir}")
+    failures: list[str] = []
     try:
-        parts = (args.only,) if args.only else PARTS
-        suite = Suite(workdir, QUICK if args.quick else FULL, with_zk=not args.no_zk, repo=REPO, parts=parts)
-        results = suite.run(wait_quiet=not args.no_wait)
+        parts = (args.only,) if args.only else ALL_PARTS
+        suite_parts = tuple(p for p in parts if p in PARTS)
         output = Path(args.output)
-        output.write_text(report.render(results, report.existing_analysis(output)))
-        print(f"bench: wrote {output} ({results.duration_s / 60:.1f} min)")
+        results = None
+        if suite_parts:
+            suite = Suite(workdir, QUICK if args.quick else FULL, with_zk=not args.no_zk, repo=REPO, parts=suite_parts)
+            results = suite.run(wait_quiet=not args.no_wait)
+            failures += results.failures
+        section = None
+        if "ledger" in parts:
+            if not args.no_wait and not suite_parts:
+                print(f"waiting up to {LEDGER_QUIET_WAIT_S:g} s for a quiet machine (below "
+                      f"{100 * QUIET_BUSY_MAX:.0f}% CPU)...")
+                machine.wait_quiet(max_busy=QUIET_BUSY_MAX, timeout_s=LEDGER_QUIET_WAIT_S)
+            ledger_results = ledger.run(workdir / "ledger", quick=args.quick)
+            failures += ledger_results.failures
+            section = ledger_report.render(ledger_results)
+        if results is not None:
+            section = section or ledger_report.existing_section(output)
+            output.write_text(report.render(results, report.existing_analysis(output), section))
+        else:
+            output.write_text(report.ledger_only(output, section))
+        print(f"bench: wrote {output}")
     finally:
         if args.keep:
             print(f"bench: kept {workdir}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
-    return 1 if results.failures else 0
+    return 1 if failures else 0
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small counts: a smoke run of a minute or two")
-    parser.add_argument("--only", choices=PARTS, default=None,
-                        help="run one part: zab (KV demo client) or metastore (kazoo, ZooKeeper protocol); "
-                             "the report is rewritten with that part only")
+    parser.add_argument("--only", choices=ALL_PARTS, default=None,
+                        help="run one part: zab (KV demo client), metastore (kazoo, ZooKeeper protocol) or ledger "
+                             "(bookies and the ledger SDK against the disk); zab or metastore: the report is "
+                             "rewritten with that part only (section 8 carried over); ledger: only section 8 is")
     parser.add_argument("--no-zk", action="store_true", help="skip the ZooKeeper reference runs "
                                                              "(and so the metastore part)")
     parser.add_argument("--no-wait", action="store_true", help="do not wait for a quiet machine first")

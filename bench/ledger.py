@@ -1,0 +1,281 @@
+"""The ledger part of the suite (issue 4, "Measure"): bookies and the ledger SDK against this machine's disk.
+
+In one run, each figure beside the reference it is judged against:
+
+1. the disk's own rates (a plain Python loop on the data dirs' filesystem): 100-byte append + fsync
+   (fsyncs/s) and 1 MiB append + fsync (MB/s), before and after the cluster part;
+2. one bookie's storage engine with group commit (bench/bookie_storage.py), 100-byte adds/s against the
+   100-byte fsync loop run just before it;
+3. a throw-away 3-node cluster (bench/quire.py; client_protocol zookeeper, every node a bookie) and one
+   client, this process, through the ledger SDK (bench/ledger_load.py): pipelined append throughput and
+   latency for 100 B, 1 KB and 64 KB entries with E=Qw=Qa=3 and E=3, Qw=2, Qa=2; append latency at low load;
+   append-to-delivery latency at a tailing reader in another process; catch-up read throughput of a closed
+   ledger; recovery time of a 10,000-entry ledger whose writer process died without closing it.
+
+    python -m bench.run --only ledger [--quick]      # writes its section into docs/benchmarks.md
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+import time
+import traceback
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from bench import bookie_storage, disk, logscan, machine
+from bench import ledger_load as workloads
+from bench.ledger_load import AppendRun, LatencyRun, Quorum, ReadRun, RecoveryRun
+from bench.quire import QuireCluster
+
+REPO = Path(__file__).resolve().parent.parent
+MIB = 1 << 20
+LARGE_FILE_MAX = 128 * MIB  # the 1 MiB loop starts a new file past this (the rotation is not timed)
+
+QUORUMS = (Quorum(3, 3, 3), Quorum(3, 2, 2))
+RECOVERY_QUORUM = Quorum(3, 3, 2)
+
+
+@dataclass(frozen=True)
+class LedgerSizes:
+    disk_s: float  # each disk loop
+    bookie_s: float  # each bookie-engine run (and the disk loop before it)
+    bookie_adders: tuple[int, ...]  # concurrent adders, one run each
+    warmup_s: float  # pipelined appends before each timed window
+    window_s: float
+    entry_sizes: tuple[tuple[int, int], ...]  # (entry bytes, appends in flight at most)
+    low_load: int  # appends one at a time, timed
+    low_load_warmup: int
+    tail: int  # entries timed at the tailing reader
+    tail_warmup: int
+    tail_gaps_s: tuple[float, ...]  # pause between appends; 0: back to back
+    catch_up_entries: int
+    catch_up_size: int
+    recovery_entries: int
+    recovery_window: int
+    recovery_modes: tuple[str, ...]  # "kill": SIGKILL with appends in flight; "quiet": after its explicit LAC
+
+
+FULL = LedgerSizes(disk_s=3.0, bookie_s=3.0, bookie_adders=(1, 64, 256), warmup_s=1.0, window_s=5.0,
+                   entry_sizes=((100, 2000), (1024, 1000), (65536, 64)), low_load=1000, low_load_warmup=100,
+                   tail=1000, tail_warmup=20, tail_gaps_s=(0.0, 0.005), catch_up_entries=20_000,
+                   catch_up_size=1024, recovery_entries=10_000, recovery_window=1000,
+                   recovery_modes=("kill", "quiet"))
+QUICK = LedgerSizes(disk_s=0.5, bookie_s=1.0, bookie_adders=(64,), warmup_s=0.3, window_s=1.5,
+                    entry_sizes=((100, 2000), (1024, 1000), (65536, 64)), low_load=200, low_load_warmup=20,
+                    tail=200, tail_warmup=10, tail_gaps_s=(0.0,), catch_up_entries=3000, catch_up_size=1024,
+                    recovery_entries=10_000, recovery_window=1000, recovery_modes=("kill",))
+
+
+@dataclass
+class ThroughputRate:
+    name: str
+    bytes: int
+    elapsed_s: float  # time inside write + fsync only
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes / self.elapsed_s / 1e6
+
+
+@dataclass
+class DiskRef:
+    when: str
+    small: disk.FsyncRate  # 100 B append + fsync
+    large: ThroughputRate  # 1 MiB append + fsync
+    load_avg: float
+
+
+@dataclass
+class LedgerResults:
+    sizes: LedgerSizes
+    quick: bool
+    facts: dict[str, str]
+    disk: list[DiskRef] = field(default_factory=list)
+    bookie: list[dict[str, Any]] = field(default_factory=list)  # bench/bookie_storage.py runs
+    appends: list[AppendRun] = field(default_factory=list)
+    low_load: list[LatencyRun] = field(default_factory=list)
+    tails: list[LatencyRun] = field(default_factory=list)
+    reads: list[ReadRun] = field(default_factory=list)
+    recoveries: list[RecoveryRun] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    scan: logscan.Scan | None = None
+    load_start: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    load_end: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    duration_s: float = 0.0
+
+    def disk_small_per_s(self) -> float | None:
+        """The best 100-byte append+fsync rate of the run (neighbours only ever slow the disk down)."""
+        return max((d.small.per_s for d in self.disk), default=None)
+
+    def disk_mb_per_s(self) -> float | None:
+        return max((d.large.mb_per_s for d in self.disk), default=None)
+
+    def append(self, quorum: Quorum, size: int) -> AppendRun | None:
+        return next((a for a in self.appends if a.quorum == quorum and a.size == size and not a.error), None)
+
+
+def large_append_fsync(folder: Path, duration_s: float) -> ThroughputRate:
+    """Append 1 MiB + os.fsync in a loop for `duration_s` (of write + fsync time)."""
+    block = os.urandom(MIB)
+    written, busy = 0, 0.0
+    with tempfile.TemporaryDirectory(dir=folder, prefix="fsync-large-") as tmp:
+        path, fd, size = Path(tmp) / "append", -1, LARGE_FILE_MAX
+        try:
+            while busy < duration_s:
+                if size >= LARGE_FILE_MAX:
+                    if fd >= 0:
+                        os.close(fd)
+                        path.unlink()
+                    fd, size = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), 0
+                started = time.perf_counter()
+                os.write(fd, block)
+                os.fsync(fd)
+                busy += time.perf_counter() - started
+                written, size = written + MIB, size + MIB
+        finally:
+            if fd >= 0:
+                os.close(fd)
+    return ThroughputRate("append 1 MiB + fsync", written, busy)
+
+
+def git_state(repo: Path) -> str:
+    """HEAD and the bookie/ledger/server files that differ from it (others edit the tree while we measure)."""
+    def run(*args: str) -> str:
+        done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=False)
+        return done.stdout.rstrip()
+
+    dirty = run("status", "--porcelain", "--", "bookie", "ledger", "clusterd", "metastore", "zab")
+    changed = ", ".join(line[3:] for line in dirty.splitlines())
+    return run("rev-parse", "--short", "HEAD").strip() + (f" plus uncommitted changes to {changed}" if changed else "")
+
+
+class LedgerBench:
+    """Runs the ledger part in `folder`; `run()` returns the results (a failed step is recorded, not raised)."""
+
+    def __init__(self, folder: Path, sizes: LedgerSizes, *, quick: bool,
+                 progress: Callable[[str], None] = print) -> None:
+        self.folder = folder
+        self.sizes = sizes
+        self.progress = progress
+        folder.mkdir(parents=True, exist_ok=True)  # `df -T` of it goes into the facts
+        facts = machine.facts(folder, REPO)
+        facts["git"] = git_state(REPO)
+        self.results = LedgerResults(sizes, quick, facts)
+
+    def run(self) -> LedgerResults:
+        started = time.monotonic()
+        r = self.results
+        r.load_start = os.getloadavg()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._step("disk reference (before)", lambda: self._disk("before"))
+        self._step("one bookie's storage engine", self._bookie)
+        self._step("3-node cluster", self._cluster)
+        self._step("disk reference (after)", lambda: self._disk("after"))
+        r.scan = logscan.scan_quire(self.folder / "cluster", "the ledger part's cluster")
+        r.load_end = os.getloadavg()
+        r.duration_s = time.monotonic() - started
+        return r
+
+    def _step(self, name: str, body: Callable[[], Any]) -> Any:
+        self.progress(f"[{time.strftime('%H:%M:%S')}] ledger: {name} (load average {os.getloadavg()[0]:.2f}) ...")
+        try:
+            return body()
+        except Exception:  # noqa: BLE001 - recorded in the report, the part goes on
+            self.results.failures.append(f"{name}:\n{traceback.format_exc()}")
+            self.progress(f"  FAILED: {traceback.format_exc().splitlines()[-1]}")
+            return None
+
+    async def _astep(self, name: str, body: Callable[[], Awaitable[Any]]) -> Any:
+        self.progress(f"[{time.strftime('%H:%M:%S')}] ledger: {name} (load average {os.getloadavg()[0]:.2f}) ...")
+        try:
+            return await body()
+        except Exception:  # noqa: BLE001 - recorded in the report, the part goes on
+            self.results.failures.append(f"{name}:\n{traceback.format_exc()}")
+            self.progress(f"  FAILED: {traceback.format_exc().splitlines()[-1]}")
+            return None
+
+    def _disk(self, when: str) -> None:
+        folder = self.folder / "disk"
+        folder.mkdir(parents=True, exist_ok=True)
+        load = os.getloadavg()[0]
+        small = disk.append_fsync(folder, self.sizes.disk_s)
+        large = large_append_fsync(folder, self.sizes.disk_s)
+        self.results.disk.append(DiskRef(when, small, large, load))
+        self.progress(f"  disk: {small.per_s:,.0f} fsyncs/s (100 B), {large.mb_per_s:,.0f} MB/s (1 MiB + fsync)")
+
+    def _bookie(self) -> None:
+        folder = self.folder / "bookie"
+        folder.mkdir(parents=True, exist_ok=True)
+        for adders in self.sizes.bookie_adders:
+            load = os.getloadavg()[0]
+            (row,) = bookie_storage.measure(folder, [adders], 100, self.sizes.bookie_s)["runs"]
+            row["load_avg"] = load
+            self.results.bookie.append(row)
+            self.progress(f"  {adders} adders: {row['adds_per_s']:,} adds/s, {row['adds_per_fsync']} per fsync; "
+                          f"disk {row['disk_append_fsync_per_s']:,} fsyncs/s; {row['vs_disk']}x")
+
+    def _cluster(self) -> None:
+        with QuireCluster(self.folder / "cluster", client_protocol="zookeeper") as cluster:
+            cluster.start()
+            trio.run(self._cluster_steps, cluster)
+            crashed = cluster.crashed()
+            if crashed:
+                self.results.failures.append(f"cluster: nodes exited during the part: {crashed}")
+
+    async def _cluster_steps(self, cluster: QuireCluster) -> None:
+        s, r = self.sizes, self.results
+        await cluster.wait_all_broadcast()
+        hosts = cluster.client_addresses()
+        log = self.folder / "clients.log"
+        async with workloads.connected(hosts) as ledgers:
+            await workloads.wait_bookies(ledgers, 3)
+            for quorum in QUORUMS:
+                for size, window in s.entry_sizes:
+                    run = await self._astep(
+                        f"appends {quorum.label}, {size} B, {window} in flight",
+                        lambda q=quorum, z=size, w=window: workloads.append_window(
+                            ledgers, q, z, w, warmup_s=s.warmup_s, window_s=s.window_s, pids=cluster.pids()))
+                    if run is not None:
+                        r.appends.append(run)
+                        self.progress(f"  {run.entries_per_s:,.0f} entries/s, {run.mb_per_s:,.1f} MB/s, p50 "
+                                      f"{run.latency_ms(50):.1f} ms, p99 {run.latency_ms(99):.1f} ms {run.error}")
+            for quorum in QUORUMS:
+                run = await self._astep(f"appends {quorum.label}, 1 outstanding", lambda q=quorum:
+                                        workloads.one_at_a_time(ledgers, q, 100, s.low_load, s.low_load_warmup))
+                if run is not None:
+                    r.low_load.append(run)
+                    self.progress(f"  p50 {run.latency_ms(50):.2f} ms, p99 {run.latency_ms(99):.2f} ms {run.error}")
+            await self._tail_and_reads(ledgers, hosts, log)
+
+    async def _tail_and_reads(self, ledgers: Any, hosts: list[tuple[str, int]], log: Path) -> None:
+        s, r = self.sizes, self.results
+        for gap in s.tail_gaps_s:
+            run = await self._astep(f"tailing reader (gap {1000 * gap:g} ms)", lambda g=gap: workloads.tail_latency(
+                ledgers, hosts, QUORUMS[0], count=s.tail, warmup=s.tail_warmup, gap_s=g, log=log))
+            if run is not None:
+                r.tails.append(run)
+                self.progress(f"  p50 {run.latency_ms(50):.2f} ms, p99 {run.latency_ms(99):.2f} ms {run.error}")
+        read = await self._astep(f"catch-up read of {s.catch_up_entries} entries", lambda: workloads.catch_up(
+            ledgers, hosts, QUORUMS[0], entries=s.catch_up_entries, size=s.catch_up_size))
+        if read is not None:
+            r.reads.append(read)
+            self.progress(f"  {read.entries_per_s:,.0f} entries/s, {read.mb_per_s:,.1f} MB/s")
+        for mode in s.recovery_modes:
+            rec = await self._astep(f"recovery of {s.recovery_entries} entries ({mode})", lambda m=mode:
+                                    workloads.recovery(hosts, RECOVERY_QUORUM, entries=s.recovery_entries,
+                                                       window=s.recovery_window, mode=m, log=log))
+            if rec is not None:
+                r.recoveries.append(rec)
+                self.progress(f"  {1000 * rec.elapsed_s:.0f} ms; bookies' LAC {rec.bookie_lac}, writer's LAC "
+                              f"{rec.writer_lac} with {rec.in_flight} in flight, closed at {rec.last_entry}")
+
+
+def run(folder: Path, *, quick: bool, progress: Callable[[str], None] = print) -> LedgerResults:
+    return LedgerBench(folder, QUICK if quick else FULL, quick=quick, progress=progress).run()
