@@ -34,7 +34,6 @@ import trio
 
 from bookie import protocol as P
 from bookie.errors import BookieError, EntryCorrupt, EntryTooLarge, NoSuchEntry, Overloaded, StorageError
-from bookie.storage_config import AddRequest
 
 if TYPE_CHECKING:
     from bookie.storage import BookieStorage
@@ -95,6 +94,13 @@ class _Connection:
         if self.out_bytes > self.max_outgoing_bytes and self.scope is not None:
             log.warning("event=slow_reader_cut_off conn=%s queued_bytes=%s", self.id, self.out_bytes)
             self.scope.cancel()  # a client that does not read its answers is cut off, never waited for
+
+    def send_many(self, frames: list[bytes]) -> None:
+        if frames:
+            self.send(b"".join(frames))
+
+    def fail_ids(self, request_id: int, ledger_id: int, kind: P.Kind, error: BookieError) -> None:
+        self.send(P.encode_response(P.Response(request_id, kind, P.status_of(error), ledger_id, message=str(error))))
 
     def answer(self, resp: P.Response) -> None:
         self.send(P.encode_response(resp))
@@ -204,11 +210,20 @@ class BookieService:
 
     def _dispatch(self, conn: _Connection, nursery: trio.Nursery, bodies: list[bytes]) -> bool:
         """Start every request of one socket read; False once the connection must close."""
-        adds: list[P.AddEntry] = []
+        adds: list[tuple[int, int, bytes, bytes, bool]] = []  # storage.add_fields tuples
+        add_ids: list[int] = []
         ordered: list[P.Request] = []
         ok = True
         for body in bodies:
             try:
+                if body[1:2] == _ADD_CODE:  # the hot path: no request object
+                    rid, ledger, entry, key, data, recovery = P.decode_add(body)
+                    if not self._admit_add(conn, rid, ledger, len(data)):
+                        continue
+                    adds.append((ledger, entry, key, data, recovery))
+                    add_ids.append(rid)
+                    conn.in_flight += 1
+                    continue
                 req = P.decode_request(body)
             except P.DecodeError as e:
                 self._bad_request(conn, e)
@@ -220,13 +235,7 @@ class BookieService:
                 conn.fail(req, _KIND[type(req)], Overloaded(
                     f"{conn.in_flight} requests in flight on this connection (max_in_flight); retry later"))
                 continue
-            if isinstance(req, P.AddEntry):
-                if len(req.data) > self.cfg.max_entry_bytes:
-                    conn.fail(req, P.Kind.ADD, EntryTooLarge(
-                        f"entry of {len(req.data)} bytes exceeds max_entry_bytes={self.cfg.max_entry_bytes}"))
-                    continue
-                adds.append(req)
-            elif isinstance(req, P.ReadLac):
+            if isinstance(req, P.ReadLac):
                 self._read_lac(conn, req)
                 continue
             elif isinstance(req, P.LongPoll):
@@ -235,26 +244,42 @@ class BookieService:
                 ordered.append(req)
             conn.in_flight += 1
         if adds:
-            nursery.start_soon(self._add_batch, conn, adds)
+            nursery.start_soon(self._add_batch, conn, add_ids, adds)
         if ordered:
             nursery.start_soon(self._serve_in_order, conn, ordered)
         return ok
 
+    def _admit_add(self, conn: _Connection, rid: int, ledger_id: int, size: int) -> bool:
+        """Whether a decoded ADD may go to the storage (else it is answered OVERLOADED or TOO_LARGE)."""
+        self.stats["requests"] += 1
+        if conn.in_flight >= self.cfg.max_in_flight:
+            self.stats["overloaded"] += 1
+            conn.fail_ids(rid, ledger_id, P.Kind.ADD, Overloaded(
+                f"{conn.in_flight} requests in flight on this connection (max_in_flight); retry later"))
+            return False
+        if size > self.cfg.max_entry_bytes:
+            conn.fail_ids(rid, ledger_id, P.Kind.ADD, EntryTooLarge(
+                f"entry of {size} bytes exceeds max_entry_bytes={self.cfg.max_entry_bytes}"))
+            return False
+        return True
+
     # -- requests -----------------------------------------------------------------------
-    async def _add_batch(self, conn: _Connection, adds: list[P.AddEntry]) -> None:
+    async def _add_batch(self, conn: _Connection, add_ids: list[int], adds: list[tuple]) -> None:
         self.stats["adds"] += len(adds)
-        batch = [AddRequest(a.ledger_id, a.entry_id, a.master_key, a.data, a.recovery) for a in adds]
         try:
             try:
-                outcomes = await self.storage.add_batch(batch)
+                outcomes = await self.storage.add_fields(adds)
             except BookieError as e:  # the whole batch refused (e.g. read-only)
                 outcomes = [e] * len(adds)
-            for add, outcome in zip(adds, outcomes, strict=True):
-                if outcome is None:
-                    conn.send(P.encode_add_ok(add.request_id, add.ledger_id, add.entry_id))
-                else:
-                    self.stats["add_errors"] += 1
-                    conn.fail(add, P.Kind.ADD, outcome)
+            ok = P.encode_add_ok
+            frames = [ok(rid, add[0], add[1]) for rid, add, outcome in zip(add_ids, adds, outcomes, strict=True)
+                      if outcome is None]
+            conn.send_many(frames)
+            if len(frames) < len(adds):
+                for rid, add, outcome in zip(add_ids, adds, outcomes):
+                    if outcome is not None:
+                        self.stats["add_errors"] += 1
+                        conn.fail_ids(rid, add[0], P.Kind.ADD, outcome)
         finally:
             conn.in_flight -= len(adds)
 
@@ -328,5 +353,6 @@ class BookieService:
             conn.in_flight -= 1
 
 
+_ADD_CODE = bytes((P.Kind.ADD,))
 _KIND: dict[type, P.Kind] = {P.AddEntry: P.Kind.ADD, P.ReadEntry: P.Kind.READ, P.ReadLac: P.Kind.READ_LAC,
                              P.LongPoll: P.Kind.LONG_POLL, P.WriteLac: P.Kind.WRITE_LAC, P.Fence: P.Kind.FENCE}
