@@ -469,6 +469,10 @@ class BookiePool:
     def bookies(self) -> list[int]:
         return sorted(self._addresses)
 
+    def knows(self, bookie_id: int) -> bool:
+        """Whether the pool has an address for the bookie (`bookie_id in pool.bookies`, cheaply)."""
+        return bookie_id in self._addresses
+
     def address(self, bookie_id: int) -> tuple[str, int]:
         return self._addresses[bookie_id]
 
@@ -489,7 +493,12 @@ class BookiePool:
         Each PendingRequest's `.client.bookie_id` says which bookie it went to."""
         rid = next(self._ids)
         frame = P.encode_add(rid, ledger_id, entry_id, master_key, data, recovery)
-        return [self.client(b)._submit(rid, P.Kind.ADD, frame, None, tag, sink) for b in bookie_ids]
+        clients = self._clients
+        out = []
+        for b in bookie_ids:
+            client = clients.get(b) or self.client(b)
+            out.append(client._submit(rid, P.Kind.ADD, frame, None, tag, sink))
+        return out
 
     def client(self, bookie_id: int) -> BookieClient:
         """The client of bookie `bookie_id` (BookieUnavailable if its address is unknown)."""

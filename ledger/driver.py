@@ -98,12 +98,12 @@ class OpDriver:
 
     # -- executing actions ------------------------------------------------------------------------
     def execute(self, op_id: int, actions: list[A.Action]) -> None:
-        i = 0
-        while i < len(actions):
+        i, n = 0, len(actions)
+        while i < n:
             action = actions[i]
             if isinstance(action, A.SendAdd):
                 j = i + 1  # an entry's write quorum comes as consecutive SendAdds: encode it once
-                while (j < len(actions) and isinstance(actions[j], A.SendAdd) and actions[j].entry_id == action.entry_id
+                while (j < n and isinstance(actions[j], A.SendAdd) and actions[j].entry_id == action.entry_id
                        and actions[j].data is action.data and actions[j].recovery == action.recovery):
                     j += 1
                 self._adds(op_id, actions[i:j])
@@ -126,15 +126,17 @@ class OpDriver:
 
     def _adds(self, op_id: int, adds: list[A.SendAdd]) -> None:
         first = adds[0]
-        known = [a.bookie for a in adds if a.bookie in self.ctx.pool.bookies]
-        for a in adds:
-            if a.bookie not in known:
-                self._post((op_id, A.AddFailed(a.bookie, a.entry_id, B.BookieUnavailable(
-                    f"bookie {a.bookie} is not registered"))))
+        pool = self.ctx.pool
+        known = [a.bookie for a in adds if pool.knows(a.bookie)]
+        if len(known) < len(adds):
+            for a in adds:
+                if a.bookie not in known:
+                    self._post((op_id, A.AddFailed(a.bookie, a.entry_id, B.BookieUnavailable(
+                        f"bookie {a.bookie} is not registered"))))
         if known:
             self.stats["requests"] += len(known)
-            self.ctx.pool.start_add(known, self.ledger_id, first.entry_id, self.master_key, first.data,
-                                    first.recovery, tag=(op_id, first), sink=self._sink)
+            pool.start_add(known, self.ledger_id, first.entry_id, self.master_key, first.data,
+                           first.recovery, tag=(op_id, first), sink=self._sink)
 
     def _request(self, op_id: int, action: Any) -> None:
         try:
@@ -207,6 +209,8 @@ class OpDriver:
         error = item.error
         if error is not None:
             return op_id, _failure(action, bookie, error)
+        if type(action) is A.SendAdd:  # the hot path
+            return op_id, A.AddAcked(bookie, action.entry_id)
         value = item.outcome()
         match action:
             case A.SendAdd(_, entry_id):

@@ -41,18 +41,24 @@ class PendingAppend:
 
     def __init__(self, entry_id: int) -> None:
         self.entry_id = entry_id
-        self._event = trio.Event()
+        self._event: trio.Event | None = None  # made only for a result() awaited before the outcome
         self._error: LedgerError | None = None
         self.done = False
 
     def _finish(self, error: LedgerError | None = None) -> None:
         if not self.done:
             self.done, self._error = True, error
-            self._event.set()
+            if self._event is not None:
+                self._event.set()
 
     async def result(self) -> int:
         """The entry id once acknowledged (Qa copies, every lower entry too); raises the append's error."""
-        await self._event.wait()
+        if self.done:
+            await trio.lowlevel.checkpoint()
+        else:
+            if self._event is None:
+                self._event = trio.Event()
+            await self._event.wait()
         if self._error is not None:
             raise self._error
         return self.entry_id
@@ -138,8 +144,9 @@ class WriteHandle:
 
     def _on_action(self, action: A.Action) -> None:
         if isinstance(action, A.Acknowledge):
+            pop = self._pending.pop
             for entry_id in action.entry_ids:
-                self._pending.pop(entry_id)._finish()
+                pop(entry_id)._finish()
         elif isinstance(action, A.FailAdds):
             for entry_id in action.entry_ids:
                 self._pending.pop(entry_id)._finish(action.error)

@@ -103,6 +103,8 @@ class Writer:
         self.error: LedgerError | None = None
         self.lac_sent = NO_ENTRY            # highest LAC that reached the bookies (piggybacked or explicit)
         self.ensemble_changes = 0
+        self._quorums: dict[int, tuple[tuple[int, ...], frozenset[int]]] = {}  # entry % E -> last fragment's
+        self._quorums_of: LedgerMetadata | None = None  # the metadata _quorums were computed from
 
     # -- the application's calls -----------------------------------------------------------
     def append(self, payload: bytes) -> tuple[int, list[Action]]:
@@ -135,6 +137,8 @@ class Writer:
 
     # -- events ------------------------------------------------------------------------------
     def step(self, event: Event) -> list[Action]:
+        if type(event) is AddAcked:  # the hot path first
+            return self._on_ack(event)
         if isinstance(event, AddAcked):
             return self._on_ack(event)
         if isinstance(event, AddFailed):
@@ -234,12 +238,32 @@ class Writer:
 
     def _send(self, add: PendingAdd) -> list[Action]:
         """Send to the entry's write quorum in the committed metadata (the bookies not sent to yet)."""
-        quorum = write_quorum(self.metadata.ensemble_for(add.entry_id), add.entry_id, self.metadata.write_quorum)
-        add.quorum = frozenset(quorum)
-        add.acks.intersection_update(add.quorum)
+        quorum, members = self._write_quorum(add.entry_id)
+        add.quorum = members
+        if not add.sent_to:  # the common case: a fresh append, no acks yet
+            add.sent_to.update(quorum)
+            return [SendAdd(b, add.entry_id, add.data) for b in quorum]
+        add.acks.intersection_update(members)
         fresh = [b for b in quorum if b not in add.sent_to]
         add.sent_to.update(fresh)
         return [SendAdd(b, add.entry_id, add.data) for b in fresh]
+
+    def _write_quorum(self, entry_id: int) -> tuple[tuple[int, ...], frozenset[int]]:
+        """write_quorum() of the committed metadata, as a tuple and a set; memoized for the last
+        fragment (it depends only on entry_id % E there) until the metadata changes."""
+        metadata = self.metadata
+        fragment = metadata.last_fragment
+        if entry_id < fragment.first_entry:
+            quorum = write_quorum(metadata.ensemble_for(entry_id), entry_id, metadata.write_quorum)
+            return quorum, frozenset(quorum)
+        if self._quorums_of is not metadata:
+            self._quorums, self._quorums_of = {}, metadata
+        key = entry_id % metadata.ensemble_size
+        found = self._quorums.get(key)
+        if found is None:
+            quorum = write_quorum(fragment.ensemble, entry_id, metadata.write_quorum)
+            found = self._quorums[key] = (quorum, frozenset(quorum))
+        return found
 
     # -- ensemble change -------------------------------------------------------------------------
     def _start_change(self) -> list[Action]:
