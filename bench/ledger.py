@@ -63,12 +63,12 @@ class LedgerSizes:
 
 
 FULL = LedgerSizes(disk_s=3.0, bookie_s=3.0, bookie_adders=(1, 64, 256), warmup_s=1.0, window_s=5.0,
-                   entry_sizes=((100, 2000), (1024, 1000), (65536, 64)), low_load=1000, low_load_warmup=100,
+                   entry_sizes=((100, 1000), (1024, 1000), (65536, 64)), low_load=1000, low_load_warmup=100,
                    tail=1000, tail_warmup=20, tail_gaps_s=(0.0, 0.005), catch_up_entries=20_000,
                    catch_up_size=1024, recovery_entries=10_000, recovery_window=1000,
                    recovery_modes=("kill", "quiet"))
 QUICK = LedgerSizes(disk_s=0.5, bookie_s=1.0, bookie_adders=(64,), warmup_s=0.3, window_s=1.5,
-                    entry_sizes=((100, 2000), (1024, 1000), (65536, 64)), low_load=200, low_load_warmup=20,
+                    entry_sizes=((100, 1000), (1024, 1000), (65536, 64)), low_load=200, low_load_warmup=20,
                     tail=200, tail_warmup=10, tail_gaps_s=(0.0,), catch_up_entries=3000, catch_up_size=1024,
                     recovery_entries=10_000, recovery_window=1000, recovery_modes=("kill",))
 
@@ -101,6 +101,7 @@ class LedgerResults:
     bookie: list[dict[str, Any]] = field(default_factory=list)  # bench/bookie_storage.py runs
     appends: list[AppendRun] = field(default_factory=list)
     low_load: list[LatencyRun] = field(default_factory=list)
+    bookie_trips: list[LatencyRun] = field(default_factory=list)  # raw bookie ADDs, 1 outstanding
     tails: list[LatencyRun] = field(default_factory=list)
     reads: list[ReadRun] = field(default_factory=list)
     recoveries: list[RecoveryRun] = field(default_factory=list)
@@ -246,6 +247,12 @@ class LedgerBench:
                         r.appends.append(run)
                         self.progress(f"  {run.entries_per_s:,.0f} entries/s, {run.mb_per_s:,.1f} MB/s, p50 "
                                       f"{run.latency_ms(50):.1f} ms, p99 {run.latency_ms(99):.1f} ms {run.error}")
+            for bookies in ([1], [1, 2, 3]):
+                run = await self._astep(f"bookie ADD round trip to {bookies}", lambda b=bookies:
+                                        workloads.bookie_round_trip(ledgers, b, s.low_load, s.low_load_warmup))
+                if run is not None:
+                    r.bookie_trips.append(run)
+                    self.progress(f"  p50 {run.latency_ms(50):.2f} ms, p99 {run.latency_ms(99):.2f} ms")
             for quorum in QUORUMS:
                 run = await self._astep(f"appends {quorum.label}, 1 outstanding", lambda q=quorum:
                                         workloads.one_at_a_time(ledgers, q, 100, s.low_load, s.low_load_warmup))

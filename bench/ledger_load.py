@@ -26,6 +26,7 @@ import trio
 from bench import machine, stats
 from bench.ledger_proc import PASSWORD, stamped
 from bookie.client import BookiePool
+from bookie.entry import Digester, DigestType, master_key
 from bookie.registration import list_bookies
 from ledger.client import LedgerClient
 from ledger.errors import LedgerError
@@ -73,13 +74,28 @@ class AppendRun:
     def latency_ms(self, pct: float) -> float:
         return 1000 * stats.percentile(self.latencies_s, pct)
 
+    def cpu_us_per_entry(self, client: bool) -> float | None:
+        """CPU microseconds per acknowledged entry: of the client process, or of the three nodes together."""
+        if self.cpu is None or not self.cpu.wall_s or not self.acked:
+            return None
+        cores = sum(v for k, v in self.cpu.cores.items() if (k == "bench client") == client)
+        return 1e6 * cores * self.cpu.wall_s / self.acked
+
+    def cpu_bound_rate(self) -> float | None:
+        """Entries/s that all of this machine's CPUs would give at the measured CPU per entry (client and
+        nodes), if nothing else ran: the ceiling of a CPU-bound run."""
+        client, nodes = self.cpu_us_per_entry(True), self.cpu_us_per_entry(False)
+        if client is None or nodes is None or not client + nodes:
+            return None
+        return (os.cpu_count() or 1) * 1e6 / (client + nodes)
+
 
 @dataclass
 class LatencyRun:
     """Latencies of one kind of operation (append one at a time, tailing delivery), in seconds."""
 
     name: str
-    quorum: Quorum
+    quorum: Quorum | None  # None: bookie requests without a ledger
     latencies_s: list[float]
     load_avg: float = 0.0
     error: str = ""
@@ -188,6 +204,28 @@ async def one_at_a_time(ledgers: LedgerClient, quorum: Quorum, size: int, count:
     return run
 
 
+async def bookie_round_trip(ledgers: LedgerClient, bookies: list[int], count: int, warmup: int) -> LatencyRun:
+    """The floor under an append at low load: a 100 B ADD sent straight through the SDK's BookiePool to
+    `bookies` at once (encoded once, as the writer does), awaited on all of them, one at a time; no ledger
+    metadata, no writer."""
+    await ledgers.writable_bookies()  # the registered addresses into the pool
+    ledger_id = (1 << 40) + int.from_bytes(os.urandom(4), "big")  # no ledger's: ids come from the metastore
+    key, digester = master_key(PASSWORD), Digester(DigestType.CRC32C, PASSWORD)
+    payload = os.urandom(100)
+    names = ", ".join(str(b) for b in bookies)
+    run = LatencyRun(f"bookie ADD round trip to bookie{'s' if len(bookies) > 1 else ''} {names} at once, "
+                     "1 outstanding (no SDK)", None, [], os.getloadavg()[0])
+    with trio.fail_after(60 + count * 0.05):
+        for entry_id in range(warmup + count):
+            data = digester.package(ledger_id, entry_id, entry_id - 1, 100 * (entry_id + 1), payload)
+            started = time.perf_counter()
+            for pending in ledgers.pool.start_add(bookies, ledger_id, entry_id, key, data):
+                await pending.result()
+            if entry_id >= warmup:
+                run.latencies_s.append(time.perf_counter() - started)
+    return run
+
+
 async def tail_latency(ledgers: LedgerClient, hosts: Hosts, quorum: Quorum, *, count: int, warmup: int,
                        gap_s: float, log: Path) -> LatencyRun:
     """Append to delivery at a tailing reader in another process (bench/ledger_proc.py tail).
@@ -199,9 +237,7 @@ async def tail_latency(ledgers: LedgerClient, hosts: Hosts, quorum: Quorum, *, c
     w = await ledgers.create(quorum.ensemble, quorum.write_quorum, quorum.ack_quorum, password=PASSWORD)
     for _ in range(warmup):  # delivered at once when the reader starts; not counted
         await w.append(stamped(100))
-    with log.open("ab") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "bench.ledger_proc", "tail", "--hosts", json.dumps(hosts),
-                                 "--ledger", str(w.ledger_id)], cwd=REPO, stdout=subprocess.PIPE, stderr=err)
+    proc = _spawn_tailer(hosts, w.ledger_id, log)
     try:
         with trio.fail_after(30):
             ready = await trio.to_thread.run_sync(proc.stdout.readline)
@@ -222,6 +258,12 @@ async def tail_latency(ledgers: LedgerClient, hosts: Hosts, quorum: Quorum, *, c
             proc.kill()
             proc.wait()
     return run
+
+
+def _spawn_tailer(hosts: Hosts, ledger_id: int, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as err:
+        return subprocess.Popen([sys.executable, "-m", "bench.ledger_proc", "tail", "--hosts", json.dumps(hosts),
+                                 "--ledger", str(ledger_id)], cwd=REPO, stdout=subprocess.PIPE, stderr=err)
 
 
 async def catch_up(ledgers: LedgerClient, hosts: Hosts, quorum: Quorum, *, entries: int, size: int,

@@ -30,7 +30,7 @@ RECOVERY_S = 1.0
 
 
 def not_run() -> str:
-    return "\n".join([LEDGER_START, TITLE, "", "Not run yet: `python -m bench.run --only ledger`.", "", LEDGER_END, ""])
+    return f"{LEDGER_START}\n{TITLE}\n\nNot run yet: `python -m bench.run --only ledger`.\n\n{LEDGER_END}\n"
 
 
 def existing_section(path: Path) -> str | None:
@@ -129,15 +129,19 @@ def _summary(r: LedgerResults) -> str:
             f">= {BOOKIE_VS_DISK * disk_rate:,.0f}", ">=")
     e3, mb = QUORUMS[0], r.disk_mb_per_s()
     small, large = r.append(e3, 100), r.append(e3, 65536)
-    add(f"{e3.label}, 100 B entries/s, one client", fmt_num(small and small.entries_per_s, 0),
+    ceiling = small and small.cpu_bound_rate()
+    add(f"{e3.label}, 100 B entries/s, one client (CPU-bound ceiling at the measured CPU per entry: "
+        f"{fmt_num(ceiling, 0)}/s)", fmt_num(small and small.entries_per_s, 0),
         small and small.entries_per_s, ENTRIES_100B, f">= {ENTRIES_100B:,}", ">=")
     target_mb = SHARE_64K * mb / 3 if mb else None
     add(f"{e3.label}, 64 KB entries, MB/s (target: {SHARE_64K:.0%} of disk {fmt_num(mb, 0)} MB/s / 3)",
         fmt_num(large and large.mb_per_s, 1), large and large.mb_per_s, target_mb,
         f">= {fmt_num(target_mb, 1)}", ">=")
+    fsync = min((d.small.mean_ms for d in r.disk), default=None)
     for run in r.low_load:
         p50 = run.latency_ms(50) if run.latencies_s else None
-        add(f"append p50 at low load (1 outstanding, 100 B, {run.quorum.label})", _pct_ms(run.latencies_s, 50),
+        add(f"append p50 at low load (1 outstanding, 100 B, {run.quorum.label}; the disk's own 100 B append+fsync "
+            f"took {fmt_num(fsync, 3)} ms at best in this run)", _pct_ms(run.latencies_s, 50),
             p50, LOW_LOAD_P50_MS, f"<= {LOW_LOAD_P50_MS:g} ms", "<=")
     for run in r.tails:
         p50 = run.latency_ms(50) if run.latencies_s else None
@@ -183,30 +187,39 @@ def _bookie(r: LedgerResults) -> str:
 
 def _appends(r: LedgerResults) -> str:
     lines = ["### Appends on 3 nodes, one client process", "",
-             "CPU: average cores over the timed window (utime+stime from /proc; 'bench client' is the client "
-             "process; 'others' is everything else on the machine).", "",
-             "| quorum | entry | in flight | entries/s | MB/s | p50 | p99 | CPU (cores) | load average |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
+             "In flight: appends started and not yet consumed by the client loop (a bound on those the writer has "
+             "not acknowledged), so latency is mostly queueing: about in flight / rate. CPU: average cores over "
+             "the timed window (utime+stime from /proc; 'bench client' is the client process; 'others' is "
+             "everything else on the machine); per entry: CPU time over entries acknowledged in the window, of "
+             "the client and of the three nodes together. CPU-bound ceiling: the rate all "
+             f"{os.cpu_count()} CPUs would sustain at that CPU per entry if nothing else ran.", "",
+             "| quorum | entry | in flight | entries/s | MB/s | p50 | p99 | client CPU per entry | nodes CPU per "
+             "entry | CPU-bound ceiling | CPU (cores) | load average |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
     for a in r.appends:
         cpu = a.cpu.summary() if a.cpu and a.cpu.wall_s else "n/a"
         error = f" (stopped: {a.error})" if a.error else ""
         lines.append(f"| {a.quorum.label} | {a.size:,} B | {a.window} | {a.entries_per_s:,.0f}{error} | "
-                     f"{a.mb_per_s:,.2f} | {_pct_ms(a.latencies_s, 50)} | {_pct_ms(a.latencies_s, 99)} | {cpu} | "
-                     f"{a.load_avg:.2f} |")
+                     f"{a.mb_per_s:,.2f} | {_pct_ms(a.latencies_s, 50)} | {_pct_ms(a.latencies_s, 99)} | "
+                     f"{fmt_num(a.cpu_us_per_entry(True), 0)} us | {fmt_num(a.cpu_us_per_entry(False), 0)} us | "
+                     f"{fmt_num(a.cpu_bound_rate(), 0)}/s | {cpu} | {a.load_avg:.2f} |")
     return "\n".join(lines + [""])
 
 
 def _latencies(r: LedgerResults) -> str:
     lines = ["### Latency at low load and at a tailing reader", "",
-             "Low load: 100-byte `append`s awaited one after the other through one WriteHandle. Tailing: the "
+             "Low load: 100-byte `append`s awaited one after the other through one WriteHandle. Under them, "
+             "the same client's bare bookie ADDs (`BookiePool.start_add` of a packaged 100-byte entry to one "
+             "bookie, or to all three at once and awaited on all, as an E=Qw=Qa=3 append does; no ledger "
+             "metadata, no writer): the floor an append stands on. Tailing: the "
              "writer appends 100-byte entries one at a time (awaiting each, then pausing if stated); each payload "
              "carries the `time.perf_counter()` of its append, and the reader process (`ReadHandle.tail`, long "
              "polls) records when the entry reached it (CLOCK_MONOTONIC, one clock for both processes).", "",
              "| what | quorum | samples | p50 | p99 | max | load average |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
-    for run in r.low_load + r.tails:
+    for run in r.bookie_trips + r.low_load + r.tails:
         error = f" (stopped: {run.error})" if run.error else ""
-        lines.append(f"| {run.name}{error} | {run.quorum.label} | {len(run.latencies_s)} | "
+        lines.append(f"| {run.name}{error} | {run.quorum.label if run.quorum else '-'} | {len(run.latencies_s)} | "
                      f"{_pct_ms(run.latencies_s, 50)} | {_pct_ms(run.latencies_s, 99)} | "
                      f"{_ms(max(run.latencies_s) if run.latencies_s else None)} | {run.load_avg:.2f} |")
     return "\n".join(lines + [""])
