@@ -88,7 +88,7 @@ class LedgerClient:
         ensemble = choose_ensemble(await self.writable_bookies(), ensemble_size, self.rng)
         draft = LedgerMetadata(0, ensemble_size, write_quorum, ack_quorum, (Fragment(0, ensemble),),
                                DigestType(digest_type), password_key(password, b"check"), int(time.time() * 1000),
-                               custom=dict(custom or {}))
+                               custom=dict(custom or {}), master_key=master_key(password))
         metadata, version = await self.manager.create(draft)
         writer = Writer(metadata, version, Digester(metadata.digest_type, password), explicit_lac=self.explicit_lac)
         return WriteHandle(self, writer, master_key(password), tick_s=self.tick_s)
@@ -114,6 +114,21 @@ class LedgerClient:
     async def recover(self, ledger_id: int, password: bytes) -> LedgerMetadata:
         """Fence and close the ledger (if it is not closed yet); its closed metadata."""
         return (await self.open(ledger_id, password, recover=True)).metadata
+
+    async def recover_with_master_key(self, ledger_id: int, key: bytes) -> LedgerMetadata:
+        """Fence and close a CRC32C ledger without its password, with the master key its metadata keeps
+        (AutoRecovery, seed 000). CRC32C digests need no password to verify; HMAC ones do, so those
+        ledgers are refused (LedgerError): recover them with `open(recover=True)` and the password."""
+        self._running()
+        metadata, version = await self.manager.read(ledger_id)
+        if metadata.is_closed:
+            return metadata
+        if metadata.digest_type is not DigestType.CRC32C:
+            raise LedgerError(f"ledger {ledger_id}: {metadata.digest_type.name} entries cannot be verified "
+                              "without the password; recover it with the password (clusterctl ledger recover)")
+        await self.writable_bookies()
+        closed, _ = await self._recover(metadata, version, Digester(DigestType.CRC32C, b""), key)
+        return closed
 
     async def _recover(self, metadata: LedgerMetadata, version: int, digester: Digester,
                        key: bytes) -> tuple[LedgerMetadata, int]:

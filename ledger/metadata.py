@@ -60,6 +60,10 @@ class LedgerMetadata:
     last_entry: int | None = None  # set exactly when CLOSED; NO_ENTRY (-1) for an empty ledger
     length: int = 0  # bytes of payload up to last_entry, when CLOSED
     custom: dict[str, bytes] = field(default_factory=dict)
+    # bookie.entry.master_key(password): what AutoRecovery's recovery adds carry (a bookie binds a
+    # ledger to its first add's key). None in metadata written before it was kept: such a ledger
+    # cannot be re-replicated (docs/autorecovery.md says why storing it is an acceptable trade-off).
+    master_key: bytes | None = None
 
     def __post_init__(self) -> None:
         _check(self)
@@ -147,6 +151,8 @@ def _check(m: LedgerMetadata) -> None:
         fail(f"last entry {m.last_entry} is below {NO_ENTRY}")
     if m.length < 0:
         fail("length must not be negative")
+    if m.master_key is not None and len(m.master_key) != 32:
+        fail(f"master key must be 32 bytes, got {len(m.master_key)}")
 
 
 # -- the znode path (seed 000, hierarchical ledger manager) --------------------------------
@@ -179,6 +185,8 @@ def encode(m: LedgerMetadata) -> bytes:
         "digest_type": m.digest_type.name, "password_digest": m.password_digest.hex(), "ctime_ms": m.ctime_ms,
         "custom": {k: base64.b64encode(v).decode() for k, v in sorted(m.custom.items())},
     }
+    if m.master_key is not None:
+        doc["master_key"] = m.master_key.hex()
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
@@ -221,4 +229,5 @@ def _from_doc(doc: dict[str, Any]) -> LedgerMetadata:
         password_digest=bytes.fromhex(doc["password_digest"]), ctime_ms=integer(doc["ctime_ms"]),
         state=LedgerState(doc["state"]), last_entry=integer(doc["last_entry"], optional=True),
         length=integer(doc["length"]),
-        custom={str(k): base64.b64decode(v, validate=True) for k, v in custom.items()})
+        custom={str(k): base64.b64decode(v, validate=True) for k, v in custom.items()},
+        master_key=bytes.fromhex(doc["master_key"]) if doc.get("master_key") is not None else None)
