@@ -49,7 +49,9 @@ class LedgerSizes:
     bookie_adders: tuple[int, ...]  # concurrent adders, one run each
     warmup_s: float  # pipelined appends before each timed window
     window_s: float
-    entry_sizes: tuple[tuple[int, int], ...]  # (entry bytes, appends in flight at most)
+    # (entry bytes, appends in flight at most, appends started together once that many are acknowledged)
+    entry_sizes: tuple[tuple[int, int, int], ...]
+    one_by_one: tuple[tuple[int, int], ...]  # (entry bytes, in flight) with E=Qw=Qa=3, one started per ack
     low_load: int  # appends one at a time, timed
     low_load_warmup: int
     tail: int  # entries timed at the tailing reader
@@ -63,12 +65,14 @@ class LedgerSizes:
 
 
 FULL = LedgerSizes(disk_s=3.0, bookie_s=3.0, bookie_adders=(1, 64, 256), warmup_s=1.0, window_s=5.0,
-                   entry_sizes=((100, 1000), (1024, 1000), (65536, 64)), low_load=1000, low_load_warmup=100,
+                   entry_sizes=((100, 1000, 250), (1024, 1000, 250), (65536, 64, 16)),
+                   one_by_one=((100, 1000),), low_load=1000, low_load_warmup=100,
                    tail=1000, tail_warmup=20, tail_gaps_s=(0.0, 0.005), catch_up_entries=20_000,
                    catch_up_size=1024, recovery_entries=10_000, recovery_window=1000,
                    recovery_modes=("kill", "quiet"))
 QUICK = LedgerSizes(disk_s=0.5, bookie_s=1.0, bookie_adders=(64,), warmup_s=0.3, window_s=1.5,
-                    entry_sizes=((100, 1000), (1024, 1000), (65536, 64)), low_load=200, low_load_warmup=20,
+                    entry_sizes=((100, 1000, 250), (1024, 1000, 250), (65536, 64, 16)),
+                    one_by_one=((100, 1000),), low_load=200, low_load_warmup=20,
                     tail=200, tail_warmup=10, tail_gaps_s=(0.0,), catch_up_entries=3000, catch_up_size=1024,
                     recovery_entries=10_000, recovery_window=1000, recovery_modes=("kill",))
 
@@ -118,8 +122,9 @@ class LedgerResults:
     def disk_mb_per_s(self) -> float | None:
         return max((d.large.mb_per_s for d in self.disk), default=None)
 
-    def append(self, quorum: Quorum, size: int) -> AppendRun | None:
-        return next((a for a in self.appends if a.quorum == quorum and a.size == size and not a.error), None)
+    def append(self, quorum: Quorum, size: int, *, one_by_one: bool = False) -> AppendRun | None:
+        return next((a for a in self.appends if a.quorum == quorum and a.size == size and not a.error
+                     and (a.refill == 1) == one_by_one), None)
 
 
 def large_append_fsync(folder: Path, duration_s: float) -> ThroughputRate:
@@ -237,16 +242,19 @@ class LedgerBench:
         log = self.folder / "clients.log"
         async with workloads.connected(hosts) as ledgers:
             await workloads.wait_bookies(ledgers, 3)
-            for quorum in QUORUMS:
-                for size, window in s.entry_sizes:
-                    run = await self._astep(
-                        f"appends {quorum.label}, {size} B, {window} in flight",
-                        lambda q=quorum, z=size, w=window: workloads.append_window(
-                            ledgers, q, z, w, warmup_s=s.warmup_s, window_s=s.window_s, pids=cluster.pids()))
-                    if run is not None:
-                        r.appends.append(run)
-                        self.progress(f"  {run.entries_per_s:,.0f} entries/s, {run.mb_per_s:,.1f} MB/s, p50 "
-                                      f"{run.latency_ms(50):.1f} ms, p99 {run.latency_ms(99):.1f} ms {run.error}")
+            rows = [(q, size, window, refill) for q in QUORUMS for size, window, refill in s.entry_sizes]
+            rows += [(QUORUMS[0], size, window, 1) for size, window in s.one_by_one]
+            for quorum, size, window, refill in rows:
+                run = await self._astep(
+                    f"appends {quorum.label}, {size} B, {window} in flight, {refill} started at once",
+                    lambda q=quorum, z=size, w=window, f=refill: workloads.append_window(
+                        ledgers, q, z, w, warmup_s=s.warmup_s, window_s=s.window_s, pids=cluster.pids(), refill=f))
+                if run is not None:
+                    r.appends.append(run)
+                    self.progress(f"  {run.entries_per_s:,.0f} entries/s, {run.mb_per_s:,.1f} MB/s, p50 "
+                                  f"{run.latency_ms(50):.1f} ms, p99 {run.latency_ms(99):.1f} ms; CPU per entry: "
+                                  f"client {run.cpu_us_per_entry(True) or 0:.0f} us, nodes "
+                                  f"{run.cpu_us_per_entry(False) or 0:.0f} us {run.error}")
             for bookies in ([1], [1, 2, 3]):
                 run = await self._astep(f"bookie ADD round trip to {bookies}", lambda b=bookies:
                                         workloads.bookie_round_trip(ledgers, b, s.low_load, s.low_load_warmup))

@@ -57,6 +57,7 @@ class AppendRun:
     size: int
     window: int  # appends in flight at most
     window_s: float
+    refill: int  # appends started together once that many are acknowledged
     acked: int = 0  # acknowledged inside the timed window
     latencies_s: list[float] = field(default_factory=list)  # start_append to acknowledgement
     cpu: machine.CpuMeter | None = None
@@ -152,9 +153,10 @@ async def wait_bookies(ledgers: LedgerClient, count: int, timeout_s: float = 30.
 
 
 async def append_window(ledgers: LedgerClient, quorum: Quorum, size: int, window: int, *, warmup_s: float,
-                        window_s: float, pids: dict[str, int]) -> AppendRun:
-    """Keep `window` appends in flight for warmup_s + window_s; count those acknowledged in the window."""
-    run = AppendRun(quorum, size, window, window_s)
+                        window_s: float, pids: dict[str, int], refill: int = 1) -> AppendRun:
+    """Keep up to `window` appends in flight for warmup_s + window_s, starting `refill` or more at once
+    whenever that many have been acknowledged; count those acknowledged in the timed window."""
+    run = AppendRun(quorum, size, window, window_s, refill)
     w = await ledgers.create(quorum.ensemble, quorum.write_quorum, quorum.ack_quorum, password=PASSWORD)
     payload = os.urandom(size)
     in_flight: collections.deque = collections.deque()
@@ -167,8 +169,9 @@ async def append_window(ledgers: LedgerClient, quorum: Quorum, size: int, window
                 now = clock()
                 if run.cpu is None and now >= t0:
                     run.cpu, run.load_avg = machine.CpuMeter(pids).start(), os.getloadavg()[0]
-                while now < t1 and len(in_flight) < window:
-                    in_flight.append((w.start_append(payload), clock()))
+                if now < t1 and len(in_flight) <= window - refill:
+                    while len(in_flight) < window:
+                        in_flight.append((w.start_append(payload), now))
                 if not in_flight:
                     break
                 pending, started = in_flight.popleft()

@@ -128,11 +128,14 @@ def _summary(r: LedgerResults) -> str:
             f"{best['adds_per_s']:,} ({best['vs_disk']:.2f}x disk)", best["adds_per_s"], BOOKIE_VS_DISK * disk_rate,
             f">= {BOOKIE_VS_DISK * disk_rate:,.0f}", ">=")
     e3, mb = QUORUMS[0], r.disk_mb_per_s()
-    small, large = r.append(e3, 100), r.append(e3, 65536)
-    ceiling = small and small.cpu_bound_rate()
-    add(f"{e3.label}, 100 B entries/s, one client (CPU-bound ceiling at the measured CPU per entry: "
-        f"{fmt_num(ceiling, 0)}/s)", fmt_num(small and small.entries_per_s, 0),
-        small and small.entries_per_s, ENTRIES_100B, f">= {ENTRIES_100B:,}", ">=")
+    large = r.append(e3, 65536)
+    for one_by_one in (False, True):
+        run = r.append(e3, 100, one_by_one=one_by_one)
+        how = (f"{run.window} in flight, refilled {run.refill} at a time" if run else "") + (
+            " (one in, one out)" if one_by_one else "")
+        add(f"{e3.label}, 100 B entries/s, one client, {how}; CPU-bound ceiling at the measured CPU per entry: "
+            f"{fmt_num(run and run.cpu_bound_rate(), 0)}/s", fmt_num(run and run.entries_per_s, 0),
+            run and run.entries_per_s, ENTRIES_100B, f">= {ENTRIES_100B:,}", ">=")
     target_mb = SHARE_64K * mb / 3 if mb else None
     add(f"{e3.label}, 64 KB entries, MB/s (target: {SHARE_64K:.0%} of disk {fmt_num(mb, 0)} MB/s / 3)",
         fmt_num(large and large.mb_per_s, 1), large and large.mb_per_s, target_mb,
@@ -188,18 +191,21 @@ def _bookie(r: LedgerResults) -> str:
 def _appends(r: LedgerResults) -> str:
     lines = ["### Appends on 3 nodes, one client process", "",
              "In flight: appends started and not yet consumed by the client loop (a bound on those the writer has "
-             "not acknowledged), so latency is mostly queueing: about in flight / rate. CPU: average cores over "
+             "not acknowledged), so latency is mostly queueing: about in flight / rate. Refill: the client "
+             "starts that many appends at once whenever that many of the oldest are acknowledged; 1 is 'one in, "
+             "one out', each append sent on its own (the bookie connections then carry one entry per write, "
+             "and the bookies' group commits stay small). CPU: average cores over "
              "the timed window (utime+stime from /proc; 'bench client' is the client process; 'others' is "
              "everything else on the machine); per entry: CPU time over entries acknowledged in the window, of "
              "the client and of the three nodes together. CPU-bound ceiling: the rate all "
              f"{os.cpu_count()} CPUs would sustain at that CPU per entry if nothing else ran.", "",
-             "| quorum | entry | in flight | entries/s | MB/s | p50 | p99 | client CPU per entry | nodes CPU per "
-             "entry | CPU-bound ceiling | CPU (cores) | load average |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
+             "| quorum | entry | in flight | refill | entries/s | MB/s | p50 | p99 | client CPU per entry | nodes CPU "
+             "per entry | CPU-bound ceiling | CPU (cores) | load average |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
     for a in r.appends:
         cpu = a.cpu.summary() if a.cpu and a.cpu.wall_s else "n/a"
         error = f" (stopped: {a.error})" if a.error else ""
-        lines.append(f"| {a.quorum.label} | {a.size:,} B | {a.window} | {a.entries_per_s:,.0f}{error} | "
+        lines.append(f"| {a.quorum.label} | {a.size:,} B | {a.window} | {a.refill} | {a.entries_per_s:,.0f}{error} | "
                      f"{a.mb_per_s:,.2f} | {_pct_ms(a.latencies_s, 50)} | {_pct_ms(a.latencies_s, 99)} | "
                      f"{fmt_num(a.cpu_us_per_entry(True), 0)} us | {fmt_num(a.cpu_us_per_entry(False), 0)} us | "
                      f"{fmt_num(a.cpu_bound_rate(), 0)}/s | {cpu} | {a.load_avg:.2f} |")
@@ -240,7 +246,8 @@ def _reads_and_recovery(r: LedgerResults) -> str:
               "either as soon as its LAC reaches entry 9,999 (acknowledgements come in bursts, so it may pass it), "
               "right after refilling its window and giving the sends a millisecond to leave (those entries lie "
               "past the bookies' LAC: recovery must read them and re-add them to their whole write quorum), or "
-              "after appending exactly 10,000 and waiting until its explicit LAC went out. Then a new client in this process reads the LAC "
+              "after appending exactly 10,000 and waiting until its explicit LAC went out. Then a new client in "
+              "this process reads the LAC "
               "(`open` without recovery; untimed, it also opens the bookie connections) and times "
               "`open(recover=True)`: IN_RECOVERY by CAS, fencing, reading forward from the LAC, re-adding, "
               "closing by CAS.", "",
