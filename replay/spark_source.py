@@ -34,8 +34,8 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from replay.verify_decode import (DEFAULT_CHUNK_RECORDS, Chunk, SegmentLayout, VerifyInputError, decode_chunk,
-                                  walk_segment, zxid_before)
+from replay.verify_decode import (DEFAULT_CHUNK_RECORDS, ORDER_NAMES, Chunk, SegmentLayout, VerifyInputError,
+                                  decode_chunk, walk_segment, zxid_before)
 from replay.verify_replay import check_snapshot
 from zab.recovery import SNAPSHOT_DIR, TXNLOG_DIR
 
@@ -44,7 +44,7 @@ _SNAPSHOT = re.compile(r"snapshot\.([0-9a-f]{16})")
 _NODE_NAME = re.compile(r"(?:node|n|zk|server)?[-_]?(\d+)")
 
 _CHUNK_SCHEMA = ("node int, file string, offsets array<bigint>, zxids array<bigint>, prevs array<bigint>, "
-                 "sessions array<bigint>, data_lens array<bigint>, orders array<string>, types array<string>, "
+                 "sessions array<bigint>, data_lens array<bigint>, orders array<bigint>, types array<string>, "
                  "paths array<string>, hashes array<binary>, raws array<binary>, bad_offsets array<bigint>, "
                  "bad_reasons array<string>, bad_details array<string>")
 _SEGMENT_SCHEMA = ("node int, file string, first_zxid bigint, prev_zxid bigint, header_ok boolean, records bigint, "
@@ -121,7 +121,7 @@ def _walk_task(item: SegmentFile, chunk_records: int) -> SegmentFile:
     return replace(item, layout=walk_segment(Path(item.path).read_bytes(), chunk_records))
 
 
-def _decode_task(items, with_raw: bool):  # noqa: ANN001, ANN202 - a Spark partition iterator
+def _decode_task(items, with_raw: bool, with_txn: bool):  # noqa: ANN001, ANN202 - a Spark partition iterator
     for node, path, chunk, prev_zxid in items:
         with open(path, "rb") as file:
             if chunk.prev_offset >= 0:
@@ -129,7 +129,7 @@ def _decode_task(items, with_raw: bool):  # noqa: ANN001, ANN202 - a Spark parti
                 prev_zxid = zxid_before(memoryview(file.read(chunk.start - chunk.prev_offset)), 0)
             file.seek(chunk.start)
             view = memoryview(file.read(chunk.end - chunk.start))
-        c = decode_chunk(view, chunk.start, chunk.end, prev_zxid, with_raw=with_raw)
+        c = decode_chunk(view, chunk.start, chunk.end, prev_zxid, with_raw=with_raw, with_txn=with_txn)
         yield (node, Path(path).name, c.offsets, c.zxids, c.prevs, c.sessions, c.data_lens, c.orders, c.types,
                c.paths, c.hashes, c.raws, c.bad_offsets, c.bad_reasons, c.bad_details)
 
@@ -143,10 +143,12 @@ def _snapshot_task(item: tuple[int, str, int], protocol: str) -> tuple:
 # -- the reader ------------------------------------------------------------------------------
 
 def read_zab(spark: SparkSession, nodes: list[NodeDir], *, protocol: str,
-             chunk_records: int = DEFAULT_CHUNK_RECORDS, with_raw: bool = False) -> ZabFrames:
+             chunk_records: int = DEFAULT_CHUNK_RECORDS, with_raw: bool = False, with_txn: bool = True) -> ZabFrames:
     """Read every segment and snapshot of `nodes` into DataFrames (records are cached).
 
-    `protocol` ("zookeeper" or "kv") says how snapshot states restore.
+    `protocol` ("zookeeper" or "kv") says how snapshot states restore. Without
+    `with_txn` the txn_type and path columns stay null (the verifier's checks do not
+    use them, and decoding them is most of the per-record cost).
     """
     sc = spark.sparkContext
     files = []
@@ -158,9 +160,10 @@ def read_zab(spark: SparkSession, nodes: list[NodeDir], *, protocol: str,
     tasks = [(s.node, s.path, chunk, s.layout.prev_zxid if s.layout.first_zxid is not None else None)
              for s in segments for chunk in s.layout.chunks]
     chunks = spark.createDataFrame(
-        sc.parallelize(tasks, max(1, len(tasks))).mapPartitions(lambda it, r=with_raw: _decode_task(it, r)),
+        sc.parallelize(tasks, max(1, len(tasks))).mapPartitions(
+            lambda it, r=with_raw, t=with_txn: _decode_task(it, r, t)),
         _CHUNK_SCHEMA, verifySchema=False)
-    records = _records(chunks, with_raw).unionByName(_walk_stops(spark, segments))
+    records = _records(chunks, with_raw, with_txn).unionByName(_walk_stops(spark, segments))
     records = records.persist()
     snaps = [(n.node, p, z) for n in nodes for z, p in _listed(Path(n.path) / SNAPSHOT_DIR, _SNAPSHOT)]
     snapshots = spark.createDataFrame(
@@ -169,18 +172,20 @@ def read_zab(spark: SparkSession, nodes: list[NodeDir], *, protocol: str,
     return ZabFrames(nodes, segments, records, _segments_frame(spark, segments), snapshots)
 
 
-def _records(chunks: DataFrame, with_raw: bool) -> DataFrame:
-    zipped = ["offsets", "zxids", "prevs", "sessions", "data_lens", "orders", "types", "paths", "hashes"]
-    if with_raw:
-        zipped.append("raws")
+def _records(chunks: DataFrame, with_raw: bool, with_txn: bool) -> DataFrame:
+    zipped = ["offsets", "zxids", "prevs", "sessions", "data_lens", "orders", "hashes"]
+    zipped += ["types", "paths"] if with_txn else []
+    zipped += ["raws"] if with_raw else []
     valid = chunks.select("node", "file", F.explode(F.arrays_zip(*zipped)).alias("r"))
     zxid = F.col("r.zxids")
+    names = F.array(*[F.lit(name) for name in ORDER_NAMES])
     valid = valid.select(
         "node", "file", F.col("r.offsets").alias("offset"), zxid.alias("zxid"),
         F.shiftright(zxid, 32).alias("epoch"), zxid.bitwiseAND(F.lit(0xFFFFFFFF)).alias("counter"),
         F.when(F.col("r.prevs") >= 0, F.col("r.prevs")).alias("prev_zxid"), F.col("r.sessions").alias("session"),
-        F.col("r.types").alias("txn_type"), F.col("r.paths").alias("path"), F.lit("ok").alias("checksum"),
-        F.col("r.orders").alias("order"), F.col("r.hashes").alias("body_hash"),
+        (F.col("r.types") if with_txn else F.lit(None).cast("string")).alias("txn_type"),
+        (F.col("r.paths") if with_txn else F.lit(None).cast("string")).alias("path"), F.lit("ok").alias("checksum"),
+        F.element_at(names, F.col("r.orders").cast("int") + 1).alias("order"), F.col("r.hashes").alias("body_hash"),
         F.col("r.data_lens").alias("data_len"),
         (F.col("r.raws") if with_raw else F.lit(None).cast("binary")).alias("raw"),
         F.lit(None).cast("string").alias("detail"))

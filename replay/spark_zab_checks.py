@@ -63,15 +63,17 @@ def run_checks(ctx: Context) -> list[CheckResult]:
     aggregate, and only asks for examples when there is something to show.
     """
     ctx.valid = ctx.frames.records.where("checksum = 'ok'")
+    # Plain aggregates only (min/max, a bit per node): Spark's fast hash aggregation, no sets.
     ctx.per_zxid = ctx.valid.groupBy("zxid").agg(
-        F.first("epoch").alias("epoch"), F.first("counter").alias("counter"),
-        F.countDistinct("node").alias("n_nodes"), F.collect_set("node").alias("nodes"),
-        F.collect_set("body_hash").alias("hashes"), F.collect_set("prev_zxid").alias("preds")).persist()
+        F.first("epoch").alias("epoch"), F.first("counter").alias("counter"), F.count("*").alias("n_nodes"),
+        F.bit_or(F.pow(F.lit(2), _node_index(ctx)).cast("long")).alias("mask"),  # exact up to 52 nodes
+        F.min("body_hash").alias("h_min"), F.max("body_hash").alias("h_max"),
+        F.min("prev_zxid").alias("p_min"), F.max("prev_zxid").alias("p_max")).persist()
     ctx.progress("aggregating per file and per zxid")
     files = _per_file(ctx)
     zsum = ctx.per_zxid.agg(
-        F.count("*").alias("zxids"), F.sum((F.size("hashes") > 1).cast("long")).alias("differing"),
-        F.sum((F.size("preds") > 1).cast("long")).alias("forks"),
+        F.count("*").alias("zxids"), F.sum((F.col("h_min") != F.col("h_max")).cast("long")).alias("differing"),
+        F.sum((F.col("p_min") != F.col("p_max")).cast("long")).alias("forks"),
         F.max(F.when(F.col("n_nodes") >= ctx.majority, F.col("zxid"))).alias("c")).first()
     results = {CHECKSUMS: check_checksums(ctx, files), AGREEMENT: check_agreement(ctx, zsum)}
     results[EPOCH_ORDER] = check_epoch_order(ctx, files)
@@ -82,9 +84,18 @@ def run_checks(ctx: Context) -> list[CheckResult]:
     results[SKIPPED] = check_skipped(ctx, per_record)
     results[QUORUM] = check_quorum(ctx)
     results[REPLAY] = check_replay(ctx)
-    per_record.unpersist()
     ctx.per_zxid.unpersist()
     return [results[name] for name in CHECK_NAMES]
+
+
+def _node_index(ctx: Context):  # noqa: ANN202 - a Column
+    """The node's position among the directories given (its bit in `mask`)."""
+    pairs = [F.lit(x) for i, n in enumerate(ctx.frames.nodes) for x in (n.node, i)]
+    return F.element_at(F.create_map(*pairs), F.col("node")).cast("int")
+
+
+def nodes_of(ctx: Context, mask: int) -> list[int]:
+    return sorted(n.node for i, n in enumerate(ctx.frames.nodes) if mask >> i & 1)
 
 
 def _per_file(ctx: Context) -> list:
@@ -135,7 +146,8 @@ def check_agreement(ctx: Context, zsum) -> CheckResult:  # noqa: ANN001 - a Row
     result = CheckResult(AGREEMENT, checked=zsum.zxids)
     if not zsum.differing:
         return result
-    first = [r.zxid for r in ctx.per_zxid.where(F.size("hashes") > 1).orderBy("zxid").limit(MAX_EXAMPLES).collect()]
+    differ = F.col("h_min") != F.col("h_max")
+    first = [r.zxid for r in ctx.per_zxid.where(differ).orderBy("zxid").limit(MAX_EXAMPLES).collect()]
     rows = ctx.valid.where(F.col("zxid").isin(first)).select("zxid", "node", "body_hash", "txn_type", "path")
     by_zxid: dict[int, list[str]] = {}
     for r in sorted(rows.collect(), key=lambda r: (r.zxid, r.node)):
@@ -221,11 +233,11 @@ def _history_frame(ctx: Context) -> DataFrame:
 def _with_history(ctx: Context) -> DataFrame:
     """Valid records with `in_h` (the zxid is in H) and `divergent` (an epoch start in H
     whose predecessor in this log is not H's); per-node counts collected in one job."""
-    joined = ctx.valid.join(F.broadcast(_history_frame(ctx)), "epoch", "left")
+    slim = ctx.valid.select("node", "file", "offset", "zxid", "epoch", "counter", "prev_zxid")
+    joined = slim.join(F.broadcast(_history_frame(ctx)), "epoch", "left")
     joined = joined.withColumn("in_h", F.coalesce(F.col("counter").between(F.col("lo"), F.col("hi")), F.lit(False)))
     joined = joined.withColumn("divergent", F.col("in_h") & (F.col("lo") == 1) & (F.col("counter") == 1)
                                & F.col("prev_zxid").isNotNull() & (F.col("prev_zxid") != F.col("h_pred")))
-    joined = joined.persist()
     zxid, in_h = F.col("zxid"), F.col("in_h")
     stats = joined.groupBy("node").agg(
         F.count("*").alias("records"), F.sum(in_h.cast("long")).alias("in_h"),
@@ -260,9 +272,9 @@ def check_prefix(ctx: Context, joined: DataFrame, forks: int) -> CheckResult:
         result.add(divergent, [f"node {r.node}: {fmt(r.zxid)} follows {fmt(r.prev_zxid)}, the committed "
                                f"history has {fmt(r.h_pred)} before it" for r in rows])
     if forks:
-        rows = ctx.per_zxid.where(F.size("preds") > 1).orderBy("zxid").limit(MAX_EXAMPLES).collect()
+        rows = ctx.per_zxid.where(F.col("p_min") != F.col("p_max")).orderBy("zxid").limit(MAX_EXAMPLES).collect()
         result.add(forks, [f"TotalOrder: {fmt(r.zxid)} has different predecessors on different nodes: "
-                           f"{', '.join(fmt(p) for p in sorted(r.preds))}" for r in rows])
+                           f"{fmt(r.p_min)} and {fmt(r.p_max)}" for r in rows])
     for zxid, votes in h.contested[:MAX_EXAMPLES]:
         result.notes.append(f"predecessor of {fmt(zxid)} contested: "
                             + ", ".join(f"{fmt(p)} on {n} node(s)" for p, n in sorted(votes.items())))
@@ -304,8 +316,9 @@ def check_quorum(ctx: Context) -> CheckResult:
     committed = ctx.per_zxid.join(F.broadcast(_history_frame(ctx)), "epoch").where(
         F.col("counter").between(F.col("lo"), F.col("hi")) & (F.col("zxid") <= h.commit_point))
     coverage = F.col("n_nodes")
-    for node, horizon in ctx.horizons.items():
-        covered = (F.lit(horizon) >= F.col("zxid")) & ~F.array_contains("nodes", node)
+    for i, n in enumerate(ctx.frames.nodes):
+        held = F.col("mask").bitwiseAND(F.lit(1 << i)) != 0
+        covered = (F.lit(ctx.horizons.get(n.node, 0)) >= F.col("zxid")) & ~held
         coverage = coverage + covered.cast("int")
     committed = committed.withColumn("coverage", coverage)
     totals = committed.agg(F.count("*").alias("n"),
@@ -313,7 +326,7 @@ def check_quorum(ctx: Context) -> CheckResult:
     result.checked = totals.n
     if totals.short:
         rows = committed.where(F.col("coverage") < ctx.majority).orderBy("zxid").limit(MAX_EXAMPLES).collect()
-        result.add(totals.short, [f"{fmt(r.zxid)} is committed but only nodes {sorted(r.nodes)} hold it "
+        result.add(totals.short, [f"{fmt(r.zxid)} is committed but only nodes {nodes_of(ctx, r.mask)} hold it "
                                   f"({r.coverage} of the {ctx.majority} needed)" for r in rows])
     missing = h.count_between(h.first, h.last) - result.checked
     if missing > 0:

@@ -38,6 +38,9 @@ ORDER_NOT_INCREASING = "not_increasing"    # same epoch, counter not above the o
 ORDER_GAP = "gap"                          # same epoch, counter skips values
 ORDER_BAD_EPOCH_START = "bad_epoch_start"  # a new epoch whose first counter is not 1
 ORDER_UNKNOWN = "unknown"                  # predecessor unknown (log base unknown, or after a corrupt record)
+# The order column travels to Spark as an index into this tuple (a number pickles cheaper than a string).
+ORDER_NAMES = (ORDER_OK, ORDER_BACKWARDS, ORDER_NOT_INCREASING, ORDER_GAP, ORDER_BAD_EPOCH_START, ORDER_UNKNOWN)
+_ORDER_CODE = {name: code for code, name in enumerate(ORDER_NAMES)}
 HASH_BYTES = 16
 DEFAULT_CHUNK_RECORDS = 65536
 
@@ -121,9 +124,9 @@ class ChunkColumns:
     prevs: array.array
     sessions: array.array
     data_lens: array.array
-    orders: list[str]
-    types: list[str | None]
-    paths: list[str | None]
+    orders: array.array  # codes: ORDER_NAMES[code]
+    types: list[str | None] | None  # None when decoded without with_txn
+    paths: list[str | None] | None
     hashes: list[bytes]
     raws: list[bytes] | None
     bad_offsets: array.array
@@ -160,10 +163,10 @@ def txn_type_and_path(data: bytes) -> tuple[str | None, str | None]:
     return _TYPE_NAMES[type(body)], path
 
 
-def _empty_columns(with_raw: bool) -> ChunkColumns:
+def _empty_columns(with_raw: bool, with_txn: bool) -> ChunkColumns:
     return ChunkColumns(array.array("l"), array.array("l"), array.array("l"), array.array("l"),
-                        array.array("l"), [], [], [], [], [] if with_raw else None,
-                        array.array("l"), [], [])
+                        array.array("l"), array.array("l"), [] if with_txn else None, [] if with_txn else None,
+                        [], [] if with_raw else None, array.array("l"), [], [])
 
 
 def iter_chunk(view: memoryview, base: int, end: int) -> Iterator[tuple[int, int, object]]:
@@ -189,9 +192,14 @@ def iter_chunk(view: memoryview, base: int, end: int) -> Iterator[tuple[int, int
 
 
 def decode_chunk(view: memoryview, base: int, end: int, prev_zxid: int | None, *,
-                 with_raw: bool = False) -> ChunkColumns:
-    """Decode the records of one chunk; `prev_zxid` is the zxid of the record before it."""
-    cols = _empty_columns(with_raw)
+                 with_raw: bool = False, with_txn: bool = True) -> ChunkColumns:
+    """Decode the records of one chunk; `prev_zxid` is the zxid of the record before it.
+
+    `with_txn` decodes each record's data as a metastore transaction (type, path);
+    the verifier's checks do not need them (Replay decodes every txn anyway), so it
+    leaves them out; `with_raw` keeps each record's body bytes.
+    """
+    cols = _empty_columns(with_raw, with_txn)
     prev = prev_zxid
     after_bad = False
     for offset, length, item in iter_chunk(view, base, end):
@@ -207,10 +215,11 @@ def decode_chunk(view: memoryview, base: int, end: int, prev_zxid: int | None, *
         cols.prevs.append(-1 if prev is None or prev == UNKNOWN_PREV_ZXID else _signed(prev))
         cols.sessions.append(_signed(item.session_id))
         cols.data_lens.append(len(item.data))
-        cols.orders.append(ORDER_UNKNOWN if after_bad else classify_order(prev, item.zxid))
-        kind, path = txn_type_and_path(item.data)
-        cols.types.append(kind)
-        cols.paths.append(path)
+        cols.orders.append(_ORDER_CODE[ORDER_UNKNOWN if after_bad else classify_order(prev, item.zxid)])
+        if cols.types is not None:
+            kind, path = txn_type_and_path(item.data)
+            cols.types.append(kind)
+            cols.paths.append(path)
         cols.hashes.append(hashlib.blake2b(body, digest_size=HASH_BYTES).digest())
         if cols.raws is not None:
             cols.raws.append(bytes(body))
