@@ -100,6 +100,7 @@ class LatencyRun:
     latencies_s: list[float]
     load_avg: float = 0.0
     error: str = ""
+    bookies: int = 0  # bare bookie ADDs: to this many bookies at once
 
     def latency_ms(self, pct: float) -> float:
         return 1000 * stats.percentile(self.latencies_s, pct)
@@ -216,8 +217,9 @@ async def bookie_round_trip(ledgers: LedgerClient, bookies: list[int], count: in
     key, digester = master_key(PASSWORD), Digester(DigestType.CRC32C, PASSWORD)
     payload = os.urandom(100)
     names = ", ".join(str(b) for b in bookies)
-    run = LatencyRun(f"bookie ADD round trip to bookie{'s' if len(bookies) > 1 else ''} {names} at once, "
-                     "1 outstanding (no SDK)", None, [], os.getloadavg()[0])
+    at_once = f"s {names} at once" if len(bookies) > 1 else f" {names}"
+    run = LatencyRun(f"bare 100 B ADD to bookie{at_once}, 1 outstanding (no ledger)", None, [],
+                     os.getloadavg()[0], bookies=len(bookies))
     with trio.fail_after(60 + count * 0.05):
         for entry_id in range(warmup + count):
             data = digester.package(ledger_id, entry_id, entry_id - 1, 100 * (entry_id + 1), payload)
