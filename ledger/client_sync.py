@@ -15,13 +15,11 @@ done. Handles wrap the async ones; their semantics are unchanged (docs/ledger.md
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from functools import partial
 from typing import Any
 
-import trio
 
 from bookie.client import BookiePool
 from bookie.entry import DigestType, Entry
@@ -30,6 +28,7 @@ from ledger.handles import ReadHandle, WriteHandle
 from ledger.manager import LedgerManager
 from ledger.metadata import LedgerMetadata
 from metastore.client import MetaClient
+from metastore.trio_thread import TrioThread
 
 
 class SyncLedgerClient:
@@ -46,12 +45,13 @@ class SyncLedgerClient:
         self._addresses = dict(bookie_addresses or {})
         self._manager = manager
         self._options = options
-        self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
+        self._loop: TrioThread[LedgerClient] = TrioThread("ledgerclient", self._open)
         self._client: LedgerClient | None = None
-        self._token: trio.lowlevel.TrioToken | None = None
-        self._stop: trio.Event | None = None
+
+    async def _open(self, stack: AsyncExitStack) -> LedgerClient:
+        meta = await stack.enter_async_context(self._meta_factory())
+        pool = await stack.enter_async_context(BookiePool(self._addresses))
+        return await stack.enter_async_context(LedgerClient(meta, pool, self._manager, **self._options))
 
     def __enter__(self) -> SyncLedgerClient:
         self.start()
@@ -61,41 +61,11 @@ class SyncLedgerClient:
         self.close()
 
     def start(self) -> None:
-        if self._thread is not None:
-            raise RuntimeError("a SyncLedgerClient starts once; create another")
-        self._thread = threading.Thread(target=trio.run, args=(self._main,), name="ledgerclient", daemon=True)
-        self._thread.start()
-        self._ready.wait()
-        if self._error is not None:
-            self._thread.join()
-            raise self._error
-
-    async def _main(self) -> None:
-        try:
-            async with AsyncExitStack() as stack:
-                meta = await stack.enter_async_context(self._meta_factory())
-                pool = await stack.enter_async_context(BookiePool(self._addresses))
-                self._client = await stack.enter_async_context(
-                    LedgerClient(meta, pool, self._manager, **self._options))
-                self._stop = trio.Event()
-                self._token = trio.lowlevel.current_trio_token()
-                self._ready.set()
-                await self._stop.wait()
-        except BaseException as e:  # handed to start(), which re-raises it in the caller's thread
-            if self._ready.is_set():
-                raise
-            self._error = e
-            self._ready.set()
+        self._client = self._loop.start()
 
     def close(self) -> None:
         """Stop the loop (handles become unusable). Idempotent."""
-        if self._thread is None or self._token is None or not self._thread.is_alive():
-            return
-        try:
-            trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
-        except trio.RunFinishedError:
-            pass
-        self._thread.join()
+        self._loop.stop()
 
     @property
     def client(self) -> LedgerClient:
@@ -105,9 +75,7 @@ class SyncLedgerClient:
 
     def run(self, async_fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run `await async_fn(*args, **kwargs)` in the client's loop and return its result."""
-        if self._token is None:
-            raise RuntimeError("the SyncLedgerClient is not started")
-        return trio.from_thread.run(partial(async_fn, *args, **kwargs), trio_token=self._token)
+        return self._loop.run(partial(async_fn, *args, **kwargs))
 
     # -- ledgers (see LedgerClient) -----------------------------------------------------------
     def create(self, ensemble_size: int, write_quorum: int, ack_quorum: int,

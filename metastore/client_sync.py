@@ -14,8 +14,8 @@ async client's semantics hold unchanged (docs/metastore_client.md).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
+from contextlib import AsyncExitStack
 from functools import partial
 from typing import Any
 
@@ -27,6 +27,7 @@ from metastore.client_core import ANY_VERSION, State, Version, WatchEvent
 from metastore.client_ops import Op
 from metastore.client_watches import Watch
 from metastore.stat import Stat
+from metastore.trio_thread import TrioThread
 
 
 class SyncMetaClient:
@@ -35,12 +36,11 @@ class SyncMetaClient:
 
     def __init__(self, hosts: Sequence[tuple[str, int]], **options: Any) -> None:
         self._hosts, self._options = list(hosts), options
-        self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
+        self._loop: TrioThread[MetaClient] = TrioThread("metaclient", self._open)
         self._client: MetaClient | None = None
-        self._token: trio.lowlevel.TrioToken | None = None
-        self._stop: trio.Event | None = None
+
+    async def _open(self, stack: AsyncExitStack) -> MetaClient:
+        return await stack.enter_async_context(MetaClient(self._hosts, **self._options))
 
     def __enter__(self) -> SyncMetaClient:
         self.start()
@@ -51,42 +51,17 @@ class SyncMetaClient:
 
     def start(self) -> None:
         """Open the session; raises what MetaClient.start would (ConnectionLoss, AuthFailed...)."""
-        if self._thread is not None:
-            raise RuntimeError("a SyncMetaClient starts once; create another")
-        self._thread = threading.Thread(target=trio.run, args=(self._main,), name="metaclient", daemon=True)
-        self._thread.start()
-        self._ready.wait()
-        if self._error is not None:
-            self._thread.join()
-            raise self._error
-
-    async def _main(self) -> None:
-        try:
-            async with MetaClient(self._hosts, **self._options) as client:
-                self._client, self._stop = client, trio.Event()
-                self._token = trio.lowlevel.current_trio_token()
-                self._ready.set()
-                await self._stop.wait()
-        except BaseException as e:  # handed to start(), which re-raises it in the caller's thread
-            if self._ready.is_set():
-                raise
-            self._error = e
-            self._ready.set()
+        self._client = self._loop.start()
 
     def close(self) -> None:
         """Close the session and stop the thread. Idempotent."""
-        if self._thread is None or self._token is None or not self._thread.is_alive():
+        if not self._loop.running:
             return
         try:
             self._run(self.client.close)
-            trio.from_thread.run_sync(self._stop_loop, trio_token=self._token)
         except trio.RunFinishedError:
             pass
-        self._thread.join()
-
-    def _stop_loop(self) -> None:
-        assert self._stop is not None
-        self._stop.set()
+        self._loop.stop()
 
     @property
     def client(self) -> MetaClient:
@@ -100,9 +75,7 @@ class SyncMetaClient:
         return self._run(partial(async_fn, *args, **kwargs))
 
     def _run(self, fn: Callable[[], Any]) -> Any:
-        if self._token is None:
-            raise RuntimeError("the SyncMetaClient is not started")
-        return trio.from_thread.run(fn, trio_token=self._token)
+        return self._loop.run(fn)
 
     # -- state ----------------------------------------------------------------------------
     @property
