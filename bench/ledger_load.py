@@ -247,7 +247,7 @@ async def tail_latency(ledgers: LedgerClient, hosts: Hosts, quorum: Quorum, *, c
         with trio.fail_after(30):
             ready = await trio.to_thread.run_sync(proc.stdout.readline)
         if ready.strip() != b"ready":
-            raise RuntimeError(f"the tailing reader did not start (said {ready!r}); see {log}")
+            raise RuntimeError(f"the tailing reader did not start (said {ready!r}); its stderr ends:\n{_tail_of(log)}")
         with trio.fail_after(60 + count * (0.05 + gap_s)):
             for _ in range(count):
                 await w.append(stamped(100))
@@ -257,12 +257,19 @@ async def tail_latency(ledgers: LedgerClient, hosts: Hosts, quorum: Quorum, *, c
         out, _ = await trio.to_thread.run_sync(lambda: proc.communicate(timeout=60))
         run.latencies_s = json.loads(out.decode().strip().splitlines()[-1])[warmup:]
     except (LedgerError, trio.TooSlowError, ValueError, IndexError, subprocess.TimeoutExpired) as e:
-        run.error = f"{type(e).__name__}: {e}"
+        run.error = f"{type(e).__name__}: {e}; the reader's stderr ends: {_tail_of(log, 3)!r}"
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     return run
+
+
+def _tail_of(log: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(nothing)"
 
 
 def _spawn_tailer(hosts: Hosts, ledger_id: int, log: Path) -> subprocess.Popen[bytes]:
@@ -310,7 +317,8 @@ async def recovery(hosts: Hosts, quorum: Quorum, *, entries: int, window: int, m
         done = await trio.to_thread.run_sync(
             lambda: subprocess.run(command, cwd=REPO, stdout=subprocess.PIPE, stderr=err, timeout=120, check=False))
     if done.returncode != -signal.SIGKILL:
-        raise RuntimeError(f"the writer process ended with status {done.returncode}, not SIGKILL; see {log}")
+        raise RuntimeError(f"the writer process ended with status {done.returncode}, not SIGKILL; its stderr "
+                           f"ends:\n{_tail_of(log)}")
     lines = dict(line.split(" ", 1) for line in done.stdout.decode().splitlines())
     ledger_id = int(lines["ledger"])
     acked, writer_lac, _, in_flight = lines["acked"].split()
