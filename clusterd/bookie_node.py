@@ -26,6 +26,8 @@ from bookie.registration import BookieInfo, BookieRegistrar, read_cookie, record
 from bookie.service import BookieService, BookieServiceConfig
 from bookie.storage import BookieStorage
 from bookie.storage_config import BookieStorageConfig
+from clusterd.autorecovery import DECOMMISSIONED, AutoRecoveryConfig
+from clusterd.autorecovery_node import AutoRecovery
 from clusterd.bookie_gc import BookieGarbageCollector
 from clusterd.config import ClusterConfig, NodeConfig
 from metastore.client import MetaClient
@@ -44,6 +46,14 @@ def storage_config(config: ClusterConfig) -> BookieStorageConfig:
     return BookieStorageConfig(max_entry_bytes=config.bookie_max_entry_bytes,
                                entry_log_bytes=config.bookie_entry_log_bytes,
                                disk_usage_threshold=config.bookie_disk_usage_percent / 100)
+
+
+def autorecovery_config(config: ClusterConfig) -> AutoRecoveryConfig:
+    return AutoRecoveryConfig(grace_ms=config.autorecovery_grace_ms,
+                              open_ledger_grace_ms=config.autorecovery_open_ledger_grace_ms,
+                              audit_interval_ms=config.audit_interval_ms,
+                              check_reads_per_s=config.audit_check_reads_per_s,
+                              session_timeout_ms=config.autorecovery_session_timeout_ms)
 
 
 def service_config(config: ClusterConfig) -> BookieServiceConfig:
@@ -65,10 +75,12 @@ class BookieNode:
         self.registrar = BookieRegistrar(self.hosts, BookieInfo(node.id, node.host, node.bookie_port),
                                          self._read_only)
         self.gc: BookieGarbageCollector | None = None
+        self.autorecovery = AutoRecovery(self.hosts, node.id, autorecovery_config(config))
+        self.decommissioned = False  # an operator drains this bookie: it registers read-only
         self.phase = "starting"
 
     def _read_only(self) -> bool:
-        return self.storage is not None and self.storage.read_only
+        return self.decommissioned or (self.storage is not None and self.storage.read_only)
 
     def status(self) -> dict[str, Any]:
         """For /status: where the bookie is in its start, its registration and its counters."""
@@ -82,6 +94,7 @@ class BookieNode:
             out["service"] = self.service.statistics()
         if self.gc is not None:
             out["gc"] = dict(self.gc.stats)
+        out["autorecovery"] = self.autorecovery.statistics()
         return out
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -103,12 +116,26 @@ class BookieNode:
                 await nursery.start(self.registrar.run)
                 self.gc = BookieGarbageCollector(self.hosts, self.storage, self.config.bookie_gc_interval_ms)
                 await nursery.start(self.gc.run)
+                nursery.start_soon(self._follow_decommission)
+                await nursery.start(self.autorecovery.run)
                 self.phase = "serving"
                 log.warning("bookie serving", extra={"bookie": f"{node.host}:{node.bookie_port}",
                                                      "instance": self.storage.instance_id})
         finally:
             with trio.CancelScope(shield=True):
                 await self.storage.close(checkpoint=True)
+
+    async def _follow_decommission(self) -> None:
+        """Register read-only while /quire/autorecovery/decommissioned/<id> exists (polled with the
+        registrar's period): writers then place nothing new here while its ledgers are drained."""
+        while True:
+            meta = self.registrar.meta
+            if meta is not None:
+                try:
+                    self.decommissioned = await meta.exists(f"{DECOMMISSIONED}/{self.node.id}") is not None
+                except (ConnectionLoss, SessionExpired):
+                    pass
+            await trio.sleep(self.registrar.poll_s)
 
     async def _open_storage(self) -> BookieStorage:
         """Check the data directory against the cookie the metastore records, then open it."""
