@@ -13,7 +13,7 @@ from dataclasses import asdict
 from typing import Any
 
 from bookie.registration import list_bookies
-from clusterd import zkctl
+from clusterd import recoveryctl, zkctl
 from clusterd.config import ClusterConfig
 
 Command = Callable[[ClusterConfig, argparse.Namespace], int]
@@ -21,12 +21,24 @@ Command = Callable[[ClusterConfig, argparse.Namespace], int]
 
 def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]) -> None:
     """Register `bookie ls` with clusterctl's parser (`command` is ctl's factory)."""
-    bookie = command("bookie", zkctl._zk(cmd_bookie), "bookies: `bookie ls` lists the registered bookies")
-    bookie.add_argument("action", choices=("ls",), help="ls: every registered bookie, available and read-only")
+    bookie = command("bookie", zkctl._zk(cmd_bookie), "bookies: `bookie ls` lists the registered bookies; "
+                     "`bookie decommission ID` drains one (clusterd/recoveryctl.py), `recommission ID` undoes it")
+    bookie.add_argument("action", choices=("ls", "decommission", "recommission"),
+                        help="ls: every registered bookie, available and read-only")
+    bookie.add_argument("id", nargs="?", type=int, help="decommission/recommission: the bookie's id")
     bookie.add_argument("--json", action="store_true", help="print JSON")
+    bookie.add_argument("--no-wait", action="store_true", help="decommission: return once its ledgers are marked")
+    bookie.add_argument("--timeout", type=float, default=600.0, help="decommission: seconds to wait (default 600)")
 
 
 def cmd_bookie(config: ClusterConfig, args: argparse.Namespace) -> int:
+    if args.action != "ls":
+        if args.id is None:
+            print(f"clusterctl: bookie {args.action} needs the bookie's ID")
+            return 2
+        if args.action == "decommission":
+            return recoveryctl.cmd_decommission(config, args, args.id)
+        return recoveryctl.cmd_recommission(config, args.id)
     with zkctl._client(config) as c:
         bookies = c.run(lambda: list_bookies(c.client))
     configured = config.bookie_addresses()

@@ -1,0 +1,196 @@
+"""The auditor (trio edge): exactly one in the cluster, elected through the metastore.
+
+Seed 000: "Auditor: elected through ZooKeeper, only one node can be the
+auditor; it watches the bookies registered in ZooKeeper, and when one fails it
+scans every ledger for those stored on it and puts a repair task for each under
+/underreplicated." Here, while leading (metastore/recipes.py LeaderElection):
+
+1. watch /quire/bookies/available (a children watch) and readonly/; a known
+   bookie (one with a cookie znode) that is registered in neither is missing;
+   missing for `grace_ms` it is lost (ledger/replication.py LossTracker): a
+   bookie back within the grace period causes no copying;
+2. when the lost set (plus decommissioned bookies, lost at once) grows, and
+   every `audit_interval_ms`, scan every ledger's metadata and mark those with a
+   fragment on a lost bookie (clusterd/autorecovery.py mark_under_replicated);
+3. every `audit_interval_ms`, the replica check: read each CLOSED ledger's
+   entries from every bookie of their write quorums (at most `check_reads_per_s`)
+   and mark the bookies that miss a copy or hold a corrupt one as `damaged`: a
+   replica lost after the writer's ack quorum is otherwise never noticed.
+
+A new auditor starts with no memory: every bookie missing when it starts gets
+a fresh grace period. Nothing it does is unsafe to repeat.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Any
+
+import trio
+
+from bookie.client import BookiePool
+from bookie.entry import crc32c_digest_ok
+from bookie.errors import BookieError, EntryCorrupt, NoSuchEntry, NoSuchLedger
+from bookie.registration import AVAILABLE, COOKIES, READONLY, list_bookies
+from clusterd.autorecovery import (ELECTION, AutoRecoveryConfig, decommissioned, list_tasks, mark_under_replicated,
+                                   paused)
+from ledger.errors import NoSuchLedger as NoSuchLedgerMetadata
+from ledger.manager import LedgerManager
+from ledger.metadata import LedgerMetadata, LedgerMetadataError
+from ledger.replication import LossTracker, ledgers_to_mark, replica_checks
+from metastore.client import MetaClient
+from metastore.client_watches import Watch
+from metastore.errors import ConnectionLoss, NoNode, SessionExpired
+from metastore.recipes import LeaderElection, LeadershipLost
+
+log = logging.getLogger("clusterd.auditor")
+
+RETRY_S = 1.0
+
+
+def monotonic_ms() -> int:
+    return int(trio.current_time() * 1000)
+
+
+class Auditor:
+    """Contends for the auditor role and audits while leading: `await nursery.start(auditor.run)`."""
+
+    def __init__(self, hosts: list[tuple[str, int]], node_id: int, config: AutoRecoveryConfig) -> None:
+        self.hosts = hosts
+        self.node_id = node_id
+        self.config = config
+        self.leading = False
+        self.lost: frozenset[int] = frozenset()
+        self.stats: Counter[str] = Counter()
+
+    def statistics(self) -> dict[str, Any]:
+        return {"leading": self.leading, "lost_bookies": sorted(self.lost), **self.stats}
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            try:
+                async with MetaClient(self.hosts, session_timeout_ms=self.config.session_timeout_ms,
+                                      start_timeout_s=10.0) as meta:
+                    election = LeaderElection(meta, ELECTION, str(self.node_id).encode())
+                    while True:
+                        try:
+                            async with election.lead():
+                                await self._lead(meta)
+                        except LeadershipLost as e:
+                            log.warning("event=auditor_leadership_lost node=%s reason=%s", self.node_id, e)
+                        finally:
+                            self.leading = False
+            except (ConnectionLoss, SessionExpired) as e:
+                log.info("event=auditor_session_lost node=%s error=%r", self.node_id, e)
+            await trio.sleep(RETRY_S)
+
+    async def _lead(self, meta: MetaClient) -> None:
+        self.leading = True
+        self.stats["elected"] += 1
+        log.warning("event=auditor_elected node=%s", self.node_id)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._check_replicas_forever, meta)
+            await self._watch_bookies(meta)
+
+    async def _watch_bookies(self, meta: MetaClient) -> None:
+        tracker = LossTracker(self.config.grace_ms)
+        manager = LedgerManager(meta)
+        marked: frozenset[int] = frozenset()
+        next_scan = 0
+        while True:
+            watch = Watch()
+            registered = set(await _children(meta, AVAILABLE, watch)) | set(await _children(meta, READONLY))
+            known = await _children(meta, COOKIES)
+            now = monotonic_ms()
+            tracker.observe(known, registered, now)
+            self.lost = tracker.lost(now) | await decommissioned(meta)
+            if not await paused(meta) and (not self.lost <= marked or now >= next_scan):
+                await self.mark(meta, manager, self.lost)
+                marked, next_scan = self.lost, now + self.config.audit_interval_ms
+            deadline = tracker.next_deadline_ms()
+            wait_ms = min(self.config.poll_ms, max(1, (deadline - now) if deadline is not None else 1 << 30),
+                          max(1, next_scan - now))
+            with trio.move_on_after(wait_ms / 1000):
+                await watch.wait()
+
+    async def mark(self, meta: MetaClient, manager: LedgerManager, lost: frozenset[int]) -> int:
+        """Scan every ledger and mark those on a lost bookie; how many tasks were created or widened."""
+        self.stats["scans"] += 1
+        if not lost:
+            return 0
+        changed = 0
+        for ledger_id in await manager.list_ledgers():
+            metadata = await _read(manager, ledger_id)
+            if metadata is None:
+                continue
+            for lid, bookies in ledgers_to_mark([metadata], lost).items():
+                changed += await mark_under_replicated(meta, lid, bookies)
+        if changed:
+            self.stats["ledgers_marked"] += changed
+            log.warning("event=auditor_marked ledgers=%s lost=%s", changed, sorted(lost))
+        return changed
+
+    # -- the replica check ------------------------------------------------------------------------
+    async def _check_replicas_forever(self, meta: MetaClient) -> None:
+        async with BookiePool(timeout_s=5.0) as pool:
+            while True:
+                await trio.sleep(self.config.audit_interval_ms / 1000)
+                if not await paused(meta):
+                    await self.check_replicas(meta, pool)
+
+    async def check_replicas(self, meta: MetaClient, pool: BookiePool) -> int:
+        """Read every copy of every CLOSED ledger not already under repair; mark missing or corrupt
+        ones. Returns how many ledgers were marked."""
+        pool.update(await list_bookies(meta))
+        manager, waiting = LedgerManager(meta), set(await list_tasks(meta))
+        marked = 0
+        limiter = trio.CapacityLimiter(16)
+        for ledger_id in await manager.list_ledgers():
+            metadata = await _read(manager, ledger_id)
+            if metadata is None or not metadata.is_closed or ledger_id in waiting:
+                continue
+            damaged: set[int] = set()
+            async with trio.open_nursery() as nursery:
+                for entry_id, bookie in replica_checks(metadata, self.lost):
+                    await limiter.acquire_on_behalf_of((entry_id, bookie))
+                    nursery.start_soon(self._check_one, pool, metadata, entry_id, bookie, damaged, limiter)
+                    await trio.sleep(1 / self.config.check_reads_per_s)
+            if damaged and await _read(manager, ledger_id) == metadata:  # unchanged: the misses are real
+                marked += await mark_under_replicated(meta, ledger_id, (), damaged)
+                log.warning("event=auditor_replicas_missing ledger=%s bookies=%s", ledger_id, sorted(damaged))
+        self.stats["replica_checks"] += 1
+        return marked
+
+    async def _check_one(self, pool: BookiePool, metadata: LedgerMetadata, entry_id: int, bookie: int,
+                         damaged: set[int], limiter: trio.CapacityLimiter) -> None:
+        try:
+            data = await pool.client(bookie).read(metadata.ledger_id, entry_id)
+            if crc32c_digest_ok(data) is False:
+                damaged.add(bookie)
+        except (NoSuchEntry, NoSuchLedger, EntryCorrupt):
+            damaged.add(bookie)
+        except BookieError:
+            pass  # says nothing about the replica: a lost bookie is the loss tracker's business
+        finally:
+            self.stats["replicas_checked"] += 1
+            limiter.release_on_behalf_of((entry_id, bookie))
+
+
+async def _children(meta: MetaClient, path: str, watch: Watch | None = None) -> list[int]:
+    try:
+        return [int(n) for n in await meta.children(path, watch=watch) if n.isdigit()]
+    except NoNode:
+        await meta.ensure_path(path)
+        return []
+
+
+async def _read(manager: LedgerManager, ledger_id: int) -> LedgerMetadata | None:
+    try:
+        return (await manager.read(ledger_id))[0]
+    except NoSuchLedgerMetadata:
+        return None
+    except LedgerMetadataError as e:
+        log.warning("event=auditor_bad_metadata ledger=%s error=%s", ledger_id, e)
+        return None

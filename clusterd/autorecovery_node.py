@@ -1,0 +1,29 @@
+"""The AutoRecovery of one bookie node (trio edge): its replication worker, and its auditor
+contender (clusterd/autorecovery.py describes both and their metastore records)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from clusterd.auditor import Auditor
+from clusterd.autorecovery import AutoRecoveryConfig
+from clusterd.replication_worker import ReplicationWorker
+
+
+class AutoRecovery:
+    """`await nursery.start(autorecovery.run)`; `statistics()` for the node's /status."""
+
+    def __init__(self, hosts: list[tuple[str, int]], bookie_id: int, config: AutoRecoveryConfig) -> None:
+        self.auditor = Auditor(hosts, bookie_id, config)
+        self.worker = ReplicationWorker(hosts, bookie_id, config)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.auditor.run)
+            nursery.start_soon(self.worker.run)
+            task_status.started()
+
+    def statistics(self) -> dict[str, Any]:
+        return {"auditor": self.auditor.statistics(), "worker": self.worker.statistics()}
