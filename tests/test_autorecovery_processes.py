@@ -174,3 +174,109 @@ def test_a_bookie_restarted_within_the_grace_period_causes_no_copying(cluster: C
 
     run(cluster, check)
     assert copied_entries(cluster) == before
+
+
+def test_a_writer_keeps_appending_while_its_older_fragments_are_repaired(cluster: Cluster):
+    """Bookie 4 dies under an appending writer: the writer replaces it in a new fragment, and a
+    worker copies the old fragment's entries and replaces 4 there by CAS, while the writer goes on
+    appending. The writer adopts the repaired metadata; every acknowledged entry is in the closed
+    ledger, on both bookies of its write quorum."""
+    async def scenario(client: LedgerClient):
+        w = await ledger_on(client, SPARE)
+        acked: list[int] = []
+        repaired = trio.Event()
+        more_after_repair = []
+
+        async def appender():
+            i = 0
+            while not repaired.is_set() or i < more_after_repair[0]:
+                acked.append(await w.append(b"w%d" % i))
+                i += 1
+                await trio.sleep(0.002)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(appender)
+            while len(acked) < 300:
+                await trio.sleep(0.01)
+            kill(cluster, SPARE)
+            while True:  # until no fragment names bookie 4 any more: the worker's CAS landed
+                metadata, _ = await client.manager.read(w.ledger_id)
+                if len(metadata.fragments) > 1 and SPARE not in metadata.bookies:
+                    break
+                await trio.sleep(0.1)
+            more_after_repair.append(len(acked) + 200)
+            repaired.set()
+        closed = await w.close()
+        assert acked == list(range(len(acked))) and closed.last_entry == acked[-1]
+        assert SPARE not in closed.bookies
+        await assert_every_copy_readable(client, w.ledger_id)
+        r = await client.open(w.ledger_id, PASSWORD)
+        assert [e.payload for e in await r.read(0, closed.last_entry)] == [b"w%d" % i for i in acked]
+
+    try:
+        run(cluster, scenario)
+    finally:
+        start(cluster, SPARE)
+
+
+def test_a_lost_bookie_is_re_replicated_and_a_new_auditor_finishes(cluster: Cluster):
+    """Closed ledgers on bookie 4, an idle open one whose last fragment is on it, and a writer
+    appending when 4 is SIGKILLed for good; right after, the auditor's node is SIGKILLed too (and
+    restarted: the cluster needs 3 bookies for E=3). Another auditor takes over, and within a
+    bounded time every ledger is back to Qw copies on bookies its metadata names."""
+    async def before(client: LedgerClient):
+        closed = await closed_ledgers_on(client, SPARE, 4, 120)
+        idle = await ledger_on(client, SPARE)  # abandoned open: fenced and closed after the open grace
+        await idle.append_many([b"idle-%d" % i for i in range(40)])
+        return closed, idle.ledger_id
+
+    closed, idle = run(cluster, before)
+    auditor = auditor_node(cluster)
+
+    async def during(client: LedgerClient):
+        w = await ledger_on(client, SPARE)
+        acked = await w.append_many([b"a%d" % i for i in range(200)])
+        kill(cluster, SPARE)
+        if auditor != SPARE:
+            kill(cluster, auditor)
+        acked += await w.append_many([b"b%d" % i for i in range(200)])
+        await w.close()
+        return w.ledger_id, acked
+
+    written, acked = run(cluster, during)
+    if auditor != SPARE:
+        start(cluster, auditor)
+    new_auditor = auditor_node(cluster)
+
+    async def after(client: LedgerClient):
+        await wait_replicated(client, [*closed, idle, written], SPARE)
+        r = await client.open(written, PASSWORD)
+        assert r.last_entry == 399 and len(acked) == 400
+        assert (await client.open(idle, PASSWORD)).last_entry == 39
+
+    try:
+        run(cluster, after, timeout_s=58)
+        assert auditor_node(cluster) not in (auditor, None) or auditor == SPARE, new_auditor
+    finally:
+        start(cluster, SPARE)
+
+
+def test_decommissioning_a_live_bookie_leaves_no_ledger_on_it(cluster: Cluster):
+    """`clusterctl bookie decommission 4` while 4 serves: its ledgers are copied off it (it is a
+    source too), the command reports when nothing references it, and everything still reads."""
+    ledgers = run(cluster, lambda client: closed_ledgers_on(client, SPARE, 3, 80))
+    done = cluster.ctl("bookie", "decommission", str(SPARE), "--timeout", "45", timeout=55)
+    try:
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "safe to remove" in done.stdout
+
+        async def check(client: LedgerClient):
+            for ledger_id in await client.list_ledgers():
+                assert SPARE not in (await client.manager.read(ledger_id))[0].bookies, ledger_id
+            for ledger_id in ledgers:
+                await assert_every_copy_readable(client, ledger_id)
+
+        run(cluster, check)
+    finally:
+        undo = cluster.ctl("bookie", "recommission", str(SPARE))
+        assert undo.returncode == 0, undo.stderr
