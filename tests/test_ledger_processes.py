@@ -136,8 +136,13 @@ def test_a_deleted_ledger_is_collected_by_every_bookie_and_its_space_comes_back(
                         break
                     await trio.sleep(0.1)
         assert await read_all(client, kept.ledger_id) == [payload] * 600
-        statuses = await localcluster.fetch_statuses(cluster.config)
-        gc = {i: s["bookie"]["gc"] for i, s in statuses.items()}
+        with trio.move_on_after(30):  # each bookie compacts right after its deletion
+            while True:
+                statuses = await localcluster.fetch_statuses(cluster.config)
+                gc = {i: s["bookie"]["gc"] for i, s in statuses.items()}
+                if all(g["ledgers_deleted"] >= 1 and g["bytes_freed"] > 0 for g in gc.values()):
+                    break
+                await trio.sleep(0.1)
         assert all(g["ledgers_deleted"] >= 1 and g["bytes_freed"] > 0 for g in gc.values()), gc
 
     run_with_ledgers(cluster, scenario)
