@@ -18,11 +18,13 @@ import pytest
 import trio
 
 from bookie.client import BookiePool
-from bookie.entry import Digester, DigestType
+from bookie.entry import Digester, DigestType, master_key, password_key
+from bookie.errors import NoSuchEntry, NoSuchLedger
 from clusterd import localcluster
 from clusterd.autorecovery import TASKS
 from ledger.client import LedgerClient
 from ledger.handles import WriteHandle
+from ledger.metadata import Fragment, LedgerMetadata
 from ledger.quorum import write_quorum
 from metastore.client import MetaClient
 from metastore.errors import NoNode
@@ -262,11 +264,21 @@ def test_a_lost_bookie_is_re_replicated_and_a_new_auditor_finishes(cluster: Clus
 
 
 def test_decommissioning_a_live_bookie_leaves_no_ledger_on_it(cluster: Cluster):
-    """`clusterctl bookie decommission 4` while 4 serves: its ledgers are copied off it (it is a
-    source too), the command reports when nothing references it, and everything still reads."""
+    """`clusterctl bookie decommission 4` while 4 serves, first with AutoRecovery paused (its ledgers
+    are marked, nothing moves, `recovery status` lists them), then resumed: its ledgers are copied off
+    it, the command reports when nothing references it, and everything still reads."""
     ledgers = run(cluster, lambda client: closed_ledgers_on(client, SPARE, 3, 80))
-    done = cluster.ctl("bookie", "decommission", str(SPARE), "--timeout", "45", timeout=55)
     try:
+        assert cluster.ctl("recovery", "pause").returncode == 0
+        marked = cluster.ctl("bookie", "decommission", str(SPARE), "--no-wait")
+        assert marked.returncode == 0 and "3 ledger(s) reference it" in marked.stdout, marked.stdout + marked.stderr
+        time.sleep(2)
+        status = json.loads(cluster.ctl("recovery", "status", "--json").stdout)
+        assert status["paused"] and status["decommissioned"] == [SPARE]
+        assert set(ledgers) <= {t["ledger_id"] for t in status["underreplicated"]}
+        assert all(t["lost"] == [SPARE] for t in status["underreplicated"] if t["ledger_id"] in ledgers)
+        assert cluster.ctl("recovery", "resume").returncode == 0
+        done = cluster.ctl("bookie", "decommission", str(SPARE), "--timeout", "40", timeout=50)
         assert done.returncode == 0, done.stdout + done.stderr
         assert "safe to remove" in done.stdout
 
@@ -278,5 +290,40 @@ def test_decommissioning_a_live_bookie_leaves_no_ledger_on_it(cluster: Cluster):
 
         run(cluster, check)
     finally:
+        cluster.ctl("recovery", "resume")
         undo = cluster.ctl("bookie", "recommission", str(SPARE))
         assert undo.returncode == 0, undo.stderr
+
+
+def test_the_replica_check_finds_missing_copies_on_a_live_bookie(cluster: Cluster):
+    """A closed ledger whose entries 0, 5, 10, ... never reached bookie 2 (written by hand, as if
+    the copies were lost after the ack quorum): the auditor's replica check marks bookie 2 damaged
+    and a worker copies the missing entries back; the metadata is unchanged."""
+    async def scenario(client: LedgerClient):
+        draft = LedgerMetadata(0, 3, 2, 2, (Fragment(0, (1, 2, 3)),), DigestType.CRC32C,
+                               password_key(PASSWORD, b"check"), 0, master_key=master_key(PASSWORD))
+        metadata, version = await client.manager.create(draft)
+        length, skipped = 0, 0
+        for entry_id in range(30):
+            payload = b"hand-%d" % entry_id
+            length += len(payload)
+            data = DIGESTER.package(metadata.ledger_id, entry_id, entry_id - 1, length, payload)
+            for bookie in write_quorum(metadata.fragments[0].ensemble, entry_id, 2):
+                if bookie == 2 and entry_id % 5 == 0:
+                    skipped += 1
+                    continue
+                await client.pool.client(bookie).add(metadata.ledger_id, entry_id, master_key(PASSWORD), data)
+        closed = metadata.closed(29, length)
+        await client.manager.write(closed, version)
+        assert skipped > 0
+        while True:
+            try:
+                await assert_every_copy_readable(client, metadata.ledger_id)
+                break
+            except (NoSuchEntry, NoSuchLedger):
+                await trio.sleep(0.5)
+        assert (await client.manager.read(metadata.ledger_id))[0].fragments == closed.fragments
+        while metadata.ledger_id in await _tasks(client.meta):
+            await trio.sleep(0.1)
+
+    run(cluster, scenario, timeout_s=40)
