@@ -106,6 +106,7 @@ class Auditor:
             now = monotonic_ms()
             tracker.observe(known, registered, now)
             self.lost = tracker.lost(now) | await decommissioned(meta)
+            marked &= self.lost  # a bookie that came back and is lost again is marked again
             if not await paused(meta) and (not self.lost <= marked or now >= next_scan):
                 await self.mark(meta, manager, self.lost)
                 marked, next_scan = self.lost, now + self.config.audit_interval_ms
