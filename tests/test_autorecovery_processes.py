@@ -20,6 +20,7 @@ import trio
 from bookie.client import BookiePool
 from bookie.entry import Digester, DigestType, master_key, password_key
 from bookie.errors import NoSuchEntry, NoSuchLedger
+from clusterd import config as cfg
 from clusterd import localcluster
 from clusterd.autorecovery import TASKS
 from ledger.client import LedgerClient
@@ -40,7 +41,13 @@ GRACE_MS = 5_000
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> Iterator[Cluster]:
-    path = four_node_config(tmp_path_factory.mktemp("autorecovery"))
+    for _ in range(5):  # the two port picks of four_node_config may collide (ports are released in between)
+        path = four_node_config(tmp_path_factory.mktemp("autorecovery"))
+        try:
+            cfg.load(path)
+            break
+        except cfg.ConfigError:
+            continue
     path.write_text(path.read_text().replace("[cluster]\n", (
         f"[cluster]\nautorecovery_grace_ms = {GRACE_MS}\nautorecovery_open_ledger_grace_ms = 2000\n"
         "audit_interval_ms = 4000\nautorecovery_session_timeout_ms = 4000\n"), 1))
