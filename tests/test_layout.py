@@ -24,6 +24,7 @@ EDGE = {
     "ledger/manager.py", "ledger/client.py", "ledger/client_sync.py", "ledger/driver.py", "ledger/handles.py",
     # The Spark verifiers' readers and entry points (files, the JVM, clocks for progress).
     "replay/spark_session.py", "replay/spark_source.py", "replay/spark_replay.py", "replay/verify_zab.py",
+    "replay/spark_ledger.py", "replay/verify_ledgers.py",
 }
 IMPURE = {"trio", "socket", "time", "threading", "os", "subprocess", "asyncio", "select", "pathlib", "shutil"}
 MAX_MODULE_LINES = 600
