@@ -1,4 +1,5 @@
-"""`clusterctl verify zab [DIR[=ID]...]`: the Spark verifier of replay/verify_zab.py.
+"""`clusterctl verify zab|ledgers [DIR[=ID]...]`: the Spark verifiers (replay/verify_zab.py,
+replay/verify_ledgers.py).
 
 Without DIRs it verifies the data directories of the config's ensemble, with the
 config's voter count for majorities. Exit status as replay.verify_zab: 0 every
@@ -20,6 +21,9 @@ def add_commands(command: Any) -> None:
     zab = targets.add_parser("zab", help="Zab logs and snapshots: Agreement, PrefixConsistency, ..., Replay",
                              description="Check Zab logs and snapshots of a cluster's data directories.")
     _zab_arguments(zab)
+    ledgers = targets.add_parser("ledgers", help="every ledger's entries on Qa bookies of its write quorum, digests, "
+                                 "closed ledgers", description="Check the bookies' entries against the ledger metadata.")
+    _zab_arguments(ledgers)
 
 
 def _zab_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,7 +32,8 @@ def _zab_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_verify(config: ClusterConfig, args: argparse.Namespace) -> int:
-    from replay.verify_zab import run
+    from replay import verify_ledgers, verify_zab
+    run = verify_ledgers.run if args.target == "ledgers" else verify_zab.run
     if not args.dirs:
         args.dirs = [f"{node.data_dir}={node.id}" for node in config.ensemble]
         if args.voters is None:

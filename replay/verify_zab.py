@@ -59,6 +59,12 @@ def detect_protocol(dirs: list[str]) -> str:
 
 def verify(args: argparse.Namespace, progress=None) -> Verdict:  # noqa: ANN001 - a callable or None
     """Run every Zab check on `args.dirs`; returns the verdict (raises VerifyInputError)."""
+    return verify_with_context(args, progress)[0]
+
+
+def verify_with_context(args: argparse.Namespace, progress=None):  # noqa: ANN001, ANN201
+    """verify(), also returning the checks' Context (frames, committed history, tops) for the
+    ledger verifier, which reads the metadata from the same logs. The caller unpersists."""
     # Imported here so that `--help` and input errors need no JVM.
     from replay.spark_session import build_session
     from replay.spark_source import parse_dirs, read_zab
@@ -84,7 +90,7 @@ def verify(args: argparse.Namespace, progress=None) -> Verdict:  # noqa: ANN001 
     frames.snapshots.unpersist()
     facts = {"nodes given": len(nodes), "protocol": protocol, "records": records,
              "spark startup s": round(spark_started, 2), **ctx.facts}
-    return Verdict("zab", checks, facts, time.monotonic() - started)
+    return Verdict("zab", checks, facts, time.monotonic() - started), ctx
 
 
 def progress_printer(started: float | None = None):  # noqa: ANN201 - a callable

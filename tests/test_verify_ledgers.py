@@ -1,0 +1,148 @@
+"""The Spark ledger verifier against a real 3-node cluster's bookies and metastore, and copies
+with one crafted violation: a missing replica, a bad entry digest, an entry past a closed
+ledger's end.
+
+The run (once per module): three clusterd processes (voters and bookies); through the
+ledger SDK, ledger A (E=3, Qw=2, Qa=2) gets 60 entries and is closed, ledger B (E=3, Qw=3,
+Qa=2) gets 40 and stays open; a bookie is SIGKILLed and restarted between batches; then
+the cluster stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bookie.entry import Digester, DigestType
+from bookie.storage_codec import (ENTRY_LOG_MAGIC, FILE_HEADER_BYTES, decode_entry_record, encode_entry_record,
+                                  encode_file_header, scan_entry_log)
+from clusterd import config as cfg
+from clusterd import localcluster
+from ledger.client_sync import SyncLedgerClient
+from replay.spark_ledger import CLOSED, ENTRY_DIGESTS, REPLICAS
+from replay.verify_ledgers import verify
+from replay.verify_report import Verdict
+from replay.verify_zab import add_arguments
+from test_cluster_processes import Cluster, copy_config
+
+pytestmark = pytest.mark.multiprocess
+
+NODES = (1, 2, 3)
+
+
+@pytest.fixture(scope="module")
+def ledger_run(tmp_path_factory) -> Iterator[tuple[Path, dict[str, int]]]:
+    folder = tmp_path_factory.mktemp("verify-ledgers")
+    path = copy_config(folder, client_protocol="zookeeper")
+    cluster = Cluster(path)
+    up = cluster.ctl("up")
+    assert up.returncode == 0, up.stdout + up.stderr
+    config = cfg.load(path)
+    ids = {}
+    try:
+        with SyncLedgerClient(config.client_addresses(), config.bookie_addresses()) as ledgers:
+            a = ledgers.create(3, 2, 2)
+            b = ledgers.create(3, 3, 2)
+            ids = {"closed": a.ledger_id, "open": b.ledger_id}
+            a.append_many([f"a{i}".encode() * 10 for i in range(30)])
+            b.append_many([f"b{i}".encode() * 10 for i in range(20)])
+            victim = next(n for n in config.nodes if n.id == 3)
+            os.kill(localcluster.running_pid(victim), signal.SIGKILL)
+            restarted = cluster.ctl("up")
+            assert restarted.returncode == 0, restarted.stdout + restarted.stderr
+            a.append_many([f"a{i}".encode() * 10 for i in range(30, 60)])
+            b.append_many([f"b{i}".encode() * 10 for i in range(20, 40)])
+            a.close()
+    finally:
+        cluster.ctl("down", "--timeout", "10")
+    yield folder / "data", ids
+
+
+@pytest.fixture
+def dirs(ledger_run, tmp_path: Path) -> dict[int, Path]:
+    copy = tmp_path / "data"
+    shutil.copytree(ledger_run[0], copy, ignore=shutil.ignore_patterns("clusterd.pid", "clusterd.log"))
+    return {n: copy / f"node{n}" for n in NODES}
+
+
+def run_verify(dirs: dict[int, Path]) -> Verdict:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return verify(parser.parse_args([str(d) for d in dirs.values()]))
+
+
+def failed(verdict: Verdict) -> set[str]:
+    return {c.name for c in verdict.checks if not c.passed}
+
+
+def rewrite_entry_logs(node_dir: Path, keep) -> None:  # noqa: ANN001 - (ledger, entry, data) -> data | None
+    """Rewrite every entry log of a bookie with the bookie's own codec: `keep` may drop or change entries."""
+    for path in sorted((node_dir / "bookie" / "entrylogs").glob("entrylog.*")):
+        buf = path.read_bytes()
+        found, _, _ = scan_entry_log(buf, FILE_HEADER_BYTES)
+        records = []
+        for ledger, entry, offset, _ in found:
+            _, _, data, _ = decode_entry_record(buf, offset)
+            data = keep(ledger, entry, data)
+            if data is not None:
+                records.append(encode_entry_record(ledger, entry, data))
+        path.write_bytes(encode_file_header(ENTRY_LOG_MAGIC, int(path.name.split(".")[1], 16)) + b"".join(records))
+
+
+def drop_journals(node_dir: Path) -> None:
+    """Entries live in the journal too until a checkpoint trims it: remove its ADDs' copies."""
+    for path in (node_dir / "bookie" / "journal").glob("journal.*"):
+        path.unlink()
+
+
+def test_a_real_run_with_a_bookie_sigkill_passes(spark, ledger_run):
+    folder, ids = ledger_run
+    verdict = run_verify({n: folder / f"node{n}" for n in NODES})
+    assert verdict.passed, verdict.to_json()
+    assert verdict.facts["ledgers"] == 2 and verdict.facts["closed"] == 1
+    # The closed ledger to its last entry, the open one to the highest LAC its entries carry (>= the first batch).
+    assert verdict.check(REPLICAS).checked >= 60 + 20
+
+
+def test_a_missing_replica_is_caught(spark, dirs, ledger_run):
+    closed = ledger_run[1]["closed"]
+    for n in (1, 2, 3):  # entry 7 of the closed ledger survives on no bookie of its write set but one
+        drop_journals(dirs[n])
+    rewrite_entry_logs(dirs[1], lambda ledger, entry, data: None if (ledger, entry) == (closed, 7) else data)
+    rewrite_entry_logs(dirs[2], lambda ledger, entry, data: None if (ledger, entry) == (closed, 7) else data)
+    rewrite_entry_logs(dirs[3], lambda ledger, entry, data: None if (ledger, entry) == (closed, 7) else data)
+    verdict = run_verify(dirs)
+    replicas = verdict.check(REPLICAS)
+    assert failed(verdict) == {REPLICAS}
+    assert replicas.violations == 1 and f"ledger {closed} entry 7: 0 valid copies" in replicas.examples[0]
+
+
+def test_a_bad_entry_digest_is_caught(spark, dirs, ledger_run):
+    closed = ledger_run[1]["closed"]
+
+    def flip(ledger, entry, data):  # noqa: ANN001, ANN202
+        if (ledger, entry) != (closed, 3):
+            return data
+        return data[:-1] + bytes([data[-1] ^ 0xFF])  # payload changed, record CRC recomputed: only the digest knows
+    for n in NODES:  # on every bookie of its write set, whichever they are
+        rewrite_entry_logs(dirs[n], flip)
+    verdict = run_verify(dirs)
+    digests = verdict.check(ENTRY_DIGESTS)
+    assert ENTRY_DIGESTS in failed(verdict) and f"ledger {closed} entry 3: digest mismatch" in digests.examples[0]
+
+
+def test_an_entry_past_a_closed_ledgers_end_is_caught(spark, dirs, ledger_run):
+    closed = ledger_run[1]["closed"]
+    path = sorted((dirs[1] / "bookie" / "entrylogs").glob("entrylog.*"))[-1]
+    # A well-formed entry 60 (valid CRC32C digest, as a writer that went on after the close would make).
+    data = Digester(DigestType.CRC32C, b"").package(closed, 60, 59, 99999, b"late")
+    path.write_bytes(path.read_bytes() + encode_entry_record(closed, 60, data))
+    verdict = run_verify(dirs)
+    assert failed(verdict) == {CLOSED}
+    assert f"ledger {closed}: closed at entry 59 but a bookie stores entry 60" in verdict.check(CLOSED).examples[0]
