@@ -33,6 +33,7 @@ from bench import bookie_storage, disk, logscan, machine
 from bench import ledger_load as workloads
 from bench.ledger_load import AppendRun, LatencyRun, Quorum, ReadRun, RecoveryRun
 from bench.quire import QuireCluster
+from clusterd import localcluster
 
 REPO = Path(__file__).resolve().parent.parent
 MIB = 1 << 20
@@ -174,6 +175,8 @@ class LedgerBench:
         facts = machine.facts(folder, REPO)
         facts["git"] = git_state(REPO)
         self.results = LedgerResults(sizes, quick, facts)
+        self.cluster: QuireCluster | None = None
+        self.dead: set[int] = set()  # nodes seen exited
 
     def run(self) -> LedgerResults:
         started = time.monotonic()
@@ -199,6 +202,7 @@ class LedgerBench:
             return None
 
     async def _astep(self, name: str, body: Callable[[], Awaitable[Any]]) -> Any:
+        self._check_nodes(name)
         self.progress(f"[{time.strftime('%H:%M:%S')}] ledger: {name} (load average {os.getloadavg()[0]:.2f}) ...")
         try:
             return await body()
@@ -230,10 +234,23 @@ class LedgerBench:
     def _cluster(self) -> None:
         with QuireCluster(self.folder / "cluster", client_protocol="zookeeper") as cluster:
             cluster.start()
-            trio.run(self._cluster_steps, cluster)
-            crashed = cluster.crashed()
-            if crashed:
-                self.results.failures.append(f"cluster: nodes exited during the part: {crashed}")
+            self.cluster = cluster
+            try:
+                trio.run(self._cluster_steps, cluster)
+            finally:
+                self._check_nodes("the end of the cluster part")
+
+    def _check_nodes(self, when: str) -> None:
+        """Record (once) every node that exited by itself, with the end of its log."""
+        if self.cluster is None:
+            return
+        for nid, proc in self.cluster.procs.items():
+            if proc.poll() is not None and nid not in self.dead:
+                self.dead.add(nid)
+                self.results.failures.append(
+                    f"node {nid} exited with status {proc.returncode} (seen before {when}); its log ends:\n"
+                    f"{localcluster.tail(self.cluster.log_path(nid))}")
+                self.progress(f"  NODE {nid} EXITED (status {proc.returncode})")
 
     async def _cluster_steps(self, cluster: QuireCluster) -> None:
         s, r = self.sizes, self.results

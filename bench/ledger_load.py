@@ -210,10 +210,12 @@ async def one_at_a_time(ledgers: LedgerClient, quorum: Quorum, size: int, count:
 
 async def bookie_round_trip(ledgers: LedgerClient, bookies: list[int], count: int, warmup: int) -> LatencyRun:
     """The floor under an append at low load: a 100 B ADD sent straight through the SDK's BookiePool to
-    `bookies` at once (encoded once, as the writer does), awaited on all of them, one at a time; no ledger
-    metadata, no writer."""
-    await ledgers.writable_bookies()  # the registered addresses into the pool
-    ledger_id = (1 << 40) + int.from_bytes(os.urandom(4), "big")  # no ledger's: ids come from the metastore
+    `bookies` at once (encoded once, as the writer does), awaited on all of them, one at a time; no writer.
+    The entries go to a real ledger, created and closed empty first (its metadata exists, so the bookies'
+    garbage collector keeps them; a made-up ledger id would be a bookie-side anomaly of its own)."""
+    empty = await ledgers.create(1, 1, 1, password=PASSWORD)
+    await empty.close()
+    ledger_id = empty.ledger_id
     key, digester = master_key(PASSWORD), Digester(DigestType.CRC32C, PASSWORD)
     payload = os.urandom(100)
     names = ", ".join(str(b) for b in bookies)
