@@ -17,7 +17,7 @@ from metastore.errors import BadVersion, NodeExists, NoNode
 from metastore.recipes import IdGenerator
 
 from ledger.errors import MetadataConflict, NoSuchLedger
-from ledger.metadata import LedgerMetadata, decode, encode, ledger_id_from_path, ledger_path
+from ledger.metadata import MAX_LEDGER_ID, LedgerMetadata, decode, encode, ledger_id_from_path, ledger_path
 
 DEFAULT_ROOT = "/quire/ledgers"
 DEFAULT_IDGEN = "/quire/idgen/ledgers"
@@ -85,6 +85,11 @@ class LedgerManager:
             raise MetadataConflict(f"ledger {ledger_id}: metadata changed since version {expected_version}") from None
 
     async def exists(self, ledger_id: int) -> bool:
+        """Whether the ledger's metadata exists now (sync, then read). An id outside the layout's
+        range can have no metadata: False, not an error (a bookie may hold entries a client sent
+        under such an id; its garbage collector asks)."""
+        if not 0 <= ledger_id <= MAX_LEDGER_ID:
+            return False
         return await self.meta.exists(ledger_path(self.root, ledger_id), linearizable=True) is not None
 
     async def list_ledgers(self) -> list[int]:

@@ -128,6 +128,7 @@ def test_manager_create_read_cas_list_delete(metastore: Cluster):
             await manager.delete(first.ledger_id)
             assert await manager.list_ledgers() == [second.ledger_id]
             assert not await manager.exists(first.ledger_id)
+            assert not await manager.exists(10**12)  # outside the layout: no metadata can exist
             with pytest.raises(NoSuchLedger):
                 await manager.read(first.ledger_id)
             with pytest.raises(NoSuchLedger):

@@ -20,6 +20,7 @@ import pytest
 import trio
 
 from bookie.client import BookiePool
+from bookie.entry import Digester, DigestType, master_key
 from bookie.errors import EntryCorrupt, NoSuchLedger
 from clusterd import localcluster
 from ledger.client import LedgerClient
@@ -116,7 +117,8 @@ def test_a_bookie_sigkilled_during_appends_costs_no_acknowledged_entry(cluster: 
 def test_a_deleted_ledger_is_collected_by_every_bookie_and_its_space_comes_back(cluster: Cluster):
     """Two ledgers on every bookie; one is deleted. Each bookie's collector sees it missing from
     two listings, confirms with an exists-check, deletes it and compacts its entry logs; the
-    other ledger is untouched."""
+    other ledger is untouched. Entries under an id outside the ledger layout are collected too
+    (they once made the exists-check raise and stopped the node)."""
     payload = bytes(range(256)) * 2
 
     async def scenario(client: LedgerClient):
@@ -126,12 +128,17 @@ def test_a_deleted_ledger_is_collected_by_every_bookie_and_its_space_comes_back(
             await w.append_many([payload] * 600)  # ~300 KB per bookie: several 64 KB entry logs
             await w.close()
         client.pool.update(cluster.config.bookie_addresses())
+        # An entry under an id no ledger can have (outside the 10-digit layout), sent by hand.
+        rogue = 10**12
+        await client.pool.client(1).add(rogue, 0, master_key(b"x"), Digester(DigestType.CRC32C, b"x").package(
+            rogue, 0, -1, 1, b"?"))
         await client.delete(doomed.ledger_id)
         with trio.fail_after(30):
-            for bookie in (1, 2, 3, 4):
+            for bookie, ledger_id in ((1, rogue), (1, doomed.ledger_id), (2, doomed.ledger_id),
+                                      (3, doomed.ledger_id), (4, doomed.ledger_id)):
                 while True:
                     try:
-                        await client.pool.client(bookie).read(doomed.ledger_id, 0)
+                        await client.pool.client(bookie).read(ledger_id, 0)
                     except NoSuchLedger:
                         break
                     await trio.sleep(0.1)
@@ -151,6 +158,7 @@ def test_a_deleted_ledger_is_collected_by_every_bookie_and_its_space_comes_back(
 WRITER = """
 import sys, trio
 from bookie.client import BookiePool
+from bookie.entry import Digester, DigestType, master_key
 from bookie.errors import EntryCorrupt, NoSuchLedger
 from ledger.client import LedgerClient
 from metastore.client import MetaClient
