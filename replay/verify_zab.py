@@ -86,8 +86,7 @@ def verify_with_context(args: argparse.Namespace, progress=None):  # noqa: ANN00
     say(f"decoded {records} records in {len(frames.segments)} segments")
     ctx = Context(spark, frames, voters, protocol, say)
     checks = run_checks(ctx)
-    frames.records.unpersist()
-    frames.snapshots.unpersist()
+    frames.unpersist()
     facts = {"nodes given": len(nodes), "protocol": protocol, "records": records,
              "spark startup s": round(spark_started, 2), **ctx.facts}
     return Verdict("zab", checks, facts, time.monotonic() - started), ctx
