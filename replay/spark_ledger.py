@@ -23,7 +23,7 @@ from pyspark.sql import functions as F
 
 from ledger.manager import DEFAULT_ROOT
 from ledger.metadata import LedgerMetadata
-from replay.spark_replay import _txns
+from replay.spark_replay import log_txns
 from replay.spark_source import NodeDir, SegmentFile
 from replay.verify_ledger_decode import DIGEST_BAD, entry_log_file, journal_file, ledgers_in
 from replay.verify_replay import replay, restore
@@ -42,7 +42,7 @@ def _final_tree_task(task: tuple[str | None, int, int, tuple[str, ...]]) -> tupl
     snapshot, start, end, segments = task
     state = read_snapshot(Path(snapshot))[1] if snapshot else None
     sm = restore("zookeeper", start, state)
-    outcome = replay(sm, start, end, _txns(segments), ())
+    outcome = replay(sm, start, end, log_txns(segments), ())
     found, broken = ledgers_in(sm.tree, DEFAULT_ROOT)
     return found, broken, outcome.error
 

@@ -76,7 +76,8 @@ def _segments_for(files: list[tuple[int, str]], start: int, end: int) -> tuple[s
     return tuple(chosen)
 
 
-def _txns(paths: tuple[str, ...]):  # noqa: ANN202 - a generator of Txn
+def log_txns(paths: tuple[str, ...]):  # noqa: ANN202 - a generator of Txn
+    """Every valid record of these segments, in order, as Txns (damaged ones are the Checksums check's)."""
     for path in paths:
         buf = Path(path).read_bytes()
         view = memoryview(buf)[SEGMENT_HEADER_BYTES:]
@@ -95,7 +96,7 @@ def run_task(task: ReplayTask) -> list[ReplayRow]:
         except SnapshotCorruptError as err:
             return [ReplayRow(task.node, source, task.start, None, str(err))]
     sm = restore(task.protocol, task.start, state)
-    outcome = replay(sm, task.start, task.end, _txns(task.segments), task.checkpoints)
+    outcome = replay(sm, task.start, task.end, log_txns(task.segments), task.checkpoints)
     rows = [ReplayRow(task.node, source, zxid, digest, "") for zxid, digest in outcome.digests]
     if outcome.error:
         rows.append(ReplayRow(task.node, source, outcome.last_zxid, None, outcome.error))

@@ -180,7 +180,11 @@ def iter_chunk(view: memoryview, base: int, end: int) -> Iterator[tuple[int, int
         try:
             txn, nxt = decode_record(view, pos)
         except CorruptRecordError as err:
-            length = _checked_length(view, pos)
+            try:
+                length = _checked_length(view, pos)
+            except RecordError:  # an impossible length: nothing after it can be found
+                yield base + pos, 0, err
+                return
             yield base + pos, length, err
             pos += RECORD_HEADER_BYTES + length
             continue
