@@ -77,7 +77,7 @@ def render(rows: list[dict], masters: list[str], command: str) -> str:
              f"Command: `{command}`; {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}; "
              f"{os.cpu_count()} CPUs ({machine.cpu_model()}), {machine.mem_total_gib():.1f} GiB RAM.", "",
              "Synthetic logs of a converged 3-node metastore ensemble (bench/verify_data.py: the project's "
-             "own txn log writer, 2 epochs, a snapshot every 500,000 txns, setData on 1000 znodes); every "
+             "own txn log writer, 2 epochs, a snapshot every 50,000 txns as cluster.toml's default, setData on 1000 znodes); every "
              "record is decoded (CRC, order, metastore type and path, body digest), every check runs, and "
              "every node's log is replayed through MetastoreStateMachine from each snapshot. Rates exclude "
              "the JVM startup (shown apart); `busy` is the machine's CPU use just before the run (shared machine).",

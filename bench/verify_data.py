@@ -37,7 +37,7 @@ def _body(sm: MetastoreStateMachine, i: int) -> Create | SetData:
     return SetData(path, i.to_bytes(8, "big") * 4, sm.tree.node(path).version + 1)
 
 
-def generate(folder: Path, records: int, *, nodes: int = 3, epochs: int = 2, snapshot_every: int = 500_000) -> list[Path]:
+def generate(folder: Path, records: int, *, nodes: int = 3, epochs: int = 2, snapshot_every: int = 50_000) -> list[Path]:
     """Data directories node1..node<nodes> holding `records` log records in all; reused if present."""
     folder = Path(folder)
     dirs = [folder / f"node{n}" for n in range(1, nodes + 1)]
