@@ -78,7 +78,7 @@ def render(rows: list[dict], masters: list[str], command: str) -> str:
              f"{os.cpu_count()} CPUs ({machine.cpu_model()}), {machine.mem_total_gib():.1f} GiB RAM.", "",
              "Synthetic logs of a converged 3-node metastore ensemble (bench/verify_data.py: the project's "
              "own txn log writer, 2 epochs, a snapshot every 50,000 txns as cluster.toml's default, setData on 1000 znodes); every "
-             "record is decoded (CRC, order, metastore type and path, body digest), every check runs, and "
+             "record is decoded (CRC, order, body digest; not the metastore type and path, which no check uses), every check runs, and "
              "every node's log is replayed through MetastoreStateMachine from each snapshot. Rates exclude "
              "the JVM startup (shown apart); `busy` is the machine's CPU use just before the run (shared machine).",
              "", "| records (3 nodes) | plain scan | " + " | ".join(f"Spark {m}" for m in masters)
