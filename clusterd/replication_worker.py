@@ -33,6 +33,7 @@ import json
 import logging
 import random
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 import trio
@@ -163,15 +164,14 @@ class ReplicationWorker:
         except Paused:
             return 0
         except Waiting as w:
-            await self._note(meta, task, version, lambda t: ReplicationTask(
-                t.ledger_id, t.lost, t.since_ms, t.damaged, t.attempts, "the last fragment is its writer's until "
-                "the open-ledger grace period ends", w.until_ms, t.extra))
+            note = "the last fragment is its writer's until the open-ledger grace period ends"
+            await self._note(meta, version, replace(task, error=note, next_attempt_ms=w.until_ms))
             return 0
         except (LedgerError, BookieError) as e:
             self.stats["failures"] += 1
             log.warning("event=replication_failed ledger=%s error=%s: %s", ledger_id, type(e).__name__, e)
-            await self._note(meta, task, version, lambda t: t.failed(
-                f"{type(e).__name__}: {e}", wall_ms(), self.config.retry_min_ms, self.config.retry_max_ms))
+            await self._note(meta, version, task.failed(f"{type(e).__name__}: {e}", wall_ms(),
+                                                        self.config.retry_min_ms, self.config.retry_max_ms))
             return 0
         try:
             await meta.delete(task_path(ledger_id), version=version)
@@ -184,9 +184,10 @@ class ReplicationWorker:
                     sorted(task.damaged))
         return 1
 
-    async def _note(self, meta: MetaClient, task: ReplicationTask, version: int, change: Any) -> None:
+    async def _note(self, meta: MetaClient, version: int, task: ReplicationTask) -> None:
+        """Write back a task that stays (waiting or failed), if nobody changed it since `version`."""
         try:
-            await meta.set(task_path(task.ledger_id), change(task).to_json(), version=version)
+            await meta.set(task_path(task.ledger_id), task.to_json(), version=version)
         except (BadVersion, NoNode):
             pass  # widened (new work: tried again at once) or deleted meanwhile
 
