@@ -92,10 +92,24 @@ def run(config: ClusterConfig, *, writes: int, clients: int, kill: str, ledger_e
     demo = Demo(_fresh_copy(config))
     demo.say(f"demo cluster: {len(demo.nodes)} nodes, data and logs in {demo.config.path.parent}")
     try:
-        return trio.run(_main, demo, writes, clients, kill, ledger_entries)
+        status = trio.run(_main, demo, writes, clients, kill, ledger_entries)
     finally:
         demo.stop_all()
         demo.say("cluster stopped")
+    return _verify_on_spark(demo) or status
+
+
+def _verify_on_spark(demo: Demo) -> int:
+    """The Spark verifiers (docs/verify.md) over the data the demo's nodes left: 0 if both pass."""
+    worst = 0
+    for target in ("zab", "ledgers"):
+        demo.say(f"clusterctl verify {target}: checking every node's files on Spark (local mode)")
+        done = subprocess.run([sys.executable, "-m", "clusterd.ctl", "--config", str(demo.config.path),
+                               "verify", target], stdin=subprocess.DEVNULL)
+        demo.say(f"verify {target}: " + ("every check passed" if done.returncode == 0
+                                         else f"FAILED (exit status {done.returncode})"))
+        worst = max(worst, done.returncode)
+    return worst
 
 
 def _refuse_if_running(config: ClusterConfig) -> None:
