@@ -19,6 +19,8 @@ from pathlib import Path
 
 from bench import ledger, ledger_report, machine, report
 from bench.suite import FULL, PARTS, QUICK, QUIET_BUSY_MAX, Suite
+from bench.verify import VERIFY_END, VERIFY_START
+from bench.verify import write_section as write_verify_section
 
 ALL_PARTS = PARTS + ("ledger",)
 LEDGER_QUIET_WAIT_S = 30.0  # before the ledger part when it runs alone (the suite waits on its own)
@@ -51,7 +53,10 @@ def main(argv: list[str] | None = None) -> int:
             section = ledger_report.render(ledger_results)
         if results is not None:
             section = section or ledger_report.existing_section(output)
+            verify_block = _existing_verify_section(output)
             output.write_text(report.render(results, report.existing_analysis(output), section))
+            if verify_block:  # bench.verify's own section survives a full regeneration
+                write_verify_section(output, verify_block)
         else:
             output.write_text(report.ledger_only(output, section))
         print(f"bench: wrote {output}")
@@ -80,5 +85,13 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _existing_verify_section(output: Path) -> str | None:
+    text = output.read_text() if output.exists() else ""
+    if VERIFY_START not in text or VERIFY_END not in text:
+        return None
+    return VERIFY_START + text.split(VERIFY_START, 1)[1].split(VERIFY_END, 1)[0] + VERIFY_END
+
+
 if __name__ == "__main__":
     sys.exit(main())
+
