@@ -68,8 +68,10 @@ def facts(data_dir: Path, repo: Path) -> dict[str, str]:
 def _git_state(repo: Path) -> str:
     """HEAD, and the server files that differ from it (other people edit the tree while we measure)."""
     head = _run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"])
-    dirty = _run(["git", "-C", str(repo), "status", "--porcelain", "--", "zab", "clusterd", "metastore", "cluster.toml"])
-    return head + (f" plus uncommitted changes to {', '.join(line[3:] for line in dirty.splitlines())}"
+    dirty = _run(["git", "-C", str(repo), "status", "--porcelain", "--", "zab", "clusterd", "metastore", "bookie", "ledger",
+                  "replay", "cluster.toml"])
+    # Split, not slice: the output arrives stripped, so the first line lost its leading status space.
+    return head + (f" plus uncommitted changes to {', '.join(line.split(maxsplit=1)[1] for line in dirty.splitlines())}"
                    if dirty else "")
 
 
