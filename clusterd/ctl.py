@@ -81,6 +81,8 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--clients", type=int, default=4, help="concurrent clients (default 4)")
     demo.add_argument("--ledger-entries", type=int, default=5000,
                       help="entries the ledger part appends with a tailing reader (default 5000)")
+    demo.add_argument("--no-verify", action="store_true",
+                      help="skip the Spark verifiers at the end (they need Java and take a minute)")
     demo.add_argument("--kill", choices=("leader", "follower", "all"), default="leader",
                       help="what to SIGKILL a third of the way in (default: leader)")
     return parser
@@ -155,7 +157,7 @@ def cmd_get(config: ClusterConfig, args: argparse.Namespace) -> int:
 
 def cmd_demo(config: ClusterConfig, args: argparse.Namespace) -> int:
     return demo.run(config, writes=args.writes, clients=args.clients, kill=args.kill,
-                    ledger_entries=args.ledger_entries)
+                    ledger_entries=args.ledger_entries, verify=not args.no_verify)
 
 
 if __name__ == "__main__":
