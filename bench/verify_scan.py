@@ -2,7 +2,8 @@
 
 The same per-record work as `replay.verify_zab` (the same pure decoders of
 replay.verify_decode: CRC, order, metastore type/path, body digest; the same
-replay tasks of replay.spark_replay run one after another), in one Python process
+replay tasks of replay.spark_replay run one after another, each starting at the chunk
+that holds its first zxid as the verifier's do), in one Python process
 with dicts instead of Spark: Checksums, Agreement, TotalOrder (one predecessor
 per zxid), EpochOrder, C (highest zxid on a majority) and Replay. It skips the
 committed-history checks (cheap next to decoding and replay). Prints one JSON line.
@@ -29,20 +30,25 @@ def scan(dirs: list[str]) -> dict:
     counts = {"records": 0, "bad": 0, "misordered": 0, "differing": 0, "forks": 0}
     segments: dict[int, list[tuple[int, str]]] = {}
     tops: dict[int, int] = {}
+    chunk_starts: dict[str, tuple[int, ...]] = {}
     for n in nodes:
         for path in sorted((Path(n.path) / TXNLOG_DIR).glob("log.*")):
             buf = path.read_bytes()
-            layout = walk_segment(buf, chunk_records=1 << 62)
+            layout = walk_segment(buf)  # chunked as the verifier's, for the replays' starting points
             segments.setdefault(n.node, []).append((layout.first_zxid, str(path)))
+            chunk_starts[str(path)] = tuple(c.start for c in layout.chunks)
+            prev = layout.prev_zxid
             for chunk in layout.chunks:
-                cols = decode_chunk(memoryview(buf)[chunk.start:chunk.end], chunk.start, chunk.end, layout.prev_zxid,
+                cols = decode_chunk(memoryview(buf)[chunk.start:chunk.end], chunk.start, chunk.end, prev,
                                     with_txn=False)  # as the verifier: its checks do not use type and path
                 _tally(cols, seen, counts)
+                last_ok = bool(cols.zxids) and (not cols.bad_offsets or cols.offsets[-1] > cols.bad_offsets[-1])
+                prev = cols.zxids[-1] if last_ok else None
                 if cols.zxids:
                     tops[n.node] = max(tops.get(n.node, 0), cols.zxids[-1])
     majority = len(nodes) // 2 + 1
     c = max((z for z, (_, _, k) in seen.items() if k >= majority), default=0)
-    digests = _replay(nodes, segments, tops, c)
+    digests = _replay(nodes, segments, tops, c, chunk_starts)
     differing = sum(1 for d in digests.values() if len(set(d)) > 1)
     return {**counts, "zxids": len(seen), "c": c, "replay_digest_mismatches": differing,
             "replayed_checkpoints": len(digests), "seconds": time.monotonic() - started}
@@ -62,7 +68,8 @@ def _tally(cols, seen: dict, counts: dict) -> None:  # noqa: ANN001 - ChunkColum
         seen[zxid] = (known[0], known[1], known[2] + 1)
 
 
-def _replay(nodes, segments: dict, tops: dict, c: int) -> dict[int, list[str]]:  # noqa: ANN001
+def _replay(nodes, segments: dict, tops: dict, c: int,  # noqa: ANN001
+            chunk_starts: dict[str, tuple[int, ...]]) -> dict[int, list[str]]:
     snaps: dict[int, list[int]] = {}
     paths: dict[tuple[int, int], str] = {}
     digests: dict[int, list[str]] = {}
@@ -76,7 +83,7 @@ def _replay(nodes, segments: dict, tops: dict, c: int) -> dict[int, list[str]]: 
                 digests.setdefault(zxid, []).append(info.digest)
     checkpoints = {z for zs in snaps.values() for z in zs} | set(tops.values()) | {c}
     bases = {n.node: 0 for n in nodes}
-    for task in plan_replays(segments, snaps, paths, bases, tops, checkpoints, ZOOKEEPER):
+    for task in plan_replays(segments, snaps, paths, bases, tops, checkpoints, ZOOKEEPER, chunk_starts):
         for row in run_task(task):
             if row.digest is not None:
                 digests.setdefault(row.zxid, []).append(row.digest)

@@ -37,12 +37,16 @@ _ENTRY_SCHEMA = ("bookie int, source string, file string, ledger bigint, entry b
 _FILES = {"journal": re.compile(r"journal\.[0-9a-f]{16}"), "entrylogs": re.compile(r"entrylog\.[0-9a-f]{16}")}
 
 
-def _final_tree_task(task: tuple[str | None, int, int, tuple[str, ...]]) -> tuple[list, list[str], str]:
-    """Replay one node to `end`; the ledgers under DEFAULT_ROOT (as metadata), broken znodes, error."""
-    snapshot, start, end, segments = task
+def _final_tree_task(task: tuple) -> tuple[list, list[str], str]:
+    """Replay one node to `end`; the ledgers under DEFAULT_ROOT (as metadata), broken znodes, error.
+
+    `task` is (snapshot path or None, its zxid, end, segment paths, their chunk starts):
+    the segments are read from the chunk holding the first zxid after the snapshot.
+    """
+    snapshot, start, end, segments, chunk_starts = task
     state = read_snapshot(Path(snapshot))[1] if snapshot else None
     sm = restore("zookeeper", start, state)
-    outcome = replay(sm, start, end, log_txns(segments), ())
+    outcome = replay(sm, start, end, log_txns(segments, start, chunk_starts), ())
     found, broken = ledgers_in(sm.tree, DEFAULT_ROOT)
     return found, broken, outcome.error
 
@@ -56,8 +60,10 @@ def final_metadata(spark: SparkSession, segments: list[SegmentFile], snapshots: 
               and (bases.get(node) is None or bases[node] <= r.zxid)]
     newest = max(usable, key=lambda r: r.zxid, default=None)
     files = tuple(s.path for s in segments if s.node == node)
+    chunk_starts = tuple(tuple(c.start for c in s.layout.chunks) if s.layout else ()
+                         for s in segments if s.node == node)
     snapshot_path = str(Path(files[0]).parent.parent / "snapshots" / newest.file) if newest and files else None
-    task = (snapshot_path, newest.zxid if newest else 0, end, files)
+    task = (snapshot_path, newest.zxid if newest else 0, end, files, chunk_starts)
     found, broken, error = spark.sparkContext.parallelize([task], 1).map(_final_tree_task).first()
     return found, broken, error and f"node {node}: replay to {Z.fmt(end)} failed: {error}"
 

@@ -4,18 +4,25 @@ state machine, and reports the tree digest at every checkpoint zxid it passes.
 
 Tasks run in parallel (nodes x snapshots); each reads its node's segments again with
 the same decoder as the records reader (replay.verify_decode), since the records
-DataFrame keeps a digest of each body, not the body.
+DataFrame keeps a digest of each body, not the body. A task does not decode its
+segments from their beginning: it starts at the chunk (replay.verify_decode.Chunk,
+known from the records reader's walk) that holds its first zxid, found by reading
+one record at each chunk start, so that a log with frequent snapshots is decoded
+about once in all, not once per snapshot.
 """
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from pyspark.sql import SparkSession
 
-from replay.verify_decode import iter_chunk
+from replay.verify_decode import iter_chunk, zxid_before
 from replay.verify_replay import replay, restore
+from zab.record import MAX_RECORD_BYTES, RECORD_HEADER_BYTES, checked_length
 from zab.snapshot import read_snapshot
 from zab.storage_errors import RecordError, SnapshotCorruptError
 from zab.txnlog import SEGMENT_HEADER_BYTES
@@ -32,6 +39,8 @@ class ReplayTask:
     segments: tuple[str, ...]
     checkpoints: tuple[int, ...]
     protocol: str
+    # Per segment (same order), the file offsets where its chunks start; empty: decode from the header.
+    chunk_starts: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,10 +56,13 @@ class ReplayRow:
 
 def plan_replays(segments: dict[int, list[tuple[int, str]]], snapshots: dict[int, list[int]],
                  snapshot_paths: dict[tuple[int, int], str], bases: dict[int, int | None], tops: dict[int, int],
-                 checkpoints: set[int], protocol: str) -> list[ReplayTask]:
+                 checkpoints: set[int], protocol: str,
+                 chunk_starts: dict[str, tuple[int, ...]] | None = None) -> list[ReplayTask]:
     """One task per start of each node: every valid snapshot its log continues, and the
     empty state when its log reaches back to zxid 0; each ends at the node's next start
-    or at its highest committed zxid (`tops`)."""
+    or at its highest committed zxid (`tops`). `chunk_starts` (segment path -> its
+    chunks' start offsets) lets each task skip the chunks before its first zxid."""
+    starts_of = chunk_starts or {}
     tasks = []
     for node, top in tops.items():
         base = bases.get(node)
@@ -62,7 +74,8 @@ def plan_replays(segments: dict[int, list[tuple[int, str]]], snapshots: dict[int
             end = min(starts[i + 1], top) if i + 1 < len(starts) else top
             files = _segments_for(segments.get(node, []), start, end)
             tasks.append(ReplayTask(node, start, snapshot_paths.get((node, start)), end, files,
-                                    tuple(sorted(k for k in checkpoints if start < k <= end)), protocol))
+                                    tuple(sorted(k for k in checkpoints if start < k <= end)), protocol,
+                                    tuple(starts_of.get(f, ()) for f in files) if starts_of else ()))
     return tasks
 
 
@@ -76,14 +89,66 @@ def _segments_for(files: list[tuple[int, str]], start: int, end: int) -> tuple[s
     return tuple(chosen)
 
 
-def log_txns(paths: tuple[str, ...]):  # noqa: ANN202 - a generator of Txn
-    """Every valid record of these segments, in order, as Txns (damaged ones are the Checksums check's)."""
-    for path in paths:
-        buf = Path(path).read_bytes()
-        view = memoryview(buf)[SEGMENT_HEADER_BYTES:]
-        for _, _, item in iter_chunk(view, SEGMENT_HEADER_BYTES, len(buf)):
+def log_txns(paths: tuple[str, ...], after: int | None = None,
+             chunk_starts: tuple[tuple[int, ...], ...] = ()):  # noqa: ANN202 - a generator of Txn
+    """Every valid record of these segments, in order, as Txns (damaged ones are the Checksums check's).
+
+    With `after` and each segment's `chunk_starts`, a segment is read from the last
+    chunk whose first record's zxid is at most after + 1 (the records before it,
+    in a log whose zxids increase, are all at or below `after`; a log where they
+    do not is the EpochOrder check's). With `after`, the records up to the first
+    whose zxid field is above it are then passed by their lengths alone, undecoded:
+    a replay from `after` ignores them (valid ones are at or below it, damaged ones
+    are never applied).
+    """
+    for i, path in enumerate(paths):
+        with open(path, "rb") as file:
+            offset = SEGMENT_HEADER_BYTES
+            if after is not None and i < len(chunk_starts):
+                offset = _first_chunk(file, chunk_starts[i], after, offset)
+            file.seek(offset)
+            buf = file.read()
+        view = memoryview(buf)
+        skip = _past(view, after) if after is not None else 0
+        for _, _, item in iter_chunk(view[skip:], offset + skip, offset + len(buf)):
             if not isinstance(item, RecordError):  # damaged records are the Checksums check's
                 yield item
+
+
+_ZXID = struct.Struct(">Q")  # a record body's first field
+
+
+def _past(view: memoryview, after: int) -> int:
+    """The position in `view` (at a record boundary) of the first record whose zxid field is above `after`."""
+    pos = 0
+    while pos < len(view):
+        try:
+            length = checked_length(view, pos)
+        except RecordError:  # iter_chunk reports it (and stops) from here
+            break
+        if _ZXID.unpack_from(view, pos + RECORD_HEADER_BYTES)[0] > after:
+            break
+        pos += RECORD_HEADER_BYTES + length
+    return pos
+
+
+def _first_chunk(file: BinaryIO, starts: tuple[int, ...], after: int, offset: int) -> int:
+    """The start of the last chunk (of `starts`, in file order) whose first zxid is <= after + 1."""
+    for start in starts:
+        file.seek(start)
+        head = file.read(RECORD_HEADER_BYTES)
+        if len(head) < RECORD_HEADER_BYTES:
+            break
+        length = int.from_bytes(head[:4], "big")
+        if length > MAX_RECORD_BYTES:
+            break
+        zxid = zxid_before(memoryview(head + file.read(length)), 0)
+        if zxid is None:  # damaged: its place in the order is unknown, so go no further
+            break
+        if zxid > after + 1:
+            break
+        offset = start
+    return offset
 
 
 def run_task(task: ReplayTask) -> list[ReplayRow]:
@@ -96,7 +161,8 @@ def run_task(task: ReplayTask) -> list[ReplayRow]:
         except SnapshotCorruptError as err:
             return [ReplayRow(task.node, source, task.start, None, str(err))]
     sm = restore(task.protocol, task.start, state)
-    outcome = replay(sm, task.start, task.end, log_txns(task.segments), task.checkpoints)
+    txns = log_txns(task.segments, task.start, task.chunk_starts)
+    outcome = replay(sm, task.start, task.end, txns, task.checkpoints)
     rows = [ReplayRow(task.node, source, zxid, digest, "") for zxid, digest in outcome.digests]
     if outcome.error:
         rows.append(ReplayRow(task.node, source, outcome.last_zxid, None, outcome.error))

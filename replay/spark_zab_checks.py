@@ -50,6 +50,7 @@ class Context:
     facts: dict[str, object] = field(default_factory=dict)
     node_stats: dict = field(default_factory=dict)
     snapshot_rows: list = field(default_factory=list)
+    records: int = 0  # rows of `records` (valid, damaged, walk stops), counted by the per-file job
 
     @property
     def majority(self) -> int:
@@ -71,6 +72,7 @@ def run_checks(ctx: Context) -> list[CheckResult]:
         F.min("prev_zxid").alias("p_min"), F.max("prev_zxid").alias("p_max")).persist()
     ctx.progress("aggregating per file and per zxid")
     files = _per_file(ctx)
+    ctx.records = sum(f.rows or 0 for f in files)
     zsum = ctx.per_zxid.agg(
         F.count("*").alias("zxids"), F.sum((F.col("h_min") != F.col("h_max")).cast("long")).alias("differing"),
         F.sum((F.col("p_min") != F.col("p_max")).cast("long")).alias("forks"),
@@ -351,7 +353,8 @@ def check_replay(ctx: Context) -> CheckResult:
     by_node: dict[int, list[int]] = {}
     for r in snaps:
         by_node.setdefault(r.node, []).append(r.zxid)
-    tasks = plan_replays(segments, by_node, paths, ctx.bases, ctx.tops, checkpoints, ctx.protocol)
+    chunk_starts = {s.path: tuple(c.start for c in s.layout.chunks) for s in ctx.frames.segments}
+    tasks = plan_replays(segments, by_node, paths, ctx.bases, ctx.tops, checkpoints, ctx.protocol, chunk_starts)
     rows = run_replays(ctx.spark, tasks)
     digests: dict[int, list[tuple[str, str]]] = {}
     for r in snaps:

@@ -25,7 +25,7 @@ from metastore.errors import DecodeError
 from metastore.txn import (CloseSession, Create, CreateSession, Delete, Error, Multi, SetACL, SetData,
                            decode_txn)
 from zab import zxid as Z
-from zab.record import RECORD_HEADER_BYTES, _checked_length, decode_record
+from zab.record import RECORD_HEADER_BYTES, checked_length, decode_record
 from zab.storage_errors import CorruptRecordError, RecordError, TornRecordError
 from zab.txnlog import SEGMENT_HEADER_BYTES, UNKNOWN_PREV_ZXID, decode_segment_header
 
@@ -93,7 +93,7 @@ def walk_segment(buf: bytes | memoryview, chunk_records: int = DEFAULT_CHUNK_REC
     while pos < len(view):
         try:
             # The framing rule of zab.record.decode_record itself (lengths only): one parser.
-            length = _checked_length(view, pos)
+            length = checked_length(view, pos)
         except RecordError as err:
             stop = (pos, str(err.reason), str(err))
             break
@@ -181,7 +181,7 @@ def iter_chunk(view: memoryview, base: int, end: int) -> Iterator[tuple[int, int
             txn, nxt = decode_record(view, pos)
         except CorruptRecordError as err:
             try:
-                length = _checked_length(view, pos)
+                length = checked_length(view, pos)
             except RecordError:  # an impossible length: nothing after it can be found
                 yield base + pos, 0, err
                 return

@@ -290,3 +290,25 @@ def test_command_line_json_and_exit_status(spark, dirs, capsys):
     table = capsys.readouterr().out
     assert "EpochOrder                    FAIL" in table and "verdict: FAIL" in table
     assert verify_main([str(dirs[1].parent)]) == 2  # not a node directory: refused before Spark
+
+
+def test_a_replay_starts_at_the_chunk_holding_its_first_zxid_and_reads_the_same_txns(tmp_path):
+    from replay.spark_replay import log_txns
+    from replay.verify_decode import walk_segment
+    first = Z.make(1, 1)
+    segment = tmp_path / segment_name(first)
+    segment.write_bytes(encode_segment_header(first, 0) + b"".join(
+        encode_record(Txn(zxid=Z.make(1, i), session_id=1, cxid=i, data=b"x" * i)) for i in range(1, 101)))
+    starts = tuple(c.start for c in walk_segment(segment.read_bytes(), chunk_records=7).chunks)
+    assert len(starts) == 15
+    for after in (0, first, Z.make(1, 6), Z.make(1, 7), Z.make(1, 50), Z.make(1, 100), Z.make(2, 0)):
+        whole = [t.zxid for t in log_txns((str(segment),)) if t.zxid > after]
+        assert [t.zxid for t in log_txns((str(segment),), after, (starts,)) if t.zxid > after] == whole
+    # Nothing at or below `after` is decoded: a record damaged there is never reached (its CRC
+    # is not checked), and the first txn is the one after `after`.
+    raw = bytearray(segment.read_bytes())
+    raw[starts[2] - 5] ^= 0xFF  # inside the last record of the second chunk
+    segment.write_bytes(bytes(raw))
+    assert next(log_txns((str(segment),), Z.make(1, 50), (starts,))).zxid == Z.make(1, 51)
+    assert next(log_txns((str(segment),), Z.make(1, 10))).zxid == Z.make(1, 11)
+    assert Z.make(1, 14) not in [t.zxid for t in log_txns((str(segment),), Z.make(1, 13))]  # damaged: dropped

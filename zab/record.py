@@ -96,7 +96,7 @@ def decode_record(buf: Buffer, offset: int = 0) -> tuple[Txn, int]:
     if not 0 <= offset <= len(buf):
         raise ValueError(f"offset {offset} outside buffer of {len(buf)} bytes")
     view = memoryview(buf)
-    length = _checked_length(view, offset)
+    length = checked_length(view, offset)
     body_start = offset + RECORD_HEADER_BYTES
     body = view[body_start : body_start + length]
     (expected_crc,) = struct.unpack_from(">I", view, offset + 4)
@@ -107,8 +107,12 @@ def decode_record(buf: Buffer, offset: int = 0) -> tuple[Txn, int]:
     return txn, body_start + length
 
 
-def _checked_length(view: memoryview, offset: int) -> int:
-    """The record's body length, once it is known to be plausible and present."""
+def checked_length(view: memoryview, offset: int) -> int:
+    """The body length of the record at `offset`, once it is known to be plausible and present.
+
+    The framing rule of decode_record without the checksum (the verifiers walk record
+    lengths with it); raises TornRecordError or CorruptRecordError as decode_record does.
+    """
     available = len(view) - offset
     if available < RECORD_HEADER_BYTES:
         raise TornRecordError(f"record at offset {offset}: only {available} of 8 header bytes", offset=offset)
