@@ -14,9 +14,9 @@ import argparse
 import sys
 import time
 
-from replay.verify_decode import VerifyInputError
-from replay.verify_report import CheckResult, Verdict, render_table
-from replay.verify_zab import EXIT_FAILED, EXIT_OK, EXIT_USAGE, add_arguments, progress_printer, verify_with_context
+from replay.verify_report import CheckResult, Verdict
+from replay import verify_zab
+from replay.verify_zab import add_arguments, verify_with_context
 
 ZAB_LOG, METADATA = "ZabLog", "LedgerMetadata"
 
@@ -50,14 +50,8 @@ def verify(args: argparse.Namespace, progress=None) -> Verdict:  # noqa: ANN001 
 
 
 def run(args: argparse.Namespace) -> int:
-    """Verify, print, and return the exit status."""
-    try:
-        verdict = verify(args, progress_printer())
-    except VerifyInputError as err:
-        print(f"verify: {err}", file=sys.stderr)
-        return EXIT_USAGE
-    print(verdict.to_json() if args.json else render_table(verdict))
-    return EXIT_OK if verdict.passed else EXIT_FAILED
+    """Verify, print, and return the exit status (verify_zab.run's printing and exit codes)."""
+    return verify_zab.run(args, verify)
 
 
 def main(argv: list[str] | None = None) -> int:

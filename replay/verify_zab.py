@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from replay.verify_decode import DEFAULT_CHUNK_RECORDS, VerifyInputError, txn_type_and_path
@@ -101,10 +102,11 @@ def progress_printer(started: float | None = None):  # noqa: ANN201 - a callable
     return say
 
 
-def run(args: argparse.Namespace) -> int:
-    """Verify, print, and return the exit status."""
+def run(args: argparse.Namespace, verifier: Callable[..., Verdict] | None = None) -> int:
+    """Verify (with `verifier`, this module's `verify` by default), print, and return the exit status.
+    The ledger verifier's command runs through here too."""
     try:
-        verdict = verify(args, progress_printer())
+        verdict = (verifier or verify)(args, progress_printer())
     except VerifyInputError as err:
         print(f"verify: {err}", file=sys.stderr)
         return EXIT_USAGE
