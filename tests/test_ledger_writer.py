@@ -273,12 +273,45 @@ def test_an_overloaded_bookie_is_asked_again_not_replaced():
     assert w.change is None and w.ensemble_changes == 0
 
 
-def test_explicit_lacs_are_sent_at_most_once_per_tick():
+def test_a_quiet_writers_explicit_lac_goes_out_with_the_ack_not_a_tick_later():
+    """Appends awaited one at a time (a tailing reader's writer): every acknowledgement that leaves the
+    writer quiet carries the explicit LAC in the same step, with no Tick in between; ticks send nothing."""
     w = Writer(metadata(), 0, DIGESTER)
+    for entry_id in range(3):
+        w.append(b"x")
+        assert w.step(A.AddAcked(1, entry_id)) == []
+        out = w.step(A.AddAcked(2, entry_id))
+        assert out[0] == A.Acknowledge((entry_id,))
+        assert of(out, A.SendLac) == [A.SendLac(b, entry_id) for b in (1, 2, 3)]
+        assert w.lac_sent == entry_id
+    assert w.step(A.AddAcked(3, 2)) == []   # a late ack: nothing new to tell
+    assert w.step(A.Tick()) == [] and w.step(A.Tick()) == []
+
+
+def test_no_explicit_lac_while_appends_are_outstanding_and_never_more_rounds_than_appends():
+    """Pipelined: the LAC rides on the next add while the writer is busy; one explicit round once it
+    drains. However acks arrive, LAC rounds never outnumber appends."""
+    w = Writer(metadata(), 0, DIGESTER)
+    for p in (b"a", b"b", b"c"):
+        w.append(p)
+    rounds = 0
+    for entry_id in range(3):
+        w.step(A.AddAcked(1, entry_id))
+        out = w.step(A.AddAcked(2, entry_id))
+        assert of(out, A.Acknowledge) == [A.Acknowledge((entry_id,))]
+        rounds += bool(of(out, A.SendLac))
+        if entry_id < 2:
+            assert of(out, A.SendLac) == []  # entries still outstanding
+    assert rounds == 1 and of(out, A.SendLac) == [A.SendLac(b, 2) for b in (1, 2, 3)]
+    _, out = w.append(b"d")
+    assert parse_header(out[0].data).lac == 2  # piggybacked as before
+    for b in (1, 2, 3):
+        rounds += bool(of(w.step(A.AddAcked(b, 3)), A.SendLac))
+    assert rounds == 2 <= w.next_entry
+
+
+def test_no_explicit_lac_when_disabled():
+    w = Writer(metadata(), 0, DIGESTER, explicit_lac=False)
     w.append(b"a")
     w.step(A.AddAcked(1, 0))
-    assert len(of(w.step(A.AddAcked(2, 0)), A.SendLac)) == 3
-    w.append(b"b")
-    w.step(A.AddAcked(1, 1))
-    assert of(w.step(A.AddAcked(2, 1)), A.SendLac) == []     # same tick: deferred
-    assert of(w.step(A.Tick()), A.SendLac) == [A.SendLac(b, 1) for b in (1, 2, 3)]
+    assert of(w.step(A.AddAcked(2, 0)), A.SendLac) == [] and w.step(A.Tick()) == []
