@@ -263,25 +263,35 @@ class ReadHandle:
 
     async def wait_entries(self, from_entry: int, max_entries: int = TAIL_BATCH) -> list[Entry]:
         """The next confirmed entries from `from_entry` on, waiting (one long poll) if there are none yet.
-        An empty list means nothing new within the long-poll timeout (or the closed ledger ended)."""
+        An empty list means nothing new within the long-poll timeout (or the closed ledger ended).
+
+        When the long poll's answer carries entry `from_entry` (the bookie sends the entry after the
+        LAC it was told, when it stores it), that entry alone is returned, digest-verified by the
+        poll, without a read round trip; the next call reads whatever else the new LAC confirms."""
         bound = self.lac
         if from_entry > bound and not self.is_closed:
-            await self._long_poll(from_entry)
+            entry = await self._long_poll(from_entry)
+            if entry is not None:
+                return [entry]
             bound = self.lac
         if from_entry > bound:
             return []
         return await self.read(from_entry, min(bound, from_entry + max_entries - 1))
 
-    async def _long_poll(self, entry_id: int) -> None:
+    async def _long_poll(self, entry_id: int) -> Entry | None:
+        """One long poll for entry `entry_id`; raises the LAC. Returns the entry if the answer carried
+        it and the LAC confirms it, else None (read it, or poll again)."""
         previous = self.lac
         op = LongPollOp(self.metadata, entry_id, previous, self._digester, first_replica=entry_id)
         ((result, error),) = await self._run([op], self._driver())
         if error is None and result[0] > self.lac:
-            self.lac = result[0]
-            return
+            lac, entry = result
+            self.lac = lac
+            return entry if entry is not None and entry.entry_id == entry_id <= lac else None
         await self.refresh()  # no news: maybe closed, or on a new fragment
         if error is not None and isinstance(error, EntryNotAvailable) and not self.is_closed:
             await trio.sleep(self._tick_s * 5)
+        return None
 
     async def tail(self, from_entry: int = 0) -> AsyncIterator[Entry]:
         """Every entry from `from_entry` on as it gets confirmed; ends after the last entry once the

@@ -138,6 +138,33 @@ async def test_a_tailing_reader_sees_entries_as_they_are_confirmed(tmp_path):
 
 
 @trio_test
+async def test_a_tailing_reader_takes_each_entry_from_the_long_poll_answer_without_a_read(tmp_path):
+    """Appends awaited one at a time, each seen by the reader before the next: the writer's explicit LAC
+    goes out with the ack, the long poll answers with the entry (Qw = Qa: every replica has it), and
+    the handle delivers it from that answer: no READ reaches any bookie."""
+    with trio.fail_after(30):
+        async with bookies(tmp_path, 3) as services, ledger_client(services, MemoryManager()) as client:
+            w = await client.create(3, 3, 3, password=b"pw")
+            r = await client.open(w.ledger_id, b"pw")
+            seen = []
+
+            async def tail():
+                async for entry in r.tail(0):
+                    seen.append(entry.payload)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(tail)
+                for i in range(10):
+                    await w.append(b"t%d" % i)
+                    while len(seen) <= i:
+                        await trio.sleep(0.001)
+                await w.close()
+            assert seen == [b"t%d" % i for i in range(10)]
+            assert sum(s.stats["reads"] for s, _ in services.values()) == 0
+            assert sum(s.stats["long_polls"] for s, _ in services.values()) >= 10
+
+
+@trio_test
 async def test_a_bookie_dies_during_appends_and_the_writer_changes_ensemble(tmp_path):
     with trio.fail_after(30):
         async with bookies(tmp_path, 4) as services, ledger_client(services, MemoryManager()) as client:
