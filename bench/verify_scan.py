@@ -58,7 +58,8 @@ def _tally(cols, seen: dict, counts: dict) -> None:  # noqa: ANN001 - ChunkColum
     counts["records"] += len(cols.zxids) + len(cols.bad_offsets)
     counts["bad"] += len(cols.bad_offsets)
     counts["misordered"] += sum(1 for o in cols.orders if ORDER_NAMES[o] not in (ORDER_OK, ORDER_UNKNOWN))
-    for zxid, digest, prev in zip(cols.zxids, cols.hashes, cols.prevs):
+    for zxid, hi, lo, prev in zip(cols.zxids, cols.hash_hi, cols.hash_lo, cols.prevs):
+        digest = (hi, lo)
         known = seen.get(zxid)
         if known is None:
             seen[zxid] = (digest, prev, 1)

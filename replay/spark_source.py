@@ -1,7 +1,7 @@
 """Spark DataFrames over Zab data directories: one row per log record, per segment, per snapshot.
 
     records    node, file, offset, zxid, epoch, counter, prev_zxid, session, txn_type, path,
-               checksum, order, body_hash, data_len, raw, detail
+               checksum, order, hash_hi, hash_lo, data_len, raw, detail
     segments   node, file, first_zxid, prev_zxid, header_ok, records, size, stop_offset,
                stop_reason, newest
     snapshots  node, file, name_zxid, zxid, status, digest, error
@@ -9,7 +9,8 @@
 Work is split by file, and big segments by chunks of records, so it spreads over
 every core (or executor): a first Spark stage walks each segment's record lengths
 and cuts it into chunks; a second decodes each chunk (CRC, order, metastore
-transaction type and path, a 128-bit BLAKE2b digest of the record body); a third
+transaction type and path, a 128-bit BLAKE2b digest of the record body, as the
+signed halves `hash_hi`, `hash_lo`); a third
 checks and restores each snapshot. Tasks read files with plain Python I/O, so
 every path must be readable where the tasks run (local disks in local mode, a
 shared filesystem with a cluster master).
@@ -26,6 +27,7 @@ metastore transaction; `raw` (the record body) is null unless asked for.
 
 from __future__ import annotations
 
+import array
 import os
 import re
 from dataclasses import dataclass, replace
@@ -34,8 +36,8 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from replay.verify_decode import (DEFAULT_CHUNK_RECORDS, ORDER_NAMES, Chunk, SegmentLayout, VerifyInputError,
-                                  decode_chunk, walk_segment, zxid_before)
+from replay.verify_decode import (CHECKSUM_CORRUPT, CHECKSUM_OK, CHECKSUM_TORN, DEFAULT_CHUNK_RECORDS, ORDER_NAMES,
+                                  Chunk, SegmentLayout, VerifyInputError, decode_chunk, walk_segment, zxid_before)
 from replay.verify_replay import check_snapshot
 from zab.recovery import SNAPSHOT_DIR, TXNLOG_DIR
 
@@ -43,10 +45,14 @@ _SEGMENT = re.compile(r"log\.([0-9a-f]{16})")
 _SNAPSHOT = re.compile(r"snapshot\.([0-9a-f]{16})")
 _NODE_NAME = re.compile(r"(?:node|n|zk|server)?[-_]?(\d+)")
 
-_CHUNK_SCHEMA = ("node int, file string, offsets array<bigint>, zxids array<bigint>, prevs array<bigint>, "
-                 "sessions array<bigint>, data_lens array<bigint>, orders array<bigint>, types array<string>, "
-                 "paths array<string>, hashes array<binary>, raws array<binary>, bad_offsets array<bigint>, "
-                 "bad_reasons array<string>, bad_details array<string>")
+# One row per decoded chunk: a column per record field, valid and damaged records alike
+# (`statuses` codes CHECKSUM_NAMES; a damaged record's zxid .. hash fields are 0 and
+# its message is in `details`, keyed by offset). Arrays pickle and convert far cheaper
+# than a row per record; the records are exploded once, into the cached `flat` frame.
+_CHUNK_SCHEMA = ("node int, file string, offsets array<bigint>, statuses array<int>, zxids array<bigint>, "
+                 "prevs array<bigint>, sessions array<bigint>, data_lens array<bigint>, orders array<int>, "
+                 "types array<string>, paths array<string>, hash_his array<bigint>, hash_los array<bigint>, "
+                 "raws array<binary>, details map<bigint,string>")
 _SEGMENT_SCHEMA = ("node int, file string, first_zxid bigint, prev_zxid bigint, header_ok boolean, records bigint, "
                    "size bigint, stop_offset bigint, stop_reason string, stop_detail string, newest boolean")
 _SNAPSHOT_SCHEMA = "node int, file string, name_zxid bigint, zxid bigint, status string, digest string, error string"
@@ -113,10 +119,11 @@ class ZabFrames:
     records: DataFrame
     segments_df: DataFrame
     snapshots: DataFrame
-    chunks: DataFrame  # cached; unpersist when done
+    valid: DataFrame  # the records whose checksum is "ok" (records' columns)
+    flat: DataFrame  # cached: one compact row per record, under `records` and `valid`; unpersist when done
 
     def unpersist(self) -> None:
-        self.chunks.unpersist()
+        self.flat.unpersist()
         self.snapshots.unpersist()
 
 
@@ -124,6 +131,9 @@ class ZabFrames:
 
 def _walk_task(item: SegmentFile, chunk_records: int) -> SegmentFile:
     return replace(item, layout=walk_segment(Path(item.path).read_bytes(), chunk_records))
+
+
+CHECKSUM_NAMES = (CHECKSUM_OK, CHECKSUM_CORRUPT, CHECKSUM_TORN)  # the `statuses` codes
 
 
 def _decode_task(items, with_raw: bool, with_txn: bool):  # noqa: ANN001, ANN202 - a Spark partition iterator
@@ -135,8 +145,15 @@ def _decode_task(items, with_raw: bool, with_txn: bool):  # noqa: ANN001, ANN202
             file.seek(chunk.start)
             view = memoryview(file.read(chunk.end - chunk.start))
         c = decode_chunk(view, chunk.start, chunk.end, prev_zxid, with_raw=with_raw, with_txn=with_txn)
-        yield (node, Path(path).name, c.offsets, c.zxids, c.prevs, c.sessions, c.data_lens, c.orders, c.types,
-               c.paths, c.hashes, c.raws, c.bad_offsets, c.bad_reasons, c.bad_details)
+        bad = len(c.bad_offsets)
+        zeros = array.array("l", bytes(8 * bad))  # a damaged record's fields: masked to null by _flat
+        statuses = array.array("l", [0] * len(c.zxids) + [CHECKSUM_NAMES.index(r) for r in c.bad_reasons])
+        nones = [None] * bad
+        yield (node, Path(path).name, c.offsets + c.bad_offsets, statuses, c.zxids + zeros, c.prevs + zeros,
+               c.sessions + zeros, c.data_lens + zeros, c.orders + zeros,
+               c.types + nones if c.types is not None else None, c.paths + nones if c.paths is not None else None,
+               c.hash_hi + zeros, c.hash_lo + zeros, c.raws + nones if c.raws is not None else None,
+               dict(zip(c.bad_offsets, c.bad_details)))
 
 
 def _snapshot_task(item: tuple[int, str, int], protocol: str) -> tuple:
@@ -168,38 +185,52 @@ def read_zab(spark: SparkSession, nodes: list[NodeDir], *, protocol: str,
         sc.parallelize(tasks, max(1, len(tasks))).mapPartitions(
             lambda it, r=with_raw, t=with_txn: _decode_task(it, r, t)),
         _CHUNK_SCHEMA, verifySchema=False)
-    # The chunks are what stays cached: compact arrays; each pass over `records` re-explodes them.
-    chunks = chunks.persist()
-    records = _records(chunks, with_raw, with_txn).unionByName(_walk_stops(spark, segments))
+    # Exploded once and cached in Spark's compressed columnar form: every check's pass is
+    # then a scan of compact columns (codes and numbers; the strings are made per pass).
+    flat = _flat(chunks, with_raw, with_txn).persist()
+    valid = _records_view(flat.where(F.col("status") == 0))
+    records = _records_view(flat).unionByName(_walk_stops(spark, segments))
     snaps = [(n.node, p, z) for n in nodes for z, p in _listed(Path(n.path) / SNAPSHOT_DIR, _SNAPSHOT)]
     snapshots = spark.createDataFrame(
         sc.parallelize(snaps, max(1, len(snaps))).map(lambda s, p=protocol: _snapshot_task(s, p)),
         _SNAPSHOT_SCHEMA, verifySchema=False).persist()
-    return ZabFrames(nodes, segments, records, _segments_frame(spark, segments), snapshots, chunks)
+    return ZabFrames(nodes, segments, records, _segments_frame(spark, segments), snapshots, valid, flat)
 
 
-def _records(chunks: DataFrame, with_raw: bool, with_txn: bool) -> DataFrame:
-    # posexplode one array and index the others by position: no struct per record (arrays_zip
-    # would copy every array into structs first, about three times the JVM work).
-    valid = chunks.select("*", F.posexplode("zxids").alias("i", "zxid"))
+def _flat(chunks: DataFrame, with_raw: bool, with_txn: bool) -> DataFrame:
+    """One compact row per record: posexplode one array and index the others by position
+    (no struct per record: arrays_zip would copy every array into structs first)."""
+    exploded = chunks.select("*", F.posexplode("offsets").alias("i", "offset"))
 
     def at(column: str):  # noqa: ANN202 - a Column
         return F.col(column)[F.col("i")]
-    zxid = F.col("zxid")
-    names = F.array(*[F.lit(name) for name in ORDER_NAMES])
-    valid = valid.select(
-        "node", "file", at("offsets").alias("offset"), zxid,
-        F.shiftright(zxid, 32).alias("epoch"), zxid.bitwiseAND(F.lit(0xFFFFFFFF)).alias("counter"),
-        F.when(at("prevs") >= 0, at("prevs")).alias("prev_zxid"), at("sessions").alias("session"),
+    return exploded.select(
+        "node", "file", "offset", at("statuses").alias("status"), at("zxids").alias("zxid"), at("prevs").alias("prev"),
+        at("sessions").alias("session"), at("data_lens").alias("data_len"), at("orders").alias("order_code"),
         (at("types") if with_txn else F.lit(None).cast("string")).alias("txn_type"),
-        (at("paths") if with_txn else F.lit(None).cast("string")).alias("path"), F.lit("ok").alias("checksum"),
-        F.element_at(names, at("orders").cast("int") + 1).alias("order"), at("hashes").alias("body_hash"),
-        at("data_lens").alias("data_len"), (at("raws") if with_raw else F.lit(None).cast("binary")).alias("raw"),
-        F.lit(None).cast("string").alias("detail"))
-    bad = chunks.select("node", "file", F.explode(F.arrays_zip("bad_offsets", "bad_reasons", "bad_details")).alias("b"))
-    bad = bad.select("node", "file", F.col("b.bad_offsets").alias("offset"), F.col("b.bad_reasons").alias("checksum"),
-                     F.col("b.bad_details").alias("detail"))
-    return valid.unionByName(bad, allowMissingColumns=True)
+        (at("paths") if with_txn else F.lit(None).cast("string")).alias("path"),
+        at("hash_his").alias("hash_hi"), at("hash_los").alias("hash_lo"),
+        (at("raws") if with_raw else F.lit(None).cast("binary")).alias("raw"),
+        F.element_at("details", F.col("offset")).alias("detail"))
+
+
+def _records_view(flat: DataFrame) -> DataFrame:
+    """The `records` columns over `flat`: a damaged record's zxid and later fields are null."""
+    ok = F.col("status") == 0
+
+    def valid(column: str):  # noqa: ANN202 - a Column
+        return F.when(ok, F.col(column))
+    zxid = valid("zxid")
+    orders = F.array(*[F.lit(name) for name in ORDER_NAMES])
+    statuses = F.array(*[F.lit(name) for name in CHECKSUM_NAMES])
+    return flat.select(
+        "node", "file", "offset", zxid.alias("zxid"), F.shiftright(zxid, 32).alias("epoch"),
+        zxid.bitwiseAND(F.lit(0xFFFFFFFF)).alias("counter"),
+        F.when(ok & (F.col("prev") >= 0), F.col("prev")).alias("prev_zxid"), valid("session").alias("session"),
+        "txn_type", "path", F.element_at(statuses, F.col("status") + 1).alias("checksum"),
+        F.when(ok, F.element_at(orders, F.col("order_code") + 1)).alias("order"),
+        valid("hash_hi").alias("hash_hi"), valid("hash_lo").alias("hash_lo"), valid("data_len").alias("data_len"),
+        "raw", "detail")
 
 
 def _walk_stops(spark: SparkSession, segments: list[SegmentFile]) -> DataFrame:
@@ -214,7 +245,8 @@ def _records_placeholder(spark: SparkSession) -> DataFrame:
     # An empty frame with every records column, so the union has all of them typed.
     return spark.createDataFrame([], "node int, file string, offset bigint, zxid bigint, epoch bigint, counter bigint, "
                                      "prev_zxid bigint, session bigint, txn_type string, path string, checksum string, "
-                                     "order string, body_hash binary, data_len bigint, raw binary, detail string")
+                                     "order string, hash_hi bigint, hash_lo bigint, data_len bigint, raw binary, "
+                                     "detail string")
 
 
 def _segments_frame(spark: SparkSession, segments: list[SegmentFile]) -> DataFrame:

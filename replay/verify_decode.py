@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import array
 import hashlib
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -42,6 +43,9 @@ ORDER_UNKNOWN = "unknown"                  # predecessor unknown (log base unkno
 ORDER_NAMES = (ORDER_OK, ORDER_BACKWARDS, ORDER_NOT_INCREASING, ORDER_GAP, ORDER_BAD_EPOCH_START, ORDER_UNKNOWN)
 _ORDER_CODE = {name: code for code, name in enumerate(ORDER_NAMES)}
 HASH_BYTES = 16
+# The body digest travels as its two big-endian signed 64-bit halves: Spark aggregates
+# longs in its hash aggregation, while binary min/max would force a sort.
+_HALVES = struct.Struct(">qq")  # into array("l") columns: 64-bit on the platforms Spark runs on
 DEFAULT_CHUNK_RECORDS = 65536
 
 _TYPE_NAMES = {Create: "create", Delete: "delete", SetData: "setData", SetACL: "setACL",
@@ -127,7 +131,8 @@ class ChunkColumns:
     orders: array.array  # codes: ORDER_NAMES[code]
     types: list[str | None] | None  # None when decoded without with_txn
     paths: list[str | None] | None
-    hashes: list[bytes]
+    hash_hi: array.array  # the body's 128-bit BLAKE2b digest, high and low signed halves
+    hash_lo: array.array
     raws: list[bytes] | None
     bad_offsets: array.array
     bad_reasons: list[str]
@@ -166,7 +171,7 @@ def txn_type_and_path(data: bytes) -> tuple[str | None, str | None]:
 def _empty_columns(with_raw: bool, with_txn: bool) -> ChunkColumns:
     return ChunkColumns(array.array("l"), array.array("l"), array.array("l"), array.array("l"),
                         array.array("l"), array.array("l"), [] if with_txn else None, [] if with_txn else None,
-                        [], [] if with_raw else None, array.array("l"), [], [])
+                        array.array("l"), array.array("l"), [] if with_raw else None, array.array("l"), [], [])
 
 
 def iter_chunk(view: memoryview, base: int, end: int) -> Iterator[tuple[int, int, object]]:
@@ -224,7 +229,9 @@ def decode_chunk(view: memoryview, base: int, end: int, prev_zxid: int | None, *
             kind, path = txn_type_and_path(item.data)
             cols.types.append(kind)
             cols.paths.append(path)
-        cols.hashes.append(hashlib.blake2b(body, digest_size=HASH_BYTES).digest())
+        hi, lo = _HALVES.unpack(hashlib.blake2b(body, digest_size=HASH_BYTES).digest())
+        cols.hash_hi.append(hi)
+        cols.hash_lo.append(lo)
         if cols.raws is not None:
             cols.raws.append(bytes(body))
         prev, after_bad = item.zxid, False
