@@ -2,11 +2,15 @@
 served from a BookieStorage.
 
 One task per connection reads; every ADD decoded from one socket read goes to
-`storage.add_batch` in one call, in a task of its own, so the connection keeps
-reading while the journal fsyncs (the storage group-commits across calls and
+`storage.join_adds` in one synchronous call, which starts the journal write at
+once if the disk is free; the answers leave from the batch's completion
+callback, so an add costs no task of its own and the connection keeps reading
+while the journal fsyncs (the storage group-commits across calls and
 connections). Reads, fences and explicit LACs of one socket read are served in
-order by one task; READ_LAC is answered at once; each long poll waits in its own
-task, bounded by its timeout. Answers are queued and leave in one send per
+order by one task; READ_LAC is answered at once, and so is an explicit LAC that
+comes before any other of those in its socket read and need not wait (its
+ledger's key is bound here); each long poll waits in its own task, bounded by
+its timeout. Answers are queued and leave in one send per
 wakeup of the connection's writer, in whatever order they complete (responses
 carry their request's id).
 
@@ -17,12 +21,13 @@ BAD_REQUEST (when its request id is readable) and closes that connection only.
 
 Storage failures: a stored copy that cannot be read is answered CORRUPT (the
 reader asks another replica); a journal that cannot be written (StorageError
-from add_batch, fence, write_lac) stops the service, and with it the node: the
-bookie must restart and recover from its journal rather than keep answering.
+from an add's batch, fence, write_lac) stops the service, and with it the node:
+the bookie must restart and recover from its journal rather than keep answering.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
 import logging
@@ -124,6 +129,8 @@ class BookieService:
         self.connections: dict[int, _Connection] = {}
         self._ids = itertools.count(1)
         self.stats: Counter[str] = Counter()
+        self._fatal: StorageError | None = None  # a batch of adds failed to reach the disk: stop serving
+        self._fatal_event = trio.Event()
 
     async def listen(self) -> list[trio.SocketListener]:
         """Bind the port (OSError if it is in use); pass the result to run()."""
@@ -138,7 +145,14 @@ class BookieService:
             self.port = listeners[0].socket.getsockname()[1]
         async with trio.open_nursery() as nursery:
             await nursery.start(trio.serve_listeners, self._handle, listeners)
+            nursery.start_soon(self._stop_on_storage_failure)
             task_status.started()
+
+    async def _stop_on_storage_failure(self) -> None:
+        """Raise the StorageError of a failed batch of adds (they have no task of their own to raise it)."""
+        await self._fatal_event.wait()
+        assert self._fatal is not None
+        raise self._fatal
 
     def statistics(self) -> dict[str, Any]:
         """Counters of the service and the storage's own statistics, for /status."""
@@ -238,13 +252,15 @@ class BookieService:
             if isinstance(req, P.ReadLac):
                 self._read_lac(conn, req)
                 continue
+            if isinstance(req, P.WriteLac) and not ordered and self._write_lac_now(conn, req):
+                continue
             elif isinstance(req, P.LongPoll):
                 nursery.start_soon(self._long_poll, conn, req)
             else:
                 ordered.append(req)
             conn.in_flight += 1
         if adds:
-            nursery.start_soon(self._add_batch, conn, add_ids, adds)
+            self._add_batch(conn, add_ids, adds)
         if ordered:
             nursery.start_soon(self._serve_in_order, conn, ordered)
         return ok
@@ -264,24 +280,39 @@ class BookieService:
         return True
 
     # -- requests -----------------------------------------------------------------------
-    async def _add_batch(self, conn: _Connection, add_ids: list[int], adds: list[tuple]) -> None:
+    def _add_batch(self, conn: _Connection, add_ids: list[int], adds: list[tuple]) -> None:
+        """Admit the adds of one socket read and put them in the storage's open batch (its write starts
+        at once if the disk is free); they are answered when that batch is durable, by its callback."""
         self.stats["adds"] += len(adds)
         try:
-            try:
-                outcomes = await self.storage.add_fields(adds)
-            except BookieError as e:  # the whole batch refused (e.g. read-only)
-                outcomes = [e] * len(adds)
-            ok = P.encode_add_ok
-            frames = [ok(rid, add[0], add[1]) for rid, add, outcome in zip(add_ids, adds, outcomes, strict=True)
-                      if outcome is None]
-            conn.send_many(frames)
-            if len(frames) < len(adds):
-                for rid, add, outcome in zip(add_ids, adds, outcomes):
-                    if outcome is not None:
-                        self.stats["add_errors"] += 1
-                        conn.fail_ids(rid, add[0], P.Kind.ADD, outcome)
-        finally:
+            outcomes, batch = self.storage.join_adds(adds)
+        except BookieError as e:  # the whole batch refused (e.g. read-only)
+            outcomes, batch = [e] * len(adds), None
+        except BaseException:
             conn.in_flight -= len(adds)
+            raise
+        if batch is None:
+            self._answer_adds(conn, add_ids, adds, outcomes, None)
+        else:
+            batch.on_done(functools.partial(self._answer_adds, conn, add_ids, adds, outcomes))
+
+    def _answer_adds(self, conn: _Connection, add_ids: list[int], adds: list[tuple],
+                     outcomes: list[BookieError | None], error: StorageError | None) -> None:
+        conn.in_flight -= len(adds)
+        if error is not None:  # not durable: no answer; the node stops (the clients see the connection go)
+            if self._fatal is None:
+                self._fatal = error
+                self._fatal_event.set()
+            return
+        ok = P.encode_add_ok
+        frames = [ok(rid, add[0], add[1]) for rid, add, outcome in zip(add_ids, adds, outcomes, strict=True)
+                  if outcome is None]
+        conn.send_many(frames)
+        if len(frames) < len(adds):
+            for rid, add, outcome in zip(add_ids, adds, outcomes):
+                if outcome is not None:
+                    self.stats["add_errors"] += 1
+                    conn.fail_ids(rid, add[0], P.Kind.ADD, outcome)
 
     async def _serve_in_order(self, conn: _Connection, requests: list[P.Request]) -> None:
         for req in requests:
@@ -331,6 +362,19 @@ class BookieService:
             conn.fail(req, P.Kind.READ_LAC, e)
             return
         conn.answer(P.Response(req.request_id, P.Kind.READ_LAC, P.Status.OK, req.ledger_id, lac=lac))
+
+    def _write_lac_now(self, conn: _Connection, req: P.WriteLac) -> bool:
+        """Serve an explicit LAC without a task when it need not wait (the ledger's key is bound here):
+        long polls wake at once. False: serve it in order (it binds the key durably first)."""
+        try:
+            if not self.storage.write_lac_nowait(req.ledger_id, req.lac, req.master_key):
+                return False
+        except BookieError as e:
+            self.stats["errors"] += 1
+            conn.fail(req, P.Kind.WRITE_LAC, e)
+            return True
+        conn.answer(P.Response(req.request_id, P.Kind.WRITE_LAC, P.Status.OK, req.ledger_id))
+        return True
 
     async def _long_poll(self, conn: _Connection, req: P.LongPoll) -> None:
         """Answer once the LAC passes previous_lac (with the entry after it, if stored here)

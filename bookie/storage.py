@@ -12,21 +12,20 @@ the crash rules):
 - a checkpoint fsyncs the entry logs, writes the index image (tmp + fsync +
   rename) with the journal position it covers, and trims the journal before it.
 
-Group commit: callers do not write. Each add_batch/fence/write_lac/delete puts
-its records in the open batch; whichever caller finds no write in flight
-becomes the writer and writes everything pending with one write() and one
-fsync in a worker thread (never on the event loop), shielded from its own
-cancellation because other callers wait on that batch. Adds that arrive while
-a batch is being fsynced all go into the next one, so under load one fsync
-covers many adds from many connections.
+Group commit (bookie/storage_commit.py): callers do not write. Each
+add_batch/fence/write_lac/delete puts its records in the open batch, whose
+write (one write() and one fsync in a worker thread, never on the event loop)
+starts at once if the disk is idle, with no task in between; whatever arrives
+during an fsync goes into the next batch, so under load one fsync covers many
+adds from many connections. The service joins adds synchronously (`join_adds`)
+and answers them from the batch's callback; the async methods await the batch.
 """
 
 from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import AsyncIterator, Iterable
-from contextlib import asynccontextmanager
+from collections.abc import Iterable
 from pathlib import Path
 
 import trio
@@ -36,6 +35,7 @@ from bookie.errors import (BadRequest, BookieError, BookieReadOnly, EntryTooLarg
                            NoSuchLedger, StorageError, Unauthorized)
 from bookie.index import LedgerState, Location, record_size
 from bookie.storage_batch import AddFields, admit_adds
+from bookie.storage_commit import Batch, GroupCommit
 from bookie.storage_codec import FILE_HEADER_BYTES, JournalRecord, Kind, encode_journal_record, scan_entry_log
 from bookie.storage_config import (MASTER_KEY_BYTES, MAX_ID, AddRequest, BookieStorageConfig, CompactionStats)
 from bookie.checkpoint import Checkpoint
@@ -44,19 +44,6 @@ from bookie.storage_recovery import CHECKPOINT, disk_usage_fraction, recover, wr
 _log = logging.getLogger("quire.bookie.storage")
 
 __all__ = ["AddRequest", "BookieStorage", "BookieStorageConfig", "CompactionStats"]
-
-
-class _Batch:
-    """Records waiting for one journal write + fsync, and the entries they carry."""
-
-    __slots__ = ("records", "record_count", "entries", "done", "error")
-
-    def __init__(self) -> None:
-        self.records: list[bytes] = []  # encoded journal records, possibly in several chunks each
-        self.record_count = 0
-        self.entries: list[tuple[int, int, bytes, int]] = []  # ledger, entry, packaged entry, its LAC field
-        self.done = trio.Event()
-        self.error: StorageError | None = None
 
 
 class BookieStorage:
@@ -84,12 +71,9 @@ class BookieStorage:
         self._index = recovered.index
         self._journal = recovered.journal
         self._entrylogs = recovered.entrylogs
-        self._open_batch = _Batch()
-        self._busy = False  # a batch write, checkpoint or compaction holds the disk
-        self._priority_waiting = 0
-        self._idle = trio.Event()
+        self._commits = GroupCommit(self._write_batch, self._apply, self._refusal, self._record_failure, directory)
         self._lac_events: dict[int, trio.Event] = {}
-        self._fence_batches: dict[int, _Batch] = {}  # ledger -> batch carrying its newest FENCE record
+        self._fence_batches: dict[int, Batch] = {}  # ledger -> batch carrying its newest FENCE record
         self._checkpoint_wanted = trio.Event()
         self._journal_bytes_at_checkpoint = 0
         self._read_only = False
@@ -141,8 +125,19 @@ class BookieStorage:
         return await self.add_fields([(a.ledger_id, a.entry_id, a.master_key, a.data, a.recovery) for a in adds])
 
     async def add_fields(self, adds: list[AddFields]) -> list[BookieError | None]:
-        """add_batch of (ledger_id, entry_id, master_key, packaged entry, recovery) tuples: the service's
-        hot path, without an AddRequest per entry."""
+        """add_batch of (ledger_id, entry_id, master_key, packaged entry, recovery) tuples, without an
+        AddRequest per entry."""
+        results, batch = self.join_adds(adds)
+        if batch is not None:
+            await self._commits.wait(batch)
+        return results
+
+    def join_adds(self, adds: list[AddFields]) -> tuple[list[BookieError | None], Batch | None]:
+        """The service's hot path, synchronous: admit the adds, put the accepted ones in the open batch
+        and start writing it if the disk is free. Returns one outcome per add (None: accepted) and the
+        batch they wait for (None when nothing needs writing: every add refused or already durable);
+        the accepted adds are stored once that batch is done without error (`batch.on_done`). Raises
+        StorageError if the storage is closed or failed."""
         self._check_usable()
         records: list[bytes] = []
         entries: list[tuple[int, int, bytes, int]] = []
@@ -161,9 +156,11 @@ class BookieStorage:
         refused = len(results) - results.count(None)
         if refused:
             self._stats["adds_refused"] += refused
-        if records:
-            await self._commit(records, entries, keys[0] + len(entries))
-        return results
+        if not records:
+            return results, None
+        batch = self._commits.join(records, entries, keys[0] + len(entries))
+        self._commits.start()
+        return results, batch
 
     async def add(self, req: AddRequest) -> None:
         """add_batch of one; raises its refusal."""
@@ -232,8 +229,8 @@ class BookieStorage:
                 return state.lac  # fenced on disk already (read back on open, or its batch is fsynced)
         state.fenced = True
         records.append(encode_journal_record(JournalRecord(Kind.FENCE, ledger_id)))
-        self._fence_batches[ledger_id] = self._open_batch  # the batch _commit joins
-        await self._commit(records, [])
+        self._fence_batches[ledger_id] = self._commits.open_batch  # the batch commit() joins
+        await self._commits.commit(records, [])
         return state.lac
 
     async def write_lac(self, ledger_id: int, lac: int, master_key: bytes) -> None:
@@ -245,17 +242,34 @@ class BookieStorage:
         every LAC it had named an entry the writer had acknowledged (Qa durable copies), and
         recovery reads forward from the LAC until entries are absent. Binding an unseen ledger's
         key is still durable before the answer (docs/bookie_storage.md, Guarantees)."""
+        records = self._lac_records(ledger_id, lac, master_key)
+        if len(records) > 1:  # a KEY record first: durable before the answer
+            await self._commits.commit(records, [])
+        else:
+            self._commits.join(records, [])
+        self._raise_explicit_lac(ledger_id, lac)
+
+    def write_lac_nowait(self, ledger_id: int, lac: int, master_key: bytes) -> bool:
+        """write_lac when it need not wait (the ledger's key is bound here already, the common case):
+        True once in effect, or raises its refusal. False: nothing was done; call write_lac."""
+        state = self._index.state(ledger_id)
+        if state is None or state.master_key is None:
+            return False  # unseen, unbound or deleted here: write_lac binds durably, or refuses
+        self._commits.join(self._lac_records(ledger_id, lac, master_key), [])
+        self._raise_explicit_lac(ledger_id, lac)
+        return True
+
+    def _lac_records(self, ledger_id: int, lac: int, master_key: bytes) -> list[bytes]:
+        """The journal records of an explicit LAC: a KEY record first if it binds the ledger's key."""
         self._check_usable()
         if not -1 <= lac <= MAX_ID:
             raise BadRequest(f"LAC {lac} is not an entry id or -1")
         records: list[bytes] = []
         self._bind(ledger_id, master_key, records)
-        binds = bool(records)
         records.append(encode_journal_record(JournalRecord(Kind.LAC, ledger_id, lac)))
-        if binds:
-            await self._commit(records, [])
-        else:
-            self._join(records, [])
+        return records
+
+    def _raise_explicit_lac(self, ledger_id: int, lac: int) -> None:
         state = self._index.state(ledger_id)
         if state is not None and lac > state.explicit_lac:
             state.explicit_lac = lac
@@ -264,8 +278,8 @@ class BookieStorage:
     async def flush(self) -> None:
         """Write and fsync records waiting in the open batch with no caller waiting on them
         (explicit LACs). run() calls it every tick, close() before closing."""
-        if self._open_batch.record_count and self._failed is None and not self._closed:
-            await self._commit([], [])
+        if self._commits.open_batch.record_count and self._failed is None and not self._closed:
+            await self._commits.commit([], [])
 
     async def delete_ledgers(self, ledger_ids: Iterable[int]) -> None:
         """Drop ledgers from the index, durably (journal now, checkpoint later); reads answer
@@ -281,49 +295,19 @@ class BookieStorage:
             self._notify(ledger_id)
             records.append(encode_journal_record(JournalRecord(Kind.DELETE, ledger_id)))
         if records:
-            await self._commit(records, [])
+            await self._commits.commit(records, [])
 
-    # --- group commit ------------------------------------------------------------------------
+    # --- group commit (bookie/storage_commit.py) ---------------------------------------------
 
-    async def _commit(self, records: list[bytes], entries: list, count: int | None = None) -> None:
-        """Join the open batch and return once it is durable (writing it ourselves if nobody is).
-        `count`: how many records `records` holds (default: one per item)."""
-        batch = self._join(records, entries, count)
-        while not batch.done.is_set():
-            if self._busy or self._priority_waiting:
-                await self._idle.wait()
-            else:
-                with trio.CancelScope(shield=True):
-                    async with self._disk():
-                        await self._write_open_batch()
-        if batch.error is not None:
-            raise batch.error
+    def _refusal(self) -> str | None:
+        if self._closed or self._failed is not None:
+            return f"bookie storage {self.directory} is closed or failed; restart the bookie"
+        return None
 
-    def _join(self, records: list[bytes], entries: list, count: int | None = None) -> _Batch:
-        batch = self._open_batch
-        batch.records += records
-        batch.record_count += len(records) if count is None else count
-        batch.entries += entries
-        return batch
+    def _record_failure(self, reason: str) -> None:
+        self._failed = self._failed or reason
 
-    async def _write_open_batch(self) -> None:
-        batch, self._open_batch = self._open_batch, _Batch()
-        try:
-            if self._closed or self._failed is not None:
-                raise StorageError(f"bookie storage {self.directory} is closed or failed; restart the bookie")
-            positions = await trio.to_thread.run_sync(self._write_batch, batch)
-            self._apply(batch, positions)
-        except BaseException as err:
-            # Every waiter of this batch must learn that it is not durable; a bug still crashes.
-            self._failed = self._failed or f"{type(err).__name__}: {err}"
-            batch.error = err if isinstance(err, StorageError) else StorageError(
-                f"bookie storage {self.directory}: batch write failed ({err!r}); restart the bookie")
-            if not isinstance(err, StorageError):
-                raise
-        finally:
-            batch.done.set()
-
-    def _write_batch(self, batch: _Batch) -> list[int]:
+    def _write_batch(self, batch: Batch) -> list[int]:
         """Worker thread: one journal write, the entry log appends, one fsync."""
         self._journal.append(batch.records)
         try:
@@ -333,7 +317,7 @@ class BookieStorage:
         self._journal.sync()
         return positions
 
-    def _apply(self, batch: _Batch, positions: list[int]) -> None:
+    def _apply(self, batch: Batch, positions: list[int]) -> None:
         """After the fsync: index the entries (now readable) and wake LAC waiters."""
         for ledger_id in self._index.put_many(batch.entries, positions):
             self._notify(ledger_id)
@@ -343,28 +327,6 @@ class BookieStorage:
         self._stats["journal_records"] += batch.record_count
         if self._journal.bytes_written - self._journal_bytes_at_checkpoint >= self.config.checkpoint_every_bytes:
             self._checkpoint_wanted.set()
-
-    @asynccontextmanager
-    async def _disk(self, *, priority: bool = False) -> AsyncIterator[None]:
-        """Hold the disk: one batch write, checkpoint or compaction at a time.
-
-        Checkpoints and compactions take `priority`: under a steady stream of adds the
-        task whose batch just finished starts the next one without yielding, so without
-        priority they could wait forever. Adds arriving meanwhile join one batch after.
-        """
-        self._priority_waiting += priority
-        try:
-            while self._busy or (self._priority_waiting and not priority):
-                await self._idle.wait()
-        finally:
-            self._priority_waiting -= priority
-        self._busy = True
-        try:
-            yield
-        finally:
-            self._busy = False
-            idle, self._idle = self._idle, trio.Event()
-            idle.set()
 
     # --- reads ------------------------------------------------------------------------
 
@@ -428,7 +390,7 @@ class BookieStorage:
         """Fsync the entry logs, write the index image (tmp+fsync+rename) with the journal position it
         covers, and delete the journal segments before that position."""
         self._check_usable()
-        async with self._disk(priority=True):
+        async with self._commits.disk(priority=True):
             await self._checkpoint_locked()
 
     async def _checkpoint_locked(self, *, dropping: frozenset[int] = frozenset()) -> None:
@@ -464,7 +426,7 @@ class BookieStorage:
         """Rewrite entry logs whose live fraction is below config.compaction_threshold into the
         current log, checkpoint so the new places are durable, then delete the old logs."""
         self._check_usable()
-        async with self._disk(priority=True):
+        async with self._commits.disk(priority=True):
             sizes = self._entrylogs.sizes()
             current = self._entrylogs.current_id()
             victims = [log_id for log_id, size in sorted(sizes.items())
@@ -571,7 +533,7 @@ class BookieStorage:
             entry_logs=len(self._entrylogs.sizes()), entry_log_bytes=sum(self._entrylogs.sizes().values()),
             ledgers=len(self._index.ledgers), deleted_ledgers=len(self._index.deleted),
             entries=self._index.entry_count(), read_only=self._read_only, disk_usage=round(self._disk_usage, 4),
-            pending_records=self._open_batch.record_count, failed=self._failed)
+            pending_records=self._commits.open_batch.record_count, failed=self._failed)
         return stats
 
     async def close(self, *, checkpoint: bool = True) -> None:
@@ -581,7 +543,7 @@ class BookieStorage:
         await self.flush()
         if checkpoint and self._failed is None:
             await self.checkpoint()
-        async with self._disk():
+        async with self._commits.disk():
             self._closed = True
             self._journal.close()
             self._entrylogs.close()

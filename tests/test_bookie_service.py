@@ -25,7 +25,7 @@ from bookie import protocol as P
 from bookie.client import BookieClient, BookiePool, Completions
 from bookie.entry import NO_ENTRY, Digester, DigestType, master_key
 from bookie.errors import (BadRequest, BookieUnavailable, EntryTooLarge, LedgerFenced, NoSuchEntry, NoSuchLedger,
-                           Overloaded, Unauthorized)
+                           Overloaded, StorageError, Unauthorized)
 from bookie.service import BookieService, BookieServiceConfig
 from bookie_fixtures import open_storage, trio_test
 
@@ -149,6 +149,46 @@ async def test_explicit_lac_is_written_and_read_back(tmp_path):
             assert await c.read_lac(5) == 1
             await c.write_lac(5, 2, KEY)
             assert await c.read_lac(5) == 2
+
+
+@trio_test
+async def test_an_explicit_lac_wakes_a_long_poll_and_binds_an_unseen_ledger_durably(tmp_path):
+    with trio.fail_after(10):
+        async with bookie(tmp_path) as service, client_of(service) as c:
+            await c.add(5, 0, KEY, entry(5, 0, lac=NO_ENTRY))
+            poll = c.start_long_poll(5, NO_ENTRY, timeout_ms=5_000)
+            await c.write_lac(5, 0, KEY)  # the ledger's key is bound here: served at once, without a task
+            lac, data = await poll.result()
+            assert lac == 0 and DIGESTER.verify(data).entry_id == 0
+            with pytest.raises(Unauthorized):
+                await c.write_lac(5, 1, OTHER_KEY)
+            fsyncs = service.storage.statistics()["fsyncs"]
+            await c.write_lac(9, 3, KEY)  # unseen: its key record is durable before the answer
+            assert service.storage.statistics()["fsyncs"] > fsyncs and await c.read_lac(9) == 3
+            with pytest.raises(Unauthorized):
+                await c.write_lac(9, 4, OTHER_KEY)
+
+
+@trio_test
+async def test_a_journal_that_cannot_be_written_stops_the_service_without_answering(tmp_path):
+    """The adds of a failed batch are never answered (they are not durable): the service stops, and
+    with it the node (the client sees its connection go: outcome unknown)."""
+    with trio.fail_after(10):
+        async with open_storage(tmp_path) as storage:
+            service = BookieService(storage, "127.0.0.1", 0)
+            with pytest.raises(BaseExceptionGroup) as stopped:
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(service.run)
+                    async with client_of(service) as c:
+                        await c.add(2, 0, KEY, entry(2, 0))
+
+                        def broken_sync() -> None:
+                            raise StorageError("journal: fsync failed (simulated); restart the bookie")
+
+                        storage._journal.sync = broken_sync
+                        with pytest.raises(BookieUnavailable):
+                            await c.add(2, 1, KEY, entry(2, 1))
+            assert stopped.group_contains(StorageError, match="simulated")
 
 
 @trio_test

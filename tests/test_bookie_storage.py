@@ -313,6 +313,58 @@ async def test_group_commit_merges_concurrent_adds_into_few_fsyncs(tmp_path):
     await storage.close()
 
 
+@trio_test
+async def test_join_adds_starts_the_journal_write_at_once_and_calls_back_once_durable(tmp_path):
+    """The service's path: no task between the request and its fsync. join_adds admits the adds and
+    hands their batch to a worker thread before returning; the callback runs once it is durable."""
+    storage = await open_storage(tmp_path)
+    await storage.add(add_req(3, 0))
+    adds = [(r.ledger_id, r.entry_id, r.master_key, r.data, r.recovery)
+            for r in (add_req(3, 1), add_req(3, 2), add_req(3, 0, key=OTHER_KEY))]
+    outcomes, batch = storage.join_adds(adds)
+    assert outcomes[:2] == [None, None] and isinstance(outcomes[2], Unauthorized)
+    assert storage.statistics()["pending_records"] == 0  # already handed to the writer thread
+    seen = []
+    batch.on_done(seen.append)
+    more, second = storage.join_adds([(3, 3, KEY, packaged(3, 3), False)])  # joins the next batch
+    assert more == [None] and second is not batch
+    with pytest.raises(NoSuchEntry):
+        storage.read(3, 1)  # readable only once durable
+    await batch.done.wait()
+    assert seen == [None] and storage.read(3, 2) == packaged(3, 2)
+    await second.done.wait()  # started by the first batch's completion, with no caller writing it
+    assert storage.read(3, 3) == packaged(3, 3)
+    late = []
+    batch.on_done(late.append)  # on a finished batch: called at once
+    assert late == [None]
+    # Nothing to write: every add refused or already durable, no batch to wait for.
+    assert storage.join_adds([(3, 1, KEY, packaged(3, 1), False)]) == ([None], None)
+    await storage.close()
+
+
+@trio_test
+async def test_a_failed_batch_write_fails_every_waiter_and_the_storage(tmp_path):
+    storage = await open_storage(tmp_path)
+    await storage.add(add_req(2, 0))
+
+    def broken_sync() -> None:
+        raise StorageError("journal: fsync failed (simulated); restart the bookie")
+
+    storage._journal.sync = broken_sync
+    outcomes, batch = storage.join_adds([(2, 1, KEY, packaged(2, 1), False)])
+    seen = []
+    batch.on_done(seen.append)
+    with pytest.raises(StorageError, match="restart the bookie"):
+        await storage.add(add_req(2, 2))  # joined the next batch, refused once the first failed
+    await batch.done.wait()
+    assert outcomes == [None] and isinstance(seen[0], StorageError) and "simulated" in str(seen[0])
+    with pytest.raises(NoSuchEntry):
+        storage.read(2, 1)
+    with pytest.raises(StorageError, match="restart the bookie"):
+        await storage.add(add_req(2, 3))
+    await storage.close(checkpoint=False)
+
+
 # --- damage -----------------------------------------------------------------------------------
 
 

@@ -19,7 +19,8 @@ PACKAGES = ["zab", "metastore", "bookie", "ledger", "clusterd", "replay", "sim"]
 EDGE = {
     "zab/driver.py", "zab/transport.py", "zab/log_writer.py",
     "zab/txnlog.py", "zab/snapshot.py", "zab/epochfile.py", "zab/recovery.py",
-    "bookie/journal.py", "bookie/entrylog.py", "bookie/storage.py", "bookie/storage_recovery.py",
+    "bookie/journal.py", "bookie/entrylog.py", "bookie/storage.py", "bookie/storage_commit.py",
+    "bookie/storage_recovery.py",
     "bookie/service.py", "bookie/client.py", "bookie/registration.py",
     "ledger/manager.py", "ledger/client.py", "ledger/client_sync.py", "ledger/driver.py", "ledger/handles.py",
     # The Spark verifiers' readers and entry points (files, the JVM, clocks for progress).

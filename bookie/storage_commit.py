@@ -1,0 +1,158 @@
+"""Group commit for BookieStorage (trio edge): the open batch, one batch write at a time in a worker
+thread, and the disk lock that checkpoints and compactions share with it.
+
+Callers never write themselves. `join` puts records into the open batch; `start` hands that batch
+at once to a worker thread (`trio.lowlevel.start_thread_soon`, never on the event loop) if the
+disk is idle, synchronously: no task stands between a request and its fsync. Back in the event
+loop (`run_sync_soon`) the storage applies the batch, its waiters and callbacks learn the outcome,
+and the next batch, of everything that joined meanwhile, starts right there. Batches grow with
+load: whatever arrives during one fsync goes into the next. A waiter's cancellation never stops a
+write others wait on. Checkpoints and compactions hold the disk (`disk(priority=True)`) between
+two batches; while one waits, no batch starts (otherwise a steady add stream would starve it).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+
+from bookie.errors import StorageError
+
+_log = logging.getLogger("quire.bookie.storage")
+
+
+class Batch:
+    """Records waiting for one journal write + fsync, and the entries they carry."""
+
+    __slots__ = ("records", "record_count", "entries", "done", "error", "callbacks")
+
+    def __init__(self) -> None:
+        self.records: list[bytes] = []  # encoded journal records, possibly in several chunks each
+        self.record_count = 0
+        self.entries: list[tuple[int, int, bytes, int]] = []  # ledger, entry, packaged entry, its LAC field
+        self.done = trio.Event()
+        self.error: StorageError | None = None
+        self.callbacks: list[Callable[[StorageError | None], None]] = []
+
+    def on_done(self, callback: Callable[[StorageError | None], None]) -> None:
+        """Call `callback(error)` in the event loop once the batch is durable (error None) or failed.
+        It must not raise, nor block."""
+        if self.done.is_set():
+            callback(self.error)
+        else:
+            self.callbacks.append(callback)
+
+
+class GroupCommit:
+    """One batch write at a time. `write(batch)` runs in a worker thread and returns the entries'
+    positions; `apply(batch, positions)` runs in the event loop after it; `refusal()` says why
+    nothing may be written any more (closed or failed: the batch fails with it), else None;
+    `failed(reason)` records a failed write (the storage refuses further use)."""
+
+    def __init__(self, write: Callable[[Batch], list[int]], apply: Callable[[Batch, list[int]], None],
+                 refusal: Callable[[], str | None], failed: Callable[[str], None], directory: object) -> None:
+        self._write, self._apply, self._refusal, self._failed = write, apply, refusal, failed
+        self._directory = directory
+        self.open_batch = Batch()
+        self._busy = False  # a batch write, checkpoint or compaction holds the disk
+        self._priority_waiting = 0
+        self._idle = trio.Event()
+
+    def join(self, records: list[bytes], entries: list, count: int | None = None) -> Batch:
+        """Put records (and the entries they carry) in the open batch; returns it. `count`: how many
+        records `records` holds (default: one per item). Nothing is written until start()."""
+        batch = self.open_batch
+        batch.records += records
+        batch.record_count += len(records) if count is None else count
+        batch.entries += entries
+        return batch
+
+    async def commit(self, records: list[bytes], entries: list, count: int | None = None) -> None:
+        """join + start, and return once the batch is durable; raises its StorageError."""
+        batch = self.join(records, entries, count)
+        self.start()
+        await self.wait(batch)
+
+    @staticmethod
+    async def wait(batch: Batch) -> None:
+        """Until `batch` is durable; raises its StorageError. Cancelling the wait does not stop the write."""
+        await batch.done.wait()
+        if batch.error is not None:
+            raise batch.error
+
+    def start(self) -> None:
+        """Write the open batch in a worker thread now, unless it is empty or the disk is held (a batch
+        in flight, or a checkpoint or compaction holding or waiting for it: the open batch then starts
+        when the disk is released)."""
+        batch = self.open_batch
+        if not batch.records or self._busy or self._priority_waiting:
+            return
+        self.open_batch = Batch()
+        refusal = self._refusal()
+        if refusal is not None:
+            self._finish(batch, StorageError(refusal))
+            return
+        self._busy = True
+        token = trio.lowlevel.current_trio_token()
+
+        def deliver(result: Any) -> None:  # in the worker thread: an outcome.Outcome
+            try:
+                token.run_sync_soon(self._written, batch, result)
+            except trio.RunFinishedError:
+                pass  # the event loop is gone (the process is ending): nobody waits
+
+        trio.lowlevel.start_thread_soon(functools.partial(self._write, batch), deliver)
+
+    def _written(self, batch: Batch, result: Any) -> None:
+        """In the event loop, once the batch's write returned: apply it, wake its waiters, release
+        the disk and start the next batch (or let a waiting checkpoint have the disk)."""
+        error: StorageError | None = None
+        try:
+            self._apply(batch, result.unwrap())
+        except BaseException as err:  # noqa: BLE001 - every waiter must learn that it is not durable
+            self._failed(f"{type(err).__name__}: {err}")
+            error = err if isinstance(err, StorageError) else StorageError(
+                f"bookie storage {self._directory}: batch write failed ({err!r}); restart the bookie")
+            if not isinstance(err, StorageError):  # a bug: the node stops on the StorageError, logged here
+                _log.error("event=batch_write_failed directory=%s error=%r", self._directory, err, exc_info=err)
+        self._release()
+        self._finish(batch, error)
+        self.start()
+
+    def _finish(self, batch: Batch, error: StorageError | None) -> None:
+        batch.error = error
+        batch.done.set()
+        callbacks, batch.callbacks = batch.callbacks, []
+        for callback in callbacks:
+            try:
+                callback(error)
+            except Exception:  # noqa: BLE001 - a waiter's bug must not stop the others (or the loop)
+                _log.exception("event=batch_callback_failed directory=%s", self._directory)
+
+    @asynccontextmanager
+    async def disk(self, *, priority: bool = False) -> AsyncIterator[None]:
+        """Hold the disk: no batch is written meanwhile. Checkpoints and compactions take `priority`:
+        each finished batch starts the next one at once, so without priority they could wait
+        forever. Adds arriving meanwhile join one batch, started when the disk is released."""
+        self._priority_waiting += priority
+        try:
+            while self._busy or (self._priority_waiting and not priority):
+                await self._idle.wait()
+        finally:
+            self._priority_waiting -= priority
+        self._busy = True
+        try:
+            yield
+        finally:
+            self._release()
+            self.start()  # what joined while we held the disk
+
+    def _release(self) -> None:
+        self._busy = False
+        idle, self._idle = self._idle, trio.Event()
+        idle.set()
