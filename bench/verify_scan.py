@@ -48,10 +48,12 @@ def scan(dirs: list[str]) -> dict:
                     tops[n.node] = max(tops.get(n.node, 0), cols.zxids[-1])
     majority = len(nodes) // 2 + 1
     c = max((z for z, (_, _, k) in seen.items() if k >= majority), default=0)
+    replay_started = time.monotonic()
     digests = _replay(nodes, segments, tops, c, chunk_starts)
     differing = sum(1 for d in digests.values() if len(set(d)) > 1)
     return {**counts, "zxids": len(seen), "c": c, "replay_digest_mismatches": differing,
-            "replayed_checkpoints": len(digests), "seconds": time.monotonic() - started}
+            "replayed_checkpoints": len(digests), "seconds": time.monotonic() - started,
+            "replay_s": time.monotonic() - replay_started}
 
 
 def _tally(cols, seen: dict, counts: dict) -> None:  # noqa: ANN001 - ChunkColumns
