@@ -160,7 +160,23 @@ class BookieStorage:
             return results, None
         batch = self._commits.join(records, entries, keys[0] + len(entries))
         self._commits.start()
+        if entries:
+            self._told_lacs(entries)
         return results, batch
+
+    def _told_lacs(self, entries: list[tuple[int, int, bytes, int]]) -> None:
+        """The LAC fields of accepted adds count at once, before their fsync, as explicit LACs do: each
+        names an entry the writer had acknowledged (Qa durable copies), so a tailing reader's long poll
+        answers as soon as the next add arrives (a writer appending back to back sends no explicit LAC).
+        Lost in a crash, they only lower this bookie's LAC to what its stored entries carry."""
+        ledger_id, lac = entries[0][0], entries[0][3]
+        for entry in entries:
+            if entry[0] != ledger_id:
+                self._raise_explicit_lac(ledger_id, lac)
+                ledger_id, lac = entry[0], entry[3]
+            elif entry[3] > lac:
+                lac = entry[3]
+        self._raise_explicit_lac(ledger_id, lac)
 
     async def add(self, req: AddRequest) -> None:
         """add_batch of one; raises its refusal."""
@@ -272,8 +288,10 @@ class BookieStorage:
     def _raise_explicit_lac(self, ledger_id: int, lac: int) -> None:
         state = self._index.state(ledger_id)
         if state is not None and lac > state.explicit_lac:
+            raised = lac > state.lac
             state.explicit_lac = lac
-            self._notify(ledger_id)
+            if raised:
+                self._notify(ledger_id)
 
     async def flush(self) -> None:
         """Write and fsync records waiting in the open batch with no caller waiting on them

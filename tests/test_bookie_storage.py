@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from bookie.entry import NO_ENTRY, Digester, DigestType, master_key
 from bookie.errors import (BadRequest, BookieReadOnly, CookieMismatch, EntryCorrupt, EntryTooLarge, LedgerFenced,
@@ -339,6 +340,35 @@ async def test_join_adds_starts_the_journal_write_at_once_and_calls_back_once_du
     assert late == [None]
     # Nothing to write: every add refused or already durable, no batch to wait for.
     assert storage.join_adds([(3, 1, KEY, packaged(3, 1), False)]) == ([None], None)
+    await storage.close()
+
+
+@trio_test
+async def test_an_accepted_adds_lac_field_counts_before_its_fsync_and_wakes_long_polls(tmp_path):
+    """Like an explicit LAC, the LAC an add carries names an entry the writer acknowledged: it counts
+    as soon as the add is accepted (a writer appending back to back needs no explicit LAC for its
+    tailing readers), while the entry itself is readable only once durable."""
+    storage = await open_storage(tmp_path)
+    await storage.add(add_req(6, 0))
+    seen = []
+
+    async def poll():
+        seen.append(await storage.wait_lac(6, NO_ENTRY))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(poll)
+        await trio.testing.wait_all_tasks_blocked()
+        assert seen == []
+        _, batch = storage.join_adds([(6, 1, KEY, packaged(6, 1, lac=0), False)])
+        assert storage.lac(6) == 0 and not batch.done.is_set()  # before the fsync
+        with pytest.raises(NoSuchEntry):
+            storage.read(6, 1)
+    assert seen == [0]
+    await batch.done.wait()
+    assert storage.read(6, 1) == packaged(6, 1, lac=0)
+    _, batch = storage.join_adds([(6, 2, KEY, packaged(6, 2, lac=NO_ENTRY), False)])
+    assert storage.lac(6) == 0  # never goes down
+    await batch.done.wait()
     await storage.close()
 
 
