@@ -29,6 +29,12 @@ class Tick:
 
 
 @dataclass(frozen=True, slots=True)
+class Idle:
+    """The answer to RequestIdle: the application has had its turn since the request (a driver
+    sends it once every task runnable at the request has run: no timer, no tick)."""
+
+
+@dataclass(frozen=True, slots=True)
 class AddAcked:
     bookie: int
     entry_id: int
@@ -118,7 +124,7 @@ class BookiesChosen:
     bookies: tuple[int, ...]
 
 
-Event = (Tick | AddAcked | AddFailed | ReadAnswered | ReadFailed | FenceAnswered | FenceFailed | LacAnswered
+Event = (Tick | Idle | AddAcked | AddFailed | ReadAnswered | ReadFailed | FenceAnswered | FenceFailed | LacAnswered
          | LacFailed | LongPollAnswered | LongPollFailed | MetadataWritten | MetadataBadVersion | MetadataRead
          | BookiesChosen)
 
@@ -168,6 +174,11 @@ class SendLongPoll:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestIdle:
+    """Send one Idle event once the application has had its turn (it may be starting its next append)."""
+
+
+@dataclass(frozen=True, slots=True)
 class WriteMetadata:
     """Compare-and-set the ledger's metadata: only if the znode is still at `expected_version`."""
     metadata: LedgerMetadata
@@ -211,5 +222,5 @@ class Failed:
     error: LedgerError
 
 
-Action = (SendAdd | SendRead | SendFence | SendReadLac | SendLac | SendLongPoll | WriteMetadata | ReadMetadata
-          | ChooseBookies | Acknowledge | FailAdds | Completed | Failed)
+Action = (SendAdd | SendRead | SendFence | SendReadLac | SendLac | SendLongPoll | RequestIdle | WriteMetadata
+          | ReadMetadata | ChooseBookies | Acknowledge | FailAdds | Completed | Failed)

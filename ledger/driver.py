@@ -10,9 +10,18 @@ every outcome back to the operation that asked, as an event:
 - WriteMetadata / ReadMetadata / ChooseBookies run as small tasks in the
   client's nursery (a lost CAS, or one whose outcome is unknown, comes back as
   MetadataBadVersion: the operation re-reads and decides, seed 001);
-- Tick every `tick_s`;
+- Tick every `tick_s`; Idle to an operation that asked (RequestIdle) once every
+  task runnable when it asked (the application woken by an acknowledgement)
+  has had its turn: the pump yields to them, then sends it;
 - what is meant for the application (Acknowledge, FailAdds, Completed,
   Failed) goes to the handler registered with the operation.
+
+Outcomes are fed to the operations by the pump task, or, with `inline=True`
+(the WriteHandle's driver), at once by whichever task finished the request
+(the bookie connection's reader) while the pump runs: an acknowledgement then
+wakes the application directly, one event-loop pass sooner and without a pump
+wake-up per answer. Either way events reach an operation one at a time, in
+the order they were posted, never while its actions are being executed.
 
 The driver makes no protocol decision of its own (STYLE.md habit 2).
 """
@@ -65,8 +74,12 @@ class _Sink(Completions):
 
 class OpDriver:
     def __init__(self, ctx: Context, ledger_id: int, master_key: bytes, *, tick_s: float = 0.02,
-                 long_poll_ms: int = LONG_POLL_MS) -> None:
+                 long_poll_ms: int = LONG_POLL_MS, inline: bool = False) -> None:
         self.ctx = ctx
+        self.inline = inline
+        self._depth = 0  # > 0 while actions are executed or an event is dispatched: events wait in the inbox
+        self._until: Callable[[], bool] | None = None  # the running pump's condition (None: no pump runs)
+        self._idle_wanted: set[int] = set()  # operations that asked for an Idle event (RequestIdle)
         self.ledger_id = ledger_id
         self.master_key = master_key
         self.tick_s = tick_s
@@ -98,6 +111,15 @@ class OpDriver:
 
     # -- executing actions ------------------------------------------------------------------------
     def execute(self, op_id: int, actions: list[A.Action]) -> None:
+        self._depth += 1
+        try:
+            self._execute(op_id, actions)
+        finally:
+            self._depth -= 1
+        if self._inbox and not self._depth and self._until is not None and self.inline:
+            self._drain()  # outcomes posted while executing (a bookie refused at once)
+
+    def _execute(self, op_id: int, actions: list[A.Action]) -> None:
         i, n = 0, len(actions)
         while i < n:
             action = actions[i]
@@ -119,6 +141,9 @@ class OpDriver:
             self.ctx.nursery.start_soon(self._metadata, op_id, action)
         elif isinstance(action, A.ChooseBookies):
             self.ctx.nursery.start_soon(self._choose, op_id, action)
+        elif isinstance(action, A.RequestIdle):
+            self._idle_wanted.add(op_id)
+            self._wake.set()
         else:
             handler = self._handlers.get(op_id)
             if handler is not None:
@@ -199,7 +224,17 @@ class OpDriver:
     # -- events --------------------------------------------------------------------------------------
     def _post(self, item: Any) -> None:
         self._inbox.append(item)
+        if self.inline and not self._depth and self._until is not None:
+            self._drain()
+            if not self._until():
+                return  # the pump has nothing to do: no wake-up
         self._wake.set()
+
+    def _drain(self) -> None:
+        """Dispatch the inbox, oldest first, including what the dispatching itself posts."""
+        inbox = self._inbox
+        while inbox:
+            self._dispatch(*self._event_of(inbox.popleft()))
 
     def _event_of(self, item: Any) -> tuple[int, A.Event]:
         if isinstance(item, tuple):
@@ -235,26 +270,48 @@ class OpDriver:
             if handler is not None:
                 handler(event)
             return
-        self.execute(op_id, op.step(event))
+        self._depth += 1
+        try:
+            self._execute(op_id, op.step(event))
+        finally:
+            self._depth -= 1
 
     async def pump(self, until: Callable[[], bool]) -> None:
         """Feed events to the operations until `until()` holds. One pump per driver at a time."""
         next_tick = trio.current_time() + self.tick_s
-        while not until():
-            if not self._inbox:
-                with trio.move_on_at(next_tick):
-                    await self._wake.wait()
-            self._wake = trio.Event()
-            items, self._inbox = self._inbox, collections.deque()
-            for item in items:
-                self._dispatch(*self._event_of(item))
-            if trio.current_time() >= next_tick:
-                self.stats["ticks"] += 1
-                next_tick = trio.current_time() + self.tick_s
-                for op_id in list(self._ops):
-                    self._dispatch(op_id, A.Tick())
-            if not items:
-                await trio.lowlevel.checkpoint()
+        self._until = until
+        try:
+            while not until():
+                if not self._inbox and not self._idle_wanted:
+                    with trio.move_on_at(next_tick):
+                        await self._wake.wait()
+                self._wake = trio.Event()
+                asked_before = bool(self._idle_wanted)  # by another task, while this one waited
+                items = len(self._inbox)
+                self._drain()
+                if trio.current_time() >= next_tick:
+                    self.stats["ticks"] += 1
+                    next_tick = trio.current_time() + self.tick_s
+                    for op_id in list(self._ops):
+                        self._dispatch(op_id, A.Tick())
+                if self._idle_wanted:
+                    await self._idle(1 if asked_before else 2)
+                elif not items:
+                    await trio.lowlevel.checkpoint()
+        finally:
+            self._until = None
+
+    async def _idle(self, passes: int) -> None:
+        """Send Idle to the operations that asked, once the tasks runnable when they asked have run.
+        A request made in scheduler pass k wakes the application (an acknowledgement) for pass k + 1:
+        this task must resume in k + 2 at the earliest. Woken by the request (made by another task
+        while this one waited), it runs in k + 1: one yield. Asked during its own dispatching, it is
+        in pass k: two."""
+        for _ in range(passes):
+            await trio.lowlevel.checkpoint()
+        wanted, self._idle_wanted = self._idle_wanted, set()
+        for op_id in sorted(wanted):
+            self._dispatch(op_id, A.Idle())
 
 
 def _failure(action: Any, bookie: int, error: B.BookieError) -> A.Event:

@@ -87,7 +87,7 @@ class WriteHandle:
 
     def __init__(self, ctx: Context, writer: Writer, master_key: bytes, *, tick_s: float = 0.02) -> None:
         self._writer = writer
-        self._driver = OpDriver(ctx, writer.ledger_id, master_key, tick_s=tick_s)
+        self._driver = OpDriver(ctx, writer.ledger_id, master_key, tick_s=tick_s, inline=True)  # acks wake us at once
         self._pending: dict[int, PendingAppend] = {}
         self._closing: _Outcome | None = None
         self._op = self._driver.add(writer, self._on_action, start=False)

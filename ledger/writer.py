@@ -22,10 +22,20 @@ count. Appends made during the change are packaged at once but sent only once
 the new ensemble is committed. So every acknowledged entry has Qa copies on
 bookies that the metadata names for it.
 
+Explicit LACs (for tailing readers): the LAC piggybacked on each add reaches
+the bookies with the next add. When an acknowledgement leaves the writer quiet
+(nothing outstanding), it asks for an Idle event (RequestIdle: the driver
+answers once the application has had its turn, with no timer); if the writer
+is still quiet then, it sends the explicit LAC at once. An application that
+appends again right away (awaiting one append at a time) piggybacks the LAC
+instead, at no extra message. At most one round per append: never more LAC
+rounds than appends, and under pipelined load the writer is rarely quiet.
+
 Events in: AddAcked, AddFailed, BookiesChosen, MetadataWritten,
-MetadataBadVersion, MetadataRead, Tick. Calls in: append(payload),
-close(). Actions out: SendAdd, SendLac, ChooseBookies, WriteMetadata,
-ReadMetadata, Acknowledge, FailAdds, Completed/Failed (of the close).
+MetadataBadVersion, MetadataRead, Tick, Idle. Calls in: append(payload),
+close(). Actions out: SendAdd, SendLac, RequestIdle, ChooseBookies,
+WriteMetadata, ReadMetadata, Acknowledge, FailAdds, Completed/Failed (of the
+close).
 """
 
 from __future__ import annotations
@@ -37,8 +47,8 @@ from dataclasses import dataclass, field
 from bookie import errors as B
 from bookie.entry import NO_ENTRY, Digester
 from ledger.actions import (Acknowledge, Action, AddAcked, AddFailed, BookiesChosen, ChooseBookies, Event,
-                            FailAdds, Failed, MetadataBadVersion, MetadataRead, MetadataWritten, ReadMetadata,
-                            SendAdd, SendLac, Tick, WriteMetadata)
+                            FailAdds, Failed, Idle, MetadataBadVersion, MetadataRead, MetadataWritten, ReadMetadata,
+                            RequestIdle, SendAdd, SendLac, Tick, WriteMetadata)
 from ledger.close_op import CloseOp
 from ledger.errors import (EntryTooLarge, LedgerClosed, LedgerClosedUnderWriter, LedgerError, LedgerFenced,
                            LedgerStateError, NotEnoughBookies, WrongPassword)
@@ -94,6 +104,7 @@ class Writer:
         self.unsent: collections.deque[int] = collections.deque()  # pending ids not sent yet (window, change)
         self.retry: set[tuple[int, int]] = set()   # (bookie, entry) refused as Overloaded: sent again later
         self._ticks = 0
+        self._idle_requested = False               # a RequestIdle is out: its Idle decides the explicit LAC
         self.failed_bookies: set[int] = set()
         self.change: EnsembleChange | None = None
         self.close_op: CloseOp | None = None
@@ -147,6 +158,8 @@ class Writer:
             return self._on_bookies_chosen(event.bookies)
         if isinstance(event, Tick):
             return self._on_tick()
+        if isinstance(event, Idle):
+            return self._on_idle()
         raise TypeError(f"not a writer event: {event!r}")
 
     def _on_ack(self, event: AddAcked) -> list[Action]:
@@ -195,16 +208,25 @@ class Writer:
             self.lac, self.length = entry_id, add.length
         out: list[Action] = [Acknowledge(tuple(done))] if done else []
         out += self._send_unsent()
-        if done and not self.pending and self.explicit_lac and self.lac > self.lac_sent:
-            out += self._explicit_lac()
+        if (done and not self.pending and self.explicit_lac and self.lac > self.lac_sent
+                and not self._idle_requested):
+            self._idle_requested = True
+            out.append(RequestIdle())  # the application's next append may carry the LAC: see Idle
         return out + self._maybe_close()
 
+    def _on_idle(self) -> list[Action]:
+        """The application had its turn since the writer went quiet. Still quiet, with a LAC no add
+        carried: tell the bookies now, so a tailing reader's long poll answers at once rather than
+        with the next add or a tick later (a cheap message: the bookie does not fsync it). A round
+        goes out only when an acknowledgement emptied the writer and moved the LAC past the last one
+        sent, so never more rounds than appends."""
+        self._idle_requested = False
+        if (self.pending or self.lac <= self.lac_sent or not self.explicit_lac
+                or self.state not in (WriterState.OPEN, WriterState.CLOSING)):
+            return []  # an append carries it (or will be acknowledged and ask again), or nothing to tell
+        return self._explicit_lac()
+
     def _explicit_lac(self) -> list[Action]:
-        """The writer went quiet: tell the bookies at once the LAC that no add in flight piggybacks, so a
-        tailing reader's long poll answers now rather than with the next add or a tick later. A cheap
-        message (the bookie does not fsync it). Bounded by the appends: a round goes out only when an
-        acknowledgement empties the writer and moved the LAC past the last one sent, so never more
-        rounds than appends; under pipelined load the writer is rarely quiet and piggybacking covers it."""
         self.lac_sent = self.lac
         return [SendLac(b, self.lac) for b in self.metadata.last_fragment.ensemble if b not in self.failed_bookies]
 

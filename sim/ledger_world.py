@@ -227,6 +227,8 @@ class LedgerWorld:
                 live = sorted(b for b, bk in self.bookies.items() if bk.alive and b not in action.exclude)
                 chosen = tuple(self.rng.sample(live, min(action.count, len(live))))
                 self._at(self.now + 1, "answer", client.name, A.BookiesChosen(chosen))
+            elif isinstance(action, A.RequestIdle):
+                self._at(self.now, "answer", client.name, A.Idle())  # after whatever is due now
             else:
                 self._record(client, action)
 

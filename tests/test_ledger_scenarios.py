@@ -230,6 +230,7 @@ def deferred_failure(writer_cls) -> LedgerWorld:
     world.run(50)
     world.release(slow_cas)
     world.run_until(lambda: len(w.acked) == 2, 1_000)
+    world.run(0)                                                  # the quiet writer's Idle: its explicit LAC leaves
     world.crash_bookie(1)                                         # one failure: Qa - 1 = 1 is tolerated
     world.crash_client("w")
     recover(world, lid)

@@ -77,7 +77,8 @@ def test_explicit_lac_once_the_writer_goes_quiet():
     w.append(b"x")
     w.step(A.AddAcked(1, 0))
     out = w.step(A.AddAcked(2, 0))
-    assert of(out, A.SendLac) == [A.SendLac(1, 0), A.SendLac(2, 0), A.SendLac(3, 0)]
+    assert out == [A.Acknowledge((0,)), A.RequestIdle()]
+    assert w.step(A.Idle()) == [A.SendLac(1, 0), A.SendLac(2, 0), A.SendLac(3, 0)]
 
 
 def change_to(w: Writer, failed: int, new: int) -> A.WriteMetadata:
@@ -273,24 +274,40 @@ def test_an_overloaded_bookie_is_asked_again_not_replaced():
     assert w.change is None and w.ensemble_changes == 0
 
 
-def test_a_quiet_writers_explicit_lac_goes_out_with_the_ack_not_a_tick_later():
-    """Appends awaited one at a time (a tailing reader's writer): every acknowledgement that leaves the
-    writer quiet carries the explicit LAC in the same step, with no Tick in between; ticks send nothing."""
+def test_a_quiet_writers_explicit_lac_goes_out_right_after_the_ack_not_a_tick_later():
+    """Appends awaited one at a time with a pause (a tailing reader's writer): the ack that leaves the
+    writer quiet asks for Idle (the application's turn, no timer), and Idle sends the explicit LAC
+    at once; no Tick is involved, and ticks send nothing."""
     w = Writer(metadata(), 0, DIGESTER)
     for entry_id in range(3):
         w.append(b"x")
         assert w.step(A.AddAcked(1, entry_id)) == []
-        out = w.step(A.AddAcked(2, entry_id))
-        assert out[0] == A.Acknowledge((entry_id,))
-        assert of(out, A.SendLac) == [A.SendLac(b, entry_id) for b in (1, 2, 3)]
+        assert w.step(A.AddAcked(2, entry_id)) == [A.Acknowledge((entry_id,)), A.RequestIdle()]
+        assert w.step(A.Idle()) == [A.SendLac(b, entry_id) for b in (1, 2, 3)]
         assert w.lac_sent == entry_id
     assert w.step(A.AddAcked(3, 2)) == []   # a late ack: nothing new to tell
-    assert w.step(A.Tick()) == [] and w.step(A.Tick()) == []
+    assert w.step(A.Tick()) == [] and w.step(A.Idle()) == []
+
+
+def test_an_append_made_in_the_applications_turn_carries_the_lac_instead():
+    """Appends back to back: the application's next append, made before Idle, piggybacks the LAC
+    (bookies count it as soon as the add arrives), so no explicit LAC message goes out."""
+    w = Writer(metadata(), 0, DIGESTER)
+    w.append(b"a")
+    w.step(A.AddAcked(1, 0))
+    assert w.step(A.AddAcked(2, 0)) == [A.Acknowledge((0,)), A.RequestIdle()]
+    _, out = w.append(b"b")
+    assert parse_header(out[0].data).lac == 0
+    assert w.step(A.Idle()) == []
+    w.step(A.AddAcked(1, 1))
+    assert w.step(A.AddAcked(2, 1)) == [A.Acknowledge((1,)), A.RequestIdle()]  # quiet again: asks again
+    assert w.step(A.Idle()) == [A.SendLac(b, 1) for b in (1, 2, 3)]
 
 
 def test_no_explicit_lac_while_appends_are_outstanding_and_never_more_rounds_than_appends():
     """Pipelined: the LAC rides on the next add while the writer is busy; one explicit round once it
-    drains. However acks arrive, LAC rounds never outnumber appends."""
+    drains. However acks and Idle events arrive, LAC rounds never outnumber appends, and at most
+    one Idle is asked for at a time."""
     w = Writer(metadata(), 0, DIGESTER)
     for p in (b"a", b"b", b"c"):
         w.append(p)
@@ -299,19 +316,29 @@ def test_no_explicit_lac_while_appends_are_outstanding_and_never_more_rounds_tha
         w.step(A.AddAcked(1, entry_id))
         out = w.step(A.AddAcked(2, entry_id))
         assert of(out, A.Acknowledge) == [A.Acknowledge((entry_id,))]
-        rounds += bool(of(out, A.SendLac))
-        if entry_id < 2:
-            assert of(out, A.SendLac) == []  # entries still outstanding
-    assert rounds == 1 and of(out, A.SendLac) == [A.SendLac(b, 2) for b in (1, 2, 3)]
+        assert of(out, A.RequestIdle) == ([A.RequestIdle()] if entry_id == 2 else [])  # quiet only after 2
+        rounds += bool(of(w.step(A.Idle()), A.SendLac))
+    assert rounds == 1 and w.lac_sent == 2
     _, out = w.append(b"d")
     assert parse_header(out[0].data).lac == 2  # piggybacked as before
     for b in (1, 2, 3):
-        rounds += bool(of(w.step(A.AddAcked(b, 3)), A.SendLac))
+        out = w.step(A.AddAcked(b, 3))
+        assert len(of(out, A.RequestIdle)) <= 1
+    for _ in range(3):
+        rounds += bool(of(w.step(A.Idle()), A.SendLac))
     assert rounds == 2 <= w.next_entry
 
 
-def test_no_explicit_lac_when_disabled():
+def test_no_explicit_lac_when_disabled_or_once_fenced():
     w = Writer(metadata(), 0, DIGESTER, explicit_lac=False)
     w.append(b"a")
     w.step(A.AddAcked(1, 0))
-    assert of(w.step(A.AddAcked(2, 0)), A.SendLac) == [] and w.step(A.Tick()) == []
+    assert w.step(A.AddAcked(2, 0)) == [A.Acknowledge((0,))]
+    assert w.step(A.Idle()) == [] and w.step(A.Tick()) == []
+    w = Writer(metadata(), 0, DIGESTER)
+    w.append(b"a")
+    w.step(A.AddAcked(1, 0))
+    assert w.step(A.AddAcked(2, 0)) == [A.Acknowledge((0,)), A.RequestIdle()]
+    w.append(b"b")
+    w.step(A.AddFailed(3, 1, B.LedgerFenced("fenced")))
+    assert w.state is WriterState.BROKEN and w.step(A.Idle()) == []
