@@ -26,7 +26,8 @@ Explicit LACs (for tailing readers): the LAC piggybacked on each add reaches
 the bookies with the next add. When an acknowledgement leaves the writer quiet
 (nothing outstanding), it asks for an Idle event (RequestIdle: the driver
 answers once the application has had its turn, with no timer); if the writer
-is still quiet then, it sends the explicit LAC at once. An application that
+is still quiet then, it sends the explicit LAC at once (a Tick stands in for an
+Idle that has not come yet). An application that
 appends again right away (awaiting one append at a time) piggybacks the LAC
 instead, at no extra message. At most one round per append: never more LAC
 rounds than appends, and under pipelined load the writer is rarely quiet.
@@ -243,7 +244,7 @@ class Writer:
 
     def _on_tick(self) -> list[Action]:
         self._ticks += 1
-        out: list[Action] = []
+        out: list[Action] = self._on_idle() if self._idle_requested else []  # a driver slow to answer it
         if not self.retry or self._ticks % self.retry_ticks or self.change is not None:
             return out
         for bookie, entry_id in sorted(self.retry):

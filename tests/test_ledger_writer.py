@@ -289,6 +289,15 @@ def test_a_quiet_writers_explicit_lac_goes_out_right_after_the_ack_not_a_tick_la
     assert w.step(A.Tick()) == [] and w.step(A.Idle()) == []
 
 
+def test_a_tick_stands_in_for_an_idle_that_has_not_come():
+    w = Writer(metadata(), 0, DIGESTER)
+    w.append(b"x")
+    w.step(A.AddAcked(1, 0))
+    assert w.step(A.AddAcked(2, 0)) == [A.Acknowledge((0,)), A.RequestIdle()]
+    assert w.step(A.Tick()) == [A.SendLac(b, 0) for b in (1, 2, 3)]
+    assert w.step(A.Idle()) == [] and w.step(A.Tick()) == []
+
+
 def test_an_append_made_in_the_applications_turn_carries_the_lac_instead():
     """Appends back to back: the application's next append, made before Idle, piggybacks the LAC
     (bookies count it as soon as the add arrives), so no explicit LAC message goes out."""
