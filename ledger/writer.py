@@ -26,11 +26,11 @@ Explicit LACs (for tailing readers): the LAC piggybacked on each add reaches
 the bookies with the next add. When an acknowledgement leaves the writer quiet
 (nothing outstanding), it asks for an Idle event (RequestIdle: the driver
 answers once the application has had its turn, with no timer); if the writer
-is still quiet then, it sends the explicit LAC at once (a Tick stands in for an
-Idle that has not come yet). An application that
-appends again right away (awaiting one append at a time) piggybacks the LAC
-instead, at no extra message. At most one round per append: never more LAC
-rounds than appends, and under pipelined load the writer is rarely quiet.
+is still quiet then, it sends the explicit LAC at once (a Tick stands in for
+an Idle that has not come yet). An application that appends again right away
+(awaiting one append at a time) piggybacks the LAC instead, at no extra
+message. At most one round per append: never more LAC rounds than appends,
+and under pipelined load the writer is rarely quiet.
 
 Events in: AddAcked, AddFailed, BookiesChosen, MetadataWritten,
 MetadataBadVersion, MetadataRead, Tick, Idle. Calls in: append(payload),
