@@ -146,7 +146,7 @@ def _decode_task(items, with_raw: bool, with_txn: bool):  # noqa: ANN001, ANN202
             view = memoryview(file.read(chunk.end - chunk.start))
         c = decode_chunk(view, chunk.start, chunk.end, prev_zxid, with_raw=with_raw, with_txn=with_txn)
         bad = len(c.bad_offsets)
-        zeros = array.array("l", bytes(8 * bad))  # a damaged record's fields: masked to null by _flat
+        zeros = array.array("l", bytes(8 * bad))  # a damaged record's fields: null in the views (_records_view)
         statuses = array.array("l", [0] * len(c.zxids) + [CHECKSUM_NAMES.index(r) for r in c.bad_reasons])
         nones = [None] * bad
         yield (node, Path(path).name, c.offsets + c.bad_offsets, statuses, c.zxids + zeros, c.prevs + zeros,

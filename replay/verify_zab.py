@@ -85,7 +85,7 @@ def verify_with_context(args: argparse.Namespace, progress=None):  # noqa: ANN00
     frames = read_zab(spark, nodes, protocol=protocol, chunk_records=args.chunk_records, with_txn=False)
     say(f"decoding {sum(s.layout.records for s in frames.segments)} records in {len(frames.segments)} segments")
     ctx = Context(spark, frames, voters, protocol, say)
-    checks = run_checks(ctx)  # its first job decodes (the chunks stay cached) and counts the records
+    checks = run_checks(ctx)  # its first job decodes (the records stay cached) and counts them
     records = ctx.records
     frames.unpersist()
     facts = {"nodes given": len(nodes), "protocol": protocol, "records": records,
