@@ -207,6 +207,7 @@ def test_sequential_and_ephemeral_nodes(ensemble: Cluster):
             other = MetaClient(addresses(ensemble))
             async with other:
                 await other.create("/seq/eph", ephemeral=True)
+                await c.sync("/seq")  # the two clients may sit on different nodes
                 assert (await c.exists("/seq/eph")).ephemeral_owner == other.session_id
             # close() ended the session: its ephemeral is gone at once, as seen by a sync-then-read.
             assert other.state is State.LOST and await c.exists("/seq/eph", linearizable=True) is None
@@ -305,6 +306,9 @@ def test_a_server_switch_keeps_watches_and_fails_only_requests_in_flight(ensembl
             victim = node_at(ensemble, c.server)
             async with MetaClient(others(ensemble, victim)) as writer:
                 await writer.create("/switch", b"0")
+                # Another session wrote it through another server: reads are sequentially
+                # consistent, so sync first (as a ZooKeeper client must) or c's server may lag.
+                await c.sync("/switch")
                 data_watch, child_watch, exist_watch = Watch(), Watch(), Watch()
                 await c.get("/switch", watch=data_watch)
                 await c.children("/switch", watch=child_watch)
