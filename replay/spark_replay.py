@@ -90,7 +90,7 @@ def _segments_for(files: list[tuple[int, str]], start: int, end: int) -> tuple[s
 
 
 def log_txns(paths: tuple[str, ...], after: int | None = None,
-             chunk_starts: tuple[tuple[int, ...], ...] = ()):  # noqa: ANN202 - a generator of Txn
+             chunk_starts: tuple[tuple[int, ...], ...] = (), until: int | None = None):  # noqa: ANN202 - Txns
     """Every valid record of these segments, in order, as Txns (damaged ones are the Checksums check's).
 
     With `after` and each segment's `chunk_starts`, a segment is read from the last
@@ -99,15 +99,18 @@ def log_txns(paths: tuple[str, ...], after: int | None = None,
     do not is the EpochOrder check's). With `after`, the records up to the first
     whose zxid field is above it are then passed by their lengths alone, undecoded:
     a replay from `after` ignores them (valid ones are at or below it, damaged ones
-    are never applied).
+    are never applied). With `until` too, a segment is read only up to the first
+    chunk whose first zxid is above it: a replay to `until` stops at the first txn
+    above it anyway, and a task that read every segment to its end would copy tens
+    of megabytes it never decodes.
     """
     for i, path in enumerate(paths):
         with open(path, "rb") as file:
-            offset = SEGMENT_HEADER_BYTES
+            offset, stop = SEGMENT_HEADER_BYTES, None
             if after is not None and i < len(chunk_starts):
-                offset = _first_chunk(file, chunk_starts[i], after, offset)
+                offset, stop = _chunk_bounds(file, chunk_starts[i], after, until, offset)
             file.seek(offset)
-            buf = file.read()
+            buf = file.read() if stop is None else file.read(stop - offset)
         view = memoryview(buf)
         skip = _past(view, after) if after is not None else 0
         for _, _, item in iter_chunk(view[skip:], offset + skip, offset + len(buf)):
@@ -132,23 +135,36 @@ def _past(view: memoryview, after: int) -> int:
     return pos
 
 
-def _first_chunk(file: BinaryIO, starts: tuple[int, ...], after: int, offset: int) -> int:
-    """The start of the last chunk (of `starts`, in file order) whose first zxid is <= after + 1."""
+def _chunk_bounds(file: BinaryIO, starts: tuple[int, ...], after: int, until: int | None,
+                  offset: int) -> tuple[int, int | None]:
+    """The start of the last chunk (of `starts`, in file order) whose first zxid is <= after + 1,
+    and the start of the first later chunk whose first zxid is above `until` (None: the file's end)."""
+    passed = False  # a chunk starting above after + 1 was seen: later ones are never the first
     for start in starts:
-        file.seek(start)
-        head = file.read(RECORD_HEADER_BYTES)
-        if len(head) < RECORD_HEADER_BYTES:
-            break
-        length = int.from_bytes(head[:4], "big")
-        if length > MAX_RECORD_BYTES:
-            break
-        zxid = zxid_before(memoryview(head + file.read(length)), 0)
+        zxid = _first_zxid(file, start)
         if zxid is None:  # damaged: its place in the order is unknown, so go no further
             break
-        if zxid > after + 1:
+        if zxid <= after + 1 and not passed:
+            offset = start
+            continue
+        passed = True
+        if until is None:
             break
-        offset = start
-    return offset
+        if zxid > until and start > offset:
+            return offset, start
+    return offset, None
+
+
+def _first_zxid(file: BinaryIO, start: int) -> int | None:
+    """The zxid of the record at `start` (None: it is damaged or cut short)."""
+    file.seek(start)
+    head = file.read(RECORD_HEADER_BYTES)
+    if len(head) < RECORD_HEADER_BYTES:
+        return None
+    length = int.from_bytes(head[:4], "big")
+    if length > MAX_RECORD_BYTES:
+        return None
+    return zxid_before(memoryview(head + file.read(length)), 0)
 
 
 def run_task(task: ReplayTask) -> list[ReplayRow]:
@@ -161,7 +177,7 @@ def run_task(task: ReplayTask) -> list[ReplayRow]:
         except SnapshotCorruptError as err:
             return [ReplayRow(task.node, source, task.start, None, str(err))]
     sm = restore(task.protocol, task.start, state)
-    txns = log_txns(task.segments, task.start, task.chunk_starts)
+    txns = log_txns(task.segments, task.start, task.chunk_starts, task.end)
     outcome = replay(sm, task.start, task.end, txns, task.checkpoints)
     rows = [ReplayRow(task.node, source, zxid, digest, "") for zxid, digest in outcome.digests]
     if outcome.error:

@@ -304,6 +304,10 @@ def test_a_replay_starts_at_the_chunk_holding_its_first_zxid_and_reads_the_same_
     for after in (0, first, Z.make(1, 6), Z.make(1, 7), Z.make(1, 50), Z.make(1, 100), Z.make(2, 0)):
         whole = [t.zxid for t in log_txns((str(segment),)) if t.zxid > after]
         assert [t.zxid for t in log_txns((str(segment),), after, (starts,)) if t.zxid > after] == whole
+        for until in (after, after + 1, Z.make(1, 7), Z.make(1, 8), Z.make(1, 60), Z.make(1, 99), Z.make(3, 0)):
+            # Read up to a chunk boundary past `until` at least: every txn in (after, until] comes out.
+            bounded = [t.zxid for t in log_txns((str(segment),), after, (starts,), until) if after < t.zxid <= until]
+            assert bounded == [z for z in whole if z <= until]
     # Nothing at or below `after` is decoded: a record damaged there is never reached (its CRC
     # is not checked), and the first txn is the one after `after`.
     raw = bytearray(segment.read_bytes())
