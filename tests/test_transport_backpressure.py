@@ -25,7 +25,7 @@ def test_a_follower_that_stops_reading_is_cut_off_and_the_others_keep_receiving(
     events: list[object] = []
     received = {"frames": 0}
 
-    async def deliver(event: object) -> None:
+    def deliver(event: object) -> None:
         events.append(event)
 
     async def never_reads(stream: trio.SocketStream) -> None:

@@ -6,6 +6,14 @@ and executes the actions the core returns, in order: sends go to the peer
 transport, log actions to the single log writer (fsync off the event loop,
 group commit), epoch writes to disk before anything after them, deliveries
 to the clients waiting on them.
+
+The core is stepped inline, in whichever task has the event (a peer link's
+reader, a client connection, the ticker, the log writer releasing what waited
+for an fsync): every action but PersistEpoch is synchronous, so one step and
+its actions run to completion without yielding, which keeps steps atomic and
+in arrival order without a channel crossing and a task switch per event. An
+epoch write blocks the inbox: whatever arrives meanwhile, and the rest of the
+actions after it, queue until it is on disk.
 """
 
 from __future__ import annotations
@@ -34,8 +42,13 @@ from zab.txn import Txn
 
 log = logging.getLogger("quire.zab.driver")
 
-EVENT_QUEUE_MAX = 10_000
 _LOG_ACTIONS = (LogAppend, LogSync, LogTruncate, InstallSnapshot, TakeSnapshot)
+
+
+@dataclass(frozen=True, slots=True)
+class _Resume:
+    """Actions still to execute, in the inbox in their turn (after an fsync or an epoch write)."""
+    actions: list[Action]
 
 
 @dataclass
@@ -87,8 +100,13 @@ class PeerDriver:
                                        max_frame_bytes=max_frame_bytes, send_queue_max=send_queue_max)
         self.peer: Peer | None = None
         self.writer: LogWriter | None = None
-        self._events_send, self._events_recv = trio.open_memory_channel(EVENT_QUEUE_MAX)
-        self._local: collections.deque[Event] = collections.deque()
+        # Events and resumed action lists in arrival order; empty unless an epoch write
+        # is in progress, the driver has not started, or a step is feeding itself.
+        self._inbox: collections.deque[Event | _Resume] = collections.deque()
+        self._draining = False
+        self._started = False
+        self._persisting: PersistEpoch | None = None
+        self._persist_wakeup = trio.Event()
         self._waiters: dict[tuple[int, int], _Waiter] = {}
         self._listener: DriverListener | None = None
         self._running = False
@@ -110,10 +128,12 @@ class PeerDriver:
                 await nursery.start(self.transport.run)
                 nursery.start_soon(self.writer.run)
                 nursery.start_soon(self._ticker)
-                await self._execute(self.peer.start())
+                self._inbox.appendleft(_Resume(self.peer.start()))  # before anything the links delivered
+                self._started = True
+                self._drain()
                 self._running = True
                 task_status.started()
-                await self._loop()
+                await self._persist_epochs()
         finally:
             self._running = False
             recovered.log.close()
@@ -124,50 +144,79 @@ class PeerDriver:
     async def _ticker(self) -> None:
         while True:
             await trio.sleep(self.cfg.tick_ms / 1000)
-            await self._events_send.send(Tick())
+            self._feed((Tick(),))
 
-    async def _deliver_event(self, event: object) -> None:
-        await self._events_send.send(event)
+    def _deliver_event(self, event: object) -> None:
+        # The transport hands over every message of one socket read as one list.
+        self._feed(event if isinstance(event, list) else (event,))
 
-    async def _loop(self) -> None:
+    def _run_after_sync(self, actions: list[Action]) -> None:
+        self._feed((_Resume(actions),))
+
+    # -- the inbox -----------------------------------------------------------------------
+    def _feed(self, items) -> None:
+        self._inbox.extend(items)
+        if not self._draining:
+            self._drain()
+
+    def _drain(self) -> None:
+        """Step the core on everything queued, in order, until the inbox is empty or an
+        epoch write must finish first. Never yields; a step's own sends to this node
+        land in the inbox and are taken in this same pass."""
+        if not self._started:
+            return
         assert self.peer is not None
-        while True:
-            item = self._local.popleft() if self._local else await self._events_recv.receive()
-            # The transport hands over every message of one socket read as one list:
-            # one channel hop per read instead of one per message.
-            for event in item if isinstance(item, list) else (item,):
-                if isinstance(event, (ClientRequest, ClientSync)):
-                    waiter = self._waiters.get((event.session_id, event.cxid))
+        self._draining = True
+        try:
+            while self._inbox and self._persisting is None:
+                item = self._inbox.popleft()
+                if isinstance(item, _Resume):
+                    self._execute(item.actions)
+                    continue
+                if isinstance(item, (ClientRequest, ClientSync)):
+                    waiter = self._waiters.get((item.session_id, item.cxid))
                     if waiter is not None:
                         waiter.in_core = True
-                await self._execute(self.peer.step(event))
+                self._execute(self.peer.step(item))
+        finally:
+            self._draining = False
+            assert self.writer is not None
+            self.writer.flush()
+
+    async def _persist_epochs(self) -> None:
+        """Write each epoch the core asked for off the event loop; the inbox waits for it."""
+        while True:
+            await self._persist_wakeup.wait()
+            self._persist_wakeup = trio.Event()
+            assert self._persisting is not None
+            await trio.to_thread.run_sync(self._persist_epoch, self._persisting)
+            self._persisting = None
+            self._drain()
 
     # -- actions ---------------------------------------------------------------------------
-    async def _execute(self, actions: list[Action]) -> None:
+    def _execute(self, actions: list[Action]) -> None:
         assert self.writer is not None
-        for a in actions:
+        for i, a in enumerate(actions):
             if isinstance(a, _LOG_ACTIONS):
                 self.writer.submit(a)
-            else:
-                await self._execute_now(a, from_writer=False)
-
-    async def _run_after_sync(self, actions: list[Action]) -> None:
-        for a in actions:
-            await self._execute_now(a, from_writer=True)
-
-    async def _execute_now(self, a: Action, *, from_writer: bool) -> None:
-        if isinstance(a, Send):
-            if a.to == self.cfg.my_id:
-                event = Received(a.to, a.msg)
-                if from_writer:
-                    await self._events_send.send(event)
+            elif isinstance(a, Send):
+                if a.to == self.cfg.my_id:
+                    self._inbox.append(Received(a.to, a.msg))
                 else:
-                    self._local.append(event)
+                    self.transport.send(a.to, a.msg)
+            elif isinstance(a, PersistEpoch):
+                # Disk before anything after it: the rest resumes once the write returns.
+                self._persisting = a
+                rest = actions[i + 1:]
+                if rest:
+                    self._inbox.appendleft(_Resume(rest))
+                self._persist_wakeup.set()
+                return
             else:
-                self.transport.send(a.to, a.msg)
-        elif isinstance(a, PersistEpoch):
-            await trio.to_thread.run_sync(self._persist_epoch, a)
-        elif isinstance(a, Delivered):
+                self._execute_other(a)
+
+    def _execute_other(self, a: Action) -> None:
+        if isinstance(a, Delivered):
             self._answer(a.txn.session_id, a.txn.cxid, result=a.result)
             if self._listener is not None:
                 self._listener.delivered(a.txn, a.result)
@@ -221,10 +270,7 @@ class PeerDriver:
 
     def touch(self, session_ids: tuple[int, ...]) -> None:
         """Report client sessions active on this node (the leader decides expiry)."""
-        try:
-            self._events_send.send_nowait(TouchSessions(session_ids))
-        except trio.WouldBlock:
-            pass  # the next touch carries them; a busy node is not an idle session
+        self._feed((TouchSessions(session_ids),))
 
     async def submit(self, session_id: int, cxid: int, request: bytes) -> object:
         """Replicate one write; returns what the state machine's apply() returned, once
@@ -252,7 +298,7 @@ class PeerDriver:
             raise ValueError(f"request {key} is already in flight")
         waiter = self._waiters[key] = _Waiter()
         try:
-            await self._events_send.send(event)
+            self._feed((event,))  # stepped here and now: proposed before this returns
         except BaseException:
             self._waiters.pop(key, None)
             raise

@@ -1,18 +1,25 @@
 """The single writer of a node's transaction log and snapshots (trio edge).
 
-The core's log actions queue here in order. The writer takes everything
-queued, performs it in a worker thread (fsync never runs on the event loop),
-fsyncs once for all appended records (group commit), and only then runs the
-actions the core attached to its LogSync. Because there is exactly one
-writer and it consumes actions in order, a role change can never leave an
-older persistence task writing after a truncation (ZOOKEEPER-4712).
+The core's log actions queue here in order. One long-lived thread takes
+everything queued, performs it (fsync never runs on the event loop), fsyncs
+once for all appended records (group commit), and hands the actions the core
+attached to its LogSyncs back to the trio thread, which runs them only then.
+Because there is exactly one writer and it consumes actions in order, a role
+change can never leave an older persistence task writing after a truncation
+(ZOOKEEPER-4712).
+
+The thread is fed through a queue.SimpleQueue and answers through the trio
+token: a batch costs one wake-up each way, where trio.to_thread.run_sync per
+batch also woke a writer task, took a capacity limiter and a checkpoint.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 import trio
 
@@ -27,30 +34,83 @@ log = logging.getLogger("quire.zab.log_writer")
 
 class LogWriter:
     def __init__(self, txnlog: TxnLog, snapshots: SnapshotStore, *, snapshots_retained: int,
-                 run_then: Callable[[list[Action]], Awaitable[None]]) -> None:
+                 run_then: Callable[[list[Action]], None]) -> None:
         self.txnlog = txnlog
         self.snapshots = snapshots
         self.snapshots_retained = snapshots_retained
         self.run_then = run_then
-        self._queue: list[Action] = []
-        self._wakeup = trio.Event()
+        self._pending: list[Action] = []  # submitted in this step, not yet handed to the thread
+        self._todo: queue.SimpleQueue[list[Action] | None] = queue.SimpleQueue()
+        self._queued = 0  # actions handed to the thread and not yet performed
+        self._done: list[tuple[list[Action], BaseException | None]] = []
+        self._done_event = trio.Event()
         self.batches = 0
         self.fsync_seconds_total = 0.0
         self.snapshots_taken = 0
 
     def submit(self, action: Action) -> None:
-        self._queue.append(action)
-        self._wakeup.set()
+        """Queue `action`; it reaches the thread at the next flush() (the driver's end of step)."""
+        self._pending.append(action)
+
+    def flush(self) -> None:
+        """Hand what was submitted to the thread in one piece: a proposal's LogAppend and
+        its LogSync then share one fsync instead of racing the thread into two."""
+        if self._pending:
+            self._queued += len(self._pending)
+            self._todo.put(self._pending)
+            self._pending = []
 
     async def run(self) -> None:
+        token = trio.lowlevel.current_trio_token()
+        thread = threading.Thread(target=self._thread_main, args=(token,), name="quire-log-writer", daemon=True)
+        thread.start()
+        try:
+            while True:
+                await self._done_event.wait()
+                self._done_event = trio.Event()
+                done, self._done = self._done, []
+                for then, error in done:
+                    if error is not None:
+                        raise error  # the disk failed: the node stops rather than ack what it may not have
+                    if then:
+                        self.run_then(coalesce_acks(then))
+        finally:
+            self._todo.put(None)
+            # The log is closed after this returns: let a write in progress finish first.
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(thread.join)
+
+    def _thread_main(self, token: trio.lowlevel.TrioToken) -> None:
         while True:
-            await self._wakeup.wait()
-            self._wakeup = trio.Event()
-            batch, self._queue = self._queue, []
-            then = await trio.to_thread.run_sync(self._write, batch)
-            self.batches += 1
-            if then:
-                await self.run_then(coalesce_acks(then))
+            batch = self._todo.get()
+            if batch is None:
+                return
+            while True:  # group commit: everything queued meanwhile shares this fsync
+                try:
+                    more = self._todo.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    self._todo.put(None)
+                    break
+                batch += more
+            try:
+                then, error = self._write(batch), None
+            except BaseException as e:  # reported to the trio thread, which raises it
+                then, error = [], e
+            try:
+                token.run_sync_soon(self._batch_done, len(batch), then, error)
+            except trio.RunFinishedError:
+                return
+            if error is not None:
+                return
+
+    def _batch_done(self, size: int, then: list[Action], error: BaseException | None) -> None:
+        """In the trio thread. Runs nothing itself: a run_sync_soon callback must not raise."""
+        self.batches += 1
+        self._queued -= size
+        self._done.append((then, error))
+        self._done_event.set()
 
     def _write(self, batch: list[Action]) -> list[Action]:
         """Worker thread: perform `batch` in order; one fsync covers all appends."""
@@ -115,7 +175,7 @@ class LogWriter:
     def statistics(self) -> dict:
         stats = dict(self.txnlog.statistics())
         stats.update(batches=self.batches, fsync_seconds_total=round(self.fsync_seconds_total, 6),
-                     snapshots_taken=self.snapshots_taken, queued=len(self._queue))
+                     snapshots_taken=self.snapshots_taken, queued=self._queued + len(self._pending))
         return stats
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import trio
@@ -53,10 +53,11 @@ class TransportStats:
 
 class PeerTransport:
     """Dials and accepts peer links; calls `deliver(event)` for everything that arrives
-    (a list of Received events for the messages of one socket read)."""
+    (a list of Received events for the messages of one socket read). `deliver` is
+    synchronous: the driver steps its core inline in the reading task."""
 
     def __init__(self, cluster: str, my_id: int, addresses: dict[int, tuple[str, int]],
-                 deliver: Callable[[object], Awaitable[None]], *, max_frame_bytes: int, send_queue_max: int) -> None:
+                 deliver: Callable[[object], None], *, max_frame_bytes: int, send_queue_max: int) -> None:
         self.cluster = cluster
         self.my_id = my_id
         self.addresses = addresses
@@ -132,7 +133,7 @@ class PeerTransport:
             self._lost_event = trio.Event()
             lost, self._lost = self._lost, []
             for peer in lost:
-                await self.deliver(PeerDisconnected(peer))
+                self.deliver(PeerDisconnected(peer))
 
     async def _dial_loop(self, peer: int) -> None:
         out = self._out[peer]
@@ -221,7 +222,7 @@ class PeerTransport:
         if old is not None:
             old.cancel()
             # The old connection's tail may be lost: the core hears of it before the new link's first message.
-            await self.deliver(PeerDisconnected(peer))
+            self.deliver(PeerDisconnected(peer))
         with trio.CancelScope() as scope:
             self._incoming[peer] = scope
             try:
@@ -251,7 +252,7 @@ class PeerTransport:
     async def _read_loop(self, stream: trio.SocketStream, decoder: FrameDecoder, peer: int,
                          early: list[bytes]) -> None:
         for payload in early:
-            await self.deliver(Received(peer, decode_message(payload)))
+            self.deliver(Received(peer, decode_message(payload)))
         while True:
             data = await stream.receive_some(65536)
             if not data:
@@ -259,4 +260,4 @@ class PeerTransport:
             received = [Received(peer, decode_message(payload)) for payload in decoder.feed(data)]
             if received:
                 self.stats.frames_received += len(received)
-                await self.deliver(received)  # one hand-over per read (a FrameError drops them all: the link breaks)
+                self.deliver(received)  # one hand-over per read (a FrameError drops them all: the link breaks)
