@@ -9,7 +9,10 @@
 Every request is sent on the bookie's one connection, opened lazily on the first
 request and again after a loss; requests from any number of tasks are pipelined
 and matched to their answers by request id (answers may come out of order).
-Requests queued while a send is in progress leave together in one send.
+Requests queued while a send is in progress leave together in one send; a
+request that is the only one in flight (an add awaited at a time) is written to
+the socket in the step that starts it (bookie/sockets.py), not a scheduler
+pass later by the connection's writer task.
 
 `start_*` methods are synchronous: they queue the request and return a
 PendingRequest at once, so one task can keep thousands in flight without a task
@@ -39,6 +42,7 @@ import trio
 
 from bookie import protocol as P
 from bookie.errors import BookieError, BookieUnavailable
+from bookie.sockets import write_now
 
 log = logging.getLogger("quire.bookie.client")
 
@@ -166,6 +170,8 @@ class BookieClient:
         self._by_deadline: collections.deque[PendingRequest] = collections.deque()  # default timeouts: in order
         self._other_deadlines: list[PendingRequest] = []  # per-call timeouts and long polls
         self._outbox: list[bytes] = []
+        self._stream: trio.SocketStream | None = None  # while connected
+        self._sending = False  # the writer task is inside send_all
         self._wake = trio.Event()
         self.stats: collections.Counter[str] = collections.Counter()
 
@@ -303,9 +309,24 @@ class BookieClient:
             self._nursery.start_soon(self._connection)
         self._pending[rid] = pending
         (self._by_deadline if timeout_s is None else self._other_deadlines).append(pending)
+        if self._stream is not None and not self._outbox and not self._sending and self._lone():
+            # The only request in flight (an add awaited one at a time): sent in this step, not by the
+            # writer task a scheduler pass later. Requests started together are sent together below.
+            frame = write_now(self._stream, frame)
+            if not frame:
+                self.stats["sends"] += 1
+                return pending
         self._outbox.append(frame)
         self._wake.set()
         return pending
+
+    def _lone(self) -> bool:
+        """Whether the request just submitted is the only one in flight, long polls aside (a tailing
+        reader keeps one parked)."""
+        pending = self._pending
+        if len(pending) == 1:
+            return True
+        return len(pending) <= 4 and sum(p.kind is not P.Kind.LONG_POLL for p in pending.values()) == 1
 
     def _fail_all(self, reason: str) -> None:
         pending, self._pending = self._pending, {}
@@ -331,6 +352,7 @@ class BookieClient:
             await stream.aclose()
             return
         self._connecting, self._connected, self._backoff_s = False, True, BACKOFF_MIN_S
+        self._stream = stream
         self.stats["connects"] += 1
         reason = "the bookie closed the connection"
         try:
@@ -344,7 +366,7 @@ class BookieClient:
             # Nurseries wrap errors in groups: a reset bookie must fail its requests, not the pool.
             reason = f"connection error {group.exceptions[0]!r}"
         finally:
-            self._connected, self._scope = False, None
+            self._connected, self._scope, self._stream = False, None, None
             with trio.CancelScope(shield=True):
                 await stream.aclose()
             self._fail_all(f"lost the connection to bookie {self.host}:{self.port} ({reason})")
@@ -359,7 +381,11 @@ class BookieClient:
                 data = b"".join(self._outbox)
                 self._outbox.clear()
                 self.stats["sends"] += 1
-                await stream.send_all(data)
+                self._sending = True
+                try:
+                    await stream.send_all(data)
+                finally:
+                    self._sending = False
 
     async def _reader(self, stream: trio.SocketStream) -> str:
         """Match answers to pending requests until the connection ends; returns why."""

@@ -10,9 +10,10 @@ connections). Reads, fences and explicit LACs of one socket read are served in
 order by one task; READ_LAC is answered at once, and so is an explicit LAC that
 comes before any other of those in its socket read and need not wait (its
 ledger's key is bound here); each long poll waits in its own task, bounded by
-its timeout. Answers are queued and leave in one send per
-wakeup of the connection's writer, in whatever order they complete (responses
-carry their request's id).
+its timeout. An answer leaves at once, from the step that completes it, when
+nothing is queued before it (bookie/sockets.py); otherwise answers are queued
+and leave in one send per wakeup of the connection's writer. Either way they
+leave in whatever order they complete (responses carry their request's id).
 
 Bounds: at most `max_in_flight` requests per connection are being served; more
 are answered OVERLOADED at once. A client that does not read its answers is cut
@@ -39,6 +40,7 @@ import trio
 
 from bookie import protocol as P
 from bookie.errors import BookieError, EntryCorrupt, EntryTooLarge, NoSuchEntry, Overloaded, StorageError
+from bookie.sockets import write_now
 
 if TYPE_CHECKING:
     from bookie.storage import BookieStorage
@@ -85,6 +87,7 @@ class _Connection:
         self.out_bytes = 0
         self.max_outgoing_bytes = max_outgoing_bytes
         self.wake = trio.Event()
+        self.sending = False  # the writer task is inside send_all
         self.in_flight = 0
         self.closing = False
         self.drained = trio.Event()  # set once nothing is queued after closing began
@@ -93,6 +96,12 @@ class _Connection:
     def send(self, frame: bytes) -> None:
         if self.closing and self.scope is None:
             return
+        if not self.out and not self.sending and not self.closing:
+            # Nothing queued before it: to the kernel now (bookie/sockets.py), not a scheduler pass
+            # later from the writer task; the writer only sends what the socket did not take.
+            frame = write_now(self.stream, frame)
+            if not frame:
+                return
         self.out.append(frame)
         self.out_bytes += len(frame)
         self.wake.set()
@@ -193,7 +202,11 @@ class BookieService:
                 data = b"".join(conn.out)
                 conn.out.clear()
                 conn.out_bytes = 0
-                await conn.stream.send_all(data)
+                conn.sending = True
+                try:
+                    await conn.stream.send_all(data)
+                finally:
+                    conn.sending = False
             if conn.closing and not conn.out:
                 conn.drained.set()
 
