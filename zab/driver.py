@@ -19,6 +19,7 @@ actions after it, queue until it is on disk.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 from dataclasses import dataclass, field
@@ -104,6 +105,7 @@ class PeerDriver:
         # is in progress, the driver has not started, or a step is feeding itself.
         self._inbox: collections.deque[Event | _Resume] = collections.deque()
         self._draining = False
+        self._holding = 0  # > 0: a caller starts several requests in a row; flush once after them
         self._started = False
         self._persisting: PersistEpoch | None = None
         self._persist_wakeup = trio.Event()
@@ -180,8 +182,27 @@ class PeerDriver:
                 self._execute(self.peer.step(item))
         finally:
             self._draining = False
-            assert self.writer is not None
-            self.writer.flush()
+            if not self._holding:
+                self._flush()
+
+    def _flush(self) -> None:
+        assert self.writer is not None
+        self.writer.flush()
+        self.transport.flush()  # one write per peer for everything this pass sent
+
+    @contextlib.contextmanager
+    def holding(self):
+        """Start several requests (start_submit, start_sync) and send their proposals and
+        log them together, once the block ends: one write per peer and one hand-off to
+        the log writer instead of one each per request. The block must not wait on
+        anything (no checkpoint): nothing leaves this node while it runs."""
+        self._holding += 1
+        try:
+            yield
+        finally:
+            self._holding -= 1
+            if not self._holding and self._started:
+                self._flush()
 
     async def _persist_epochs(self) -> None:
         """Write each epoch the core asked for off the event loop; the inbox waits for it."""
@@ -203,7 +224,7 @@ class PeerDriver:
                 if a.to == self.cfg.my_id:
                     self._inbox.append(Received(a.to, a.msg))
                 else:
-                    self.transport.send(a.to, a.msg)
+                    self.transport.send(a.to, a.msg, flush=False)
             elif isinstance(a, PersistEpoch):
                 # Disk before anything after it: the rest resumes once the write returns.
                 self._persisting = a

@@ -42,8 +42,9 @@ class LogWriter:
         self._pending: list[Action] = []  # submitted in this step, not yet handed to the thread
         self._todo: queue.SimpleQueue[list[Action] | None] = queue.SimpleQueue()
         self._queued = 0  # actions handed to the thread and not yet performed
-        self._done: list[tuple[list[Action], BaseException | None]] = []
-        self._done_event = trio.Event()
+        self._error: BaseException | None = None  # from the thread or from run_then, raised by run()
+        self._error_event = trio.Event()
+        self._stopping = False
         self.batches = 0
         self.fsync_seconds_total = 0.0
         self.snapshots_taken = 0
@@ -65,16 +66,11 @@ class LogWriter:
         thread = threading.Thread(target=self._thread_main, args=(token,), name="quire-log-writer", daemon=True)
         thread.start()
         try:
-            while True:
-                await self._done_event.wait()
-                self._done_event = trio.Event()
-                done, self._done = self._done, []
-                for then, error in done:
-                    if error is not None:
-                        raise error  # the disk failed: the node stops rather than ack what it may not have
-                    if then:
-                        self.run_then(coalesce_acks(then))
+            await self._error_event.wait()
+            assert self._error is not None
+            raise self._error  # the disk failed (or a bug): the node stops rather than ack what it may not have
         finally:
+            self._stopping = True
             self._todo.put(None)
             # The log is closed after this returns: let a write in progress finish first.
             with trio.CancelScope(shield=True):
@@ -106,11 +102,21 @@ class LogWriter:
                 return
 
     def _batch_done(self, size: int, then: list[Action], error: BaseException | None) -> None:
-        """In the trio thread. Runs nothing itself: a run_sync_soon callback must not raise."""
+        """In the trio thread, as a run_sync_soon callback: runs what waited for the fsync
+        right here, one task switch sooner than waking a task for it. Such a callback must
+        not raise, so a failure is handed to run(), which raises it in the nursery."""
         self.batches += 1
         self._queued -= size
-        self._done.append((then, error))
-        self._done_event.set()
+        if self._stopping or self._error is not None:
+            return
+        if error is None and then:
+            try:
+                self.run_then(coalesce_acks(then))
+            except BaseException as e:  # re-raised by run(): a bug is a crash, not a TrioInternalError
+                error = e
+        if error is not None:
+            self._error = error
+            self._error_event.set()
 
     def _write(self, batch: list[Action]) -> list[Action]:
         """Worker thread: perform `batch` in order; one fsync covers all appends."""
