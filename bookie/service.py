@@ -9,8 +9,9 @@ while the journal fsyncs (the storage group-commits across calls and
 connections). Reads, fences and explicit LACs of one socket read are served in
 order by one task; READ_LAC is answered at once, and so is an explicit LAC that
 comes before any other of those in its socket read and need not wait (its
-ledger's key is bound here); each long poll waits in its own task, bounded by
-its timeout. An answer leaves at once, from the step that completes it, when
+ledger's key is bound here); a long poll is answered from the step that raises
+its ledger's LAC (storage.watch_lac: an add's LAC field, an explicit LAC), its
+task only bounding the wait by the poll's timeout. An answer leaves at once, from the step that completes it, when
 nothing is queued before it (bookie/sockets.py); otherwise answers are queued
 and leave in one send per wakeup of the connection's writer. Either way they
 leave in whatever order they complete (responses carry their request's id).
@@ -391,23 +392,44 @@ class BookieService:
 
     async def _long_poll(self, conn: _Connection, req: P.LongPoll) -> None:
         """Answer once the LAC passes previous_lac (with the entry after it, if stored here)
-        or at the timeout with the current LAC."""
+        or at the timeout with the current LAC. The answer leaves from the step that raises the LAC
+        (storage.watch_lac): no wake-up of this task in between; the task only bounds the wait."""
         self.stats["long_polls"] += 1
+        answered = trio.Event()
+
+        def answer() -> None:
+            if not answered.is_set():
+                answered.set()
+                self._answer_long_poll(conn, req)
+
+        cancel = None
         try:
             with trio.move_on_after(min(req.timeout_ms, self.cfg.max_long_poll_ms) / 1000):
-                await self.storage.wait_lac(req.ledger_id, req.previous_lac)
+                cancel = self.storage.watch_lac(req.ledger_id, req.previous_lac, answer)
+                await answered.wait()
+            answer()  # the timeout: the current LAC
+        finally:
+            if cancel is not None:
+                cancel()
+            conn.in_flight -= 1
+
+    def _answer_long_poll(self, conn: _Connection, req: P.LongPoll) -> None:
+        """The long poll's answer: the LAC, and the entry after previous_lac if the LAC passed it and
+        this bookie can read it (else the reader fetches it from another replica)."""
+        try:
             lac = self.storage.lac(req.ledger_id)
             data = None
             if lac > req.previous_lac:
                 try:
-                    data = await self._read(req.ledger_id, req.previous_lac + 1)
+                    data = self.storage.read(req.ledger_id, req.previous_lac + 1)
                 except (NoSuchEntry, EntryCorrupt):
-                    data = None  # the reader fetches it from another replica
+                    data = None
+                except StorageError as e:  # one unreadable file is this copy's problem, not the node's
+                    log.error("event=read_failed ledger=%s entry=%s error=%r", req.ledger_id, req.previous_lac + 1, e)
+                    data = None
             conn.answer(P.Response(req.request_id, P.Kind.LONG_POLL, P.Status.OK, req.ledger_id, lac=lac, data=data))
         except BookieError as e:
             conn.fail(req, P.Kind.LONG_POLL, e)
-        finally:
-            conn.in_flight -= 1
 
 
 _ADD_CODE = bytes((P.Kind.ADD,))

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import trio
@@ -73,6 +73,7 @@ class BookieStorage:
         self._entrylogs = recovered.entrylogs
         self._commits = GroupCommit(self._write_batch, self._apply, self._refusal, self._record_failure, directory)
         self._lac_events: dict[int, trio.Event] = {}
+        self._lac_watchers: dict[int, list[Callable[[], None]]] = {}  # watch_lac callbacks, per ledger
         self._fence_batches: dict[int, Batch] = {}  # ledger -> batch carrying its newest FENCE record
         self._checkpoint_wanted = trio.Event()
         self._journal_bytes_at_checkpoint = 0
@@ -159,9 +160,9 @@ class BookieStorage:
         if not records:
             return results, None
         batch = self._commits.join(records, entries, keys[0] + len(entries))
-        self._commits.start()
-        if entries:
+        if entries:  # before the write starts: long polls answer ahead of the worker thread's hand-off
             self._told_lacs(entries)
+        self._commits.start()
         return results, batch
 
     def _told_lacs(self, entries: list[tuple[int, int, bytes, int]]) -> None:
@@ -391,6 +392,34 @@ class BookieStorage:
                 event = self._lac_events[ledger_id] = trio.Event()
             await event.wait()
 
+    def watch_lac(self, ledger_id: int, beyond: int, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call `callback()` once the ledger's LAC is greater than `beyond` or the ledger is deleted here:
+        at once if it is already, else from the step that raises it (an add's LAC field, an explicit LAC,
+        a batch's fsync), so a long poll is answered without a task wake-up in between. Waits for a
+        ledger not seen yet. Returns a function that cancels the watch (harmless once called). The
+        callback must not block; an exception it raises is logged, not propagated to the writer of
+        the LAC."""
+        state = self._index.state(ledger_id)
+        if ledger_id in self._index.deleted or (state is not None and state.lac > beyond):
+            callback()
+            return _nothing
+
+        def check() -> None:  # any raise of this ledger's LAC wakes every watcher: re-check ours
+            state = self._index.state(ledger_id)
+            if ledger_id in self._index.deleted or (state is not None and state.lac > beyond):
+                callback()
+            else:
+                self._lac_watchers.setdefault(ledger_id, []).append(check)
+
+        watchers = self._lac_watchers.setdefault(ledger_id, [])
+        watchers.append(check)
+
+        def cancel() -> None:
+            current = self._lac_watchers.get(ledger_id)
+            if current is not None and check in current:
+                current.remove(check)
+        return cancel
+
     def _state(self, ledger_id: int) -> LedgerState:
         state = self._index.state(ledger_id)
         if state is None:
@@ -401,6 +430,12 @@ class BookieStorage:
         event = self._lac_events.pop(ledger_id, None)
         if event is not None:
             event.set()
+        watchers = self._lac_watchers.pop(ledger_id, None)
+        for check in watchers or ():
+            try:
+                check()
+            except Exception:  # noqa: BLE001 - a watcher's bug must not fail the add or fsync that raised the LAC
+                _log.exception("event=lac_watcher_failed ledger=%s", ledger_id)
 
     # --- checkpoint, compaction, disk ----------------------------------------------------------
 
@@ -578,3 +613,6 @@ def _check_id(value: int, what: str) -> None:
     if not 0 <= value <= MAX_ID:
         raise BadRequest(f"{what} id {value} is not in 0..2**63-1")
 
+
+def _nothing() -> None:
+    """The cancel function of a watch that fired at once."""
