@@ -237,6 +237,34 @@ async def test_wait_lac_returns_when_an_add_carries_a_higher_lac(tmp_path):
     await storage.close()
 
 
+@trio_test
+async def test_watch_lac_calls_back_from_the_step_that_raises_the_lac(tmp_path):
+    """A long poll's watch fires synchronously: at once if the LAC passed already, else inside the
+    join_adds that carries a higher LAC field (before its fsync), the explicit LAC, or the deletion."""
+    storage = await open_storage(tmp_path)
+    await add_all(storage, [add_req(9, i) for i in range(3)])  # stored LAC fields up to 1
+    fired: list[str] = []
+    storage.watch_lac(9, 0, lambda: fired.append("at once"))
+    assert fired == ["at once"]
+    storage.watch_lac(9, 1, lambda: fired.append("add"))
+    cancel = storage.watch_lac(9, 5, lambda: fired.append("cancelled"))
+    cancel()
+    _, batch = storage.join_adds([(9, 3, KEY, packaged(9, 3), False)])  # carries LAC 2
+    assert fired == ["at once", "add"] and batch is not None and not batch.done.is_set()
+    storage.watch_lac(9, 2, lambda: fired.append("explicit"))
+    storage.watch_lac(9, 3, lambda: fired.append("deleted"))
+    await storage.write_lac(9, 3, KEY)
+    assert fired[-1] == "explicit"
+    await storage.delete_ledgers([9])
+    assert fired == ["at once", "add", "explicit", "deleted"]
+    storage.watch_lac(77, NO_ENTRY, lambda: fired.append("unseen"))  # waits for a ledger not seen yet
+    await storage.add(add_req(77, 0))  # its LAC field is -1: the LAC has not passed -1 yet
+    assert fired[-1] == "deleted"
+    await storage.add(add_req(77, 1))
+    assert fired[-1] == "unseen"
+    await storage.close()
+
+
 async def _collect(into: list, awaitable) -> None:
     into.append(await awaitable)
 
