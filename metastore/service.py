@@ -3,7 +3,9 @@ watches, and the leader's session expiry.
 
 Each connection's requests are answered in the order sent (ZooKeeper's FIFO
 client order); writes are handed to Zab as they arrive, so a client can
-pipeline them. Reads are served from this node's tree. Watch notifications for
+pipeline them. A connection's requests wait in a queue; the head is answered
+as soon as its outcome is known (a read at once, a write when the driver
+settles it, from the driver's own pass), so a write's reply costs no task switch. Reads are served from this node's tree. Watch notifications for
 a transaction are queued before the reply to any request that could see its
 effect: the driver tells the service of each delivery inline (PeerDriver.listen),
 before any other task can read the tree.
@@ -11,6 +13,7 @@ before any other task can read the tree.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import hmac
 import itertools
@@ -18,7 +21,7 @@ import logging
 import socket
 import struct
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -40,7 +43,7 @@ from zab.driver import Pending, PeerDriver
 from zab.errors import NoLeader, OutcomeUnknown
 
 log = logging.getLogger("quire.metastore")
-Job = Callable[[], Awaitable[bool]]
+Job = tuple["Pending | None", Callable[[], bool]]  # (the write it waits for, answer it: False closes)
 
 RECEIVE_BYTES = 1 << 16
 OUTGOING_MAX = 10_000
@@ -73,15 +76,16 @@ class Connection:
     active: bool = True  # since the last touch round
     raw: socket.socket | None = None  # a non-blocking duplicate of the stream's socket
     idle: bool = False  # the writer task waits on an empty queue: nothing is in flight
-    jobs: trio.MemorySendChannel | None = None  # requests started, their replies still to come
+    replies: collections.deque[Job] = field(default_factory=collections.deque)  # started, not yet answered
+    advanced: trio.Event = field(default_factory=trio.Event)  # set whenever replies were answered
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)  # reading requests and awaiting replies
     closed: bool = False
 
     def send(self, payload: bytes) -> None:
         if self.closed:
             return
         data = jute.frame(payload)
-        if self.idle and self.raw is not None and (self.jobs is None or
-                                                   self.jobs.statistics().current_buffer_used == 0):
+        if self.idle and self.raw is not None and not self.replies:
             # Nothing in flight and no other reply known to be coming: write now, one
             # task switch sooner. A burst of replies keeps going through the writer,
             # which sends whatever one loop turn produced in one write.
@@ -269,19 +273,15 @@ class MetastoreService:
         except (JuteError, trio.TooSlowError) as e:
             log.info("event=client_dropped conn=%s peer=%s error=%r", conn.id, conn.peer, e)
             return
-        jobs_send, jobs_recv = trio.open_memory_channel(PIPELINE_MAX)
-        conn.jobs = jobs_send
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._reply_in_order, conn, jobs_recv, nursery.cancel_scope)
-            async with jobs_send:
-                await self._read_requests(conn, reader, frames, jobs_send)
+        with conn.scope:
+            await self._read_requests(conn, reader, frames)
+            while conn.replies:  # the client stopped sending: its writes in flight are still answered
+                await self._wait_advanced(conn)
 
-    async def _read_requests(self, conn: Connection, reader: jute.FrameReader, frames: list[bytes],
-                             jobs: trio.MemorySendChannel) -> None:
-        """Decode requests in order and start them; replies are produced by _reply_in_order."""
+    async def _read_requests(self, conn: Connection, reader: jute.FrameReader, frames: list[bytes]) -> None:
+        """Decode requests in order and start them; _advance answers them in that order."""
         try:
             while True:
-                started: list[Job] = []
                 closing = False
                 # The requests of one read go to Zab together: one proposal write per peer
                 # and one log hand-off for all of them (_request never waits on anything).
@@ -292,11 +292,12 @@ class MetastoreService:
                             closing = True
                             break
                         if job is not True:
-                            started.append(job)
-                for started_job in started:
-                    await jobs.send(started_job)
+                            conn.replies.append(job)
+                self._advance(conn)
                 if closing:
                     return
+                while len(conn.replies) >= PIPELINE_MAX:
+                    await self._wait_advanced(conn)
                 data = await conn.stream.receive_some(RECEIVE_BYTES)
                 if not data:
                     return
@@ -304,12 +305,25 @@ class MetastoreService:
         except JuteError as e:
             log.info("event=client_dropped conn=%s peer=%s error=%r", conn.id, conn.peer, e)
 
-    async def _reply_in_order(self, conn: Connection, jobs: trio.MemoryReceiveChannel,
-                              scope: trio.CancelScope) -> None:
-        async for job in jobs:
-            if not await job():
-                scope.cancel()  # the connection ends here: stop reading requests too
-                return
+    def _advance(self, conn: Connection) -> None:
+        """Answer the requests at the head of the queue whose outcome is known, in order;
+        a write not yet settled stops it and calls this again when it is."""
+        replies = conn.replies
+        while replies:
+            pending, answer = replies[0]
+            if pending is not None and not pending.done():
+                pending.notify(partial(self._advance, conn))
+                break
+            replies.popleft()
+            if not answer():
+                replies.clear()
+                conn.scope.cancel()  # the connection ends here: stop reading requests too
+                break
+        conn.advanced.set()
+        conn.advanced = trio.Event()
+
+    async def _wait_advanced(self, conn: Connection) -> None:
+        await conn.advanced.wait()
 
     async def _connect(self, conn: Connection, payload: bytes) -> bool:
         req = jute.decode_connect_request(payload)
@@ -373,7 +387,7 @@ class MetastoreService:
     # -- requests ------------------------------------------------------------------------
     async def _request(self, conn: Connection, payload: bytes) -> Job | bool | None:
         """Start one request: None closes the connection, True means already answered,
-        a Job is run in order by _reply_in_order. Writes and syncs are handed to Zab
+        a Job is answered in order by _advance. Writes and syncs are handed to Zab
         here, in the order they arrived, so one connection can pipeline them."""
         try:
             header, body = jute.decode_request(payload)
@@ -391,12 +405,12 @@ class MetastoreService:
         if op in WRITE_OPS or op in (OpCode.SYNC, OpCode.CLOSE_SESSION):
             return await self._start(conn, header, body, payload)
         if op in (OpCode.SET_WATCHES, OpCode.SET_WATCHES2):
-            return partial(self._set_watches_job, conn, body)
+            return None, partial(self._set_watches_job, conn, body)
         if op in READ_OPS:
-            return partial(self._read_job, conn, header, body)
+            return None, partial(self._read_job, conn, header, body)
         if op in (OpCode.ADD_WATCH, OpCode.REMOVE_WATCHES, OpCode.CHECK_WATCHES):
-            return partial(self._watch_job, conn, header, body)
-        return partial(self._error_job, conn, header.xid, Err.UNIMPLEMENTED)
+            return None, partial(self._watch_job, conn, header, body)
+        return None, partial(self._error_job, conn, header.xid, Err.UNIMPLEMENTED)
 
     async def _start(self, conn: Connection, header, body, payload: bytes) -> Job | None:
         op, cxid = header.type, next(self._cxids)
@@ -415,11 +429,11 @@ class MetastoreService:
                 pending = await self.driver.start_submit(conn.session_id, cxid, E.encode_envelope(env))
         except NoLeader:
             return None  # ConnectionLoss for the client: it reconnects elsewhere
-        return partial(self._finish_job, conn, header, body, pending)
+        return pending, partial(self._finish_job, conn, header, body, pending)
 
-    async def _finish_job(self, conn: Connection, header, body, pending: Pending) -> bool:
+    def _finish_job(self, conn: Connection, header, body, pending: Pending) -> bool:
         try:
-            result = await pending.result()
+            result = pending.outcome()
         except (NoLeader, OutcomeUnknown) as e:
             log.info("event=request_lost conn=%s error=%r", conn.id, e)
             return False  # ConnectionLoss for the client: it reconnects and finds out
@@ -434,23 +448,23 @@ class MetastoreService:
         self._reply(conn, header.xid, reply.err, reply.body, zxid=result.zxid)
         return True
 
-    async def _read_job(self, conn: Connection, header, body) -> bool:
+    def _read_job(self, conn: Connection, header, body) -> bool:
         reply = read_reply(self.sm.tree, header.type, body, conn.session_id, conn.auth)
         if reply.watch is not None and reply.err in (0, Err.NO_NODE):
             self.watches.add(conn.id, reply.watch[0], reply.watch[1])
         self._reply(conn, header.xid, reply.err, reply.body)
         return True
 
-    async def _set_watches_job(self, conn: Connection, body) -> bool:
+    def _set_watches_job(self, conn: Connection, body) -> bool:
         self._set_watches(conn, body)
         conn.send(jute.encode_reply(jute.ReplyHeader(Xid.SET_WATCHES, self.sm.last_zxid, 0)))
         return True
 
-    async def _watch_job(self, conn: Connection, header, body) -> bool:
+    def _watch_job(self, conn: Connection, header, body) -> bool:
         self._watch_op(conn, header, body)
         return True
 
-    async def _error_job(self, conn: Connection, xid: int, err: int) -> bool:
+    def _error_job(self, conn: Connection, xid: int, err: int) -> bool:
         self._reply(conn, xid, err)
         return True
 

@@ -22,6 +22,7 @@ import collections
 import contextlib
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -58,6 +59,7 @@ class _Waiter:
     result: object = None
     error: Exception | None = None
     in_core: bool = False  # the core has seen the request; a role change now makes its outcome unknown
+    on_done: Callable[[], None] | None = None  # see Pending.notify
 
 
 class DriverListener(Protocol):
@@ -76,6 +78,23 @@ class Pending:
     driver: "PeerDriver"
     key: tuple[int, int]
     waiter: _Waiter
+
+    def done(self) -> bool:
+        return self.waiter.done.is_set()
+
+    def outcome(self) -> object:
+        """What result() returns (or raises), once done()."""
+        assert self.done()
+        self.driver._waiters.pop(self.key, None)
+        if self.waiter.error is not None:
+            raise self.waiter.error
+        return self.waiter.result
+
+    def notify(self, callback: Callable[[], None]) -> None:
+        """Call `callback()` once the outcome is known (if it is not yet), right after the
+        driver's pass over its inbox that decided it: every delivery of that pass has
+        reached the listener, so a reply sent from the callback follows their watch events."""
+        self.waiter.on_done = callback
 
     async def result(self) -> object:
         try:
@@ -105,6 +124,7 @@ class PeerDriver:
         # is in progress, the driver has not started, or a step is feeding itself.
         self._inbox: collections.deque[Event | _Resume] = collections.deque()
         self._draining = False
+        self._answered: list[Callable[[], None]] = []  # Pending.notify callbacks due after this pass
         self._holding = 0  # > 0: a caller starts several requests in a row; flush once after them
         self._started = False
         self._persisting: PersistEpoch | None = None
@@ -139,9 +159,9 @@ class PeerDriver:
         finally:
             self._running = False
             recovered.log.close()
-            for w in self._waiters.values():
-                w.error = NoLeader("the node is shutting down")
-                w.done.set()
+            for w in list(self._waiters.values()):
+                self._settle(w, None, NoLeader("the node is shutting down"))
+            self._run_answered()
 
     async def _ticker(self) -> None:
         while True:
@@ -184,6 +204,7 @@ class PeerDriver:
             self._draining = False
             if not self._holding:
                 self._flush()
+        self._run_answered()
 
     def _flush(self) -> None:
         assert self.writer is not None
@@ -329,15 +350,25 @@ class PeerDriver:
                 error: Exception | None = None) -> None:
         waiter = self._waiters.pop((session_id, cxid), None)
         if waiter is not None:
-            waiter.result, waiter.error = result, error
-            waiter.done.set()
+            self._settle(waiter, result, error)
+
+    def _settle(self, waiter: _Waiter, result: object, error: Exception | None) -> None:
+        waiter.result, waiter.error = result, error
+        waiter.done.set()
+        if waiter.on_done is not None:
+            self._answered.append(waiter.on_done)  # run after this pass (see Pending.notify)
+
+    def _run_answered(self) -> None:
+        while self._answered:
+            answered, self._answered = self._answered, []
+            for callback in answered:
+                callback()
 
     def _fail_all(self, error: Exception) -> None:
         for key, w in list(self._waiters.items()):
             if w.in_core:
                 del self._waiters[key]
-                w.error = error
-                w.done.set()
+                self._settle(w, None, error)
 
     # -- observation ----------------------------------------------------------------------------
     def status(self) -> dict:
