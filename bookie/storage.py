@@ -36,6 +36,7 @@ from bookie.errors import (BadRequest, BookieError, BookieReadOnly, EntryTooLarg
 from bookie.index import LedgerState, Location, record_size
 from bookie.storage_batch import AddFields, admit_adds
 from bookie.storage_commit import Batch, GroupCommit
+from bookie.storage_lac import LacWaiters
 from bookie.storage_codec import FILE_HEADER_BYTES, JournalRecord, Kind, encode_journal_record, scan_entry_log
 from bookie.storage_config import (MASTER_KEY_BYTES, MAX_ID, AddRequest, BookieStorageConfig, CompactionStats)
 from bookie.checkpoint import Checkpoint
@@ -72,8 +73,7 @@ class BookieStorage:
         self._journal = recovered.journal
         self._entrylogs = recovered.entrylogs
         self._commits = GroupCommit(self._write_batch, self._apply, self._refusal, self._record_failure, directory)
-        self._lac_events: dict[int, trio.Event] = {}
-        self._lac_watchers: dict[int, list[Callable[[], None]]] = {}  # watch_lac callbacks, per ledger
+        self._lac_waiters = LacWaiters(self._lac_passed)
         self._fence_batches: dict[int, Batch] = {}  # ledger -> batch carrying its newest FENCE record
         self._checkpoint_wanted = trio.Event()
         self._journal_bytes_at_checkpoint = 0
@@ -381,16 +381,11 @@ class BookieStorage:
     async def wait_lac(self, ledger_id: int, beyond: int) -> int:
         """Return the ledger's LAC once it is greater than `beyond` (long-poll reads; bound it with
         a cancel scope). Waits for a ledger not seen yet; raises NoSuchLedger if it is deleted."""
-        while True:
-            if ledger_id in self._index.deleted:
-                raise NoSuchLedger(f"ledger {ledger_id} was deleted from this bookie")
-            state = self._index.state(ledger_id)
-            if state is not None and state.lac > beyond:
-                return state.lac
-            event = self._lac_events.get(ledger_id)
-            if event is None:
-                event = self._lac_events[ledger_id] = trio.Event()
-            await event.wait()
+        while not self._lac_passed(ledger_id, beyond):
+            await self._lac_waiters.wait_notified(ledger_id)
+        if ledger_id in self._index.deleted:
+            raise NoSuchLedger(f"ledger {ledger_id} was deleted from this bookie")
+        return self.lac(ledger_id)
 
     def watch_lac(self, ledger_id: int, beyond: int, callback: Callable[[], None]) -> Callable[[], None]:
         """Call `callback()` once the ledger's LAC is greater than `beyond` or the ledger is deleted here:
@@ -399,26 +394,13 @@ class BookieStorage:
         ledger not seen yet. Returns a function that cancels the watch (harmless once called). The
         callback must not block; an exception it raises is logged, not propagated to the writer of
         the LAC."""
+        return self._lac_waiters.watch(ledger_id, beyond, callback)
+
+    def _lac_passed(self, ledger_id: int, beyond: int) -> bool:
+        if ledger_id in self._index.deleted:
+            return True
         state = self._index.state(ledger_id)
-        if ledger_id in self._index.deleted or (state is not None and state.lac > beyond):
-            callback()
-            return _nothing
-
-        def check() -> None:  # any raise of this ledger's LAC wakes every watcher: re-check ours
-            state = self._index.state(ledger_id)
-            if ledger_id in self._index.deleted or (state is not None and state.lac > beyond):
-                callback()
-            else:
-                self._lac_watchers.setdefault(ledger_id, []).append(check)
-
-        watchers = self._lac_watchers.setdefault(ledger_id, [])
-        watchers.append(check)
-
-        def cancel() -> None:
-            current = self._lac_watchers.get(ledger_id)
-            if current is not None and check in current:
-                current.remove(check)
-        return cancel
+        return state is not None and state.lac > beyond
 
     def _state(self, ledger_id: int) -> LedgerState:
         state = self._index.state(ledger_id)
@@ -427,15 +409,7 @@ class BookieStorage:
         return state
 
     def _notify(self, ledger_id: int) -> None:
-        event = self._lac_events.pop(ledger_id, None)
-        if event is not None:
-            event.set()
-        watchers = self._lac_watchers.pop(ledger_id, None)
-        for check in watchers or ():
-            try:
-                check()
-            except Exception:  # noqa: BLE001 - a watcher's bug must not fail the add or fsync that raised the LAC
-                _log.exception("event=lac_watcher_failed ledger=%s", ledger_id)
+        self._lac_waiters.notify(ledger_id)
 
     # --- checkpoint, compaction, disk ----------------------------------------------------------
 
@@ -613,6 +587,3 @@ def _check_id(value: int, what: str) -> None:
     if not 0 <= value <= MAX_ID:
         raise BadRequest(f"{what} id {value} is not in 0..2**63-1")
 
-
-def _nothing() -> None:
-    """The cancel function of a watch that fired at once."""
