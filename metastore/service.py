@@ -18,7 +18,6 @@ import hashlib
 import hmac
 import itertools
 import logging
-import socket
 import struct
 import time
 from collections.abc import Callable
@@ -41,6 +40,7 @@ from metastore.watches import WatchKind, WatchManager
 from zab.actions import Phase, Role
 from zab.driver import Pending, PeerDriver
 from zab.errors import NoLeader, OutcomeUnknown
+from zab.sockets import write_now
 
 log = logging.getLogger("quire.metastore")
 Job = tuple["Pending | None", Callable[[], bool]]  # (the write it waits for, answer it: False closes)
@@ -74,7 +74,6 @@ class Connection:
     session_id: int = 0
     auth: list[Id] = field(default_factory=list)
     active: bool = True  # since the last touch round
-    raw: socket.socket | None = None  # a non-blocking duplicate of the stream's socket
     idle: bool = False  # the writer task waits on an empty queue: nothing is in flight
     replies: collections.deque[Job] = field(default_factory=collections.deque)  # started, not yet answered
     advanced: trio.Event = field(default_factory=trio.Event)  # set whenever replies were answered
@@ -85,17 +84,13 @@ class Connection:
         if self.closed:
             return
         data = jute.frame(payload)
-        if self.idle and self.raw is not None and not self.replies:
+        if self.idle and not self.replies:
             # Nothing in flight and no other reply known to be coming: write now, one
             # task switch sooner. A burst of replies keeps going through the writer,
             # which sends whatever one loop turn produced in one write.
-            try:
-                n = self.raw.send(data)
-            except OSError:  # BlockingIOError included; the writer meets a real error itself
-                n = 0
-            if n == len(data):
+            data = write_now(self.stream, data)  # on an error, the writer meets it itself
+            if not data:
                 return
-            data = data[n:]
         try:
             self.idle = False
             self.out_send.send_nowait(data)
@@ -205,8 +200,6 @@ class MetastoreService:
     async def _handle(self, stream: trio.SocketStream) -> None:
         send, recv = trio.open_memory_channel(OUTGOING_MAX)
         conn = Connection(next(self._conn_ids), stream, _peer_of(stream), send, recv)
-        conn.raw = socket.fromfd(stream.socket.fileno(), stream.socket.family, stream.socket.type)
-        conn.raw.setblocking(False)
         # As in ZooKeeper, every connection is authenticated by its address (the ip scheme).
         conn.auth.append(Id("ip", conn.peer.rsplit(":", 1)[0]))
         self.connections[conn.id] = conn
@@ -223,8 +216,6 @@ class MetastoreService:
             self.watches.drop_connection(conn.id)
             if self.by_session.get(conn.session_id) is conn:
                 del self.by_session[conn.session_id]
-            conn.raw, raw = None, conn.raw
-            raw.close()
             await stream.aclose()
 
     async def _writer(self, conn: Connection, scope: trio.CancelScope) -> None:

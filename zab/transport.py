@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import math
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -29,6 +28,7 @@ from zab.actions import PeerDisconnected, Received
 from zab.codec import FrameDecoder, decode_hello, decode_message, encode_frame, encode_hello
 from zab.errors import FrameError
 from zab.messages import Message
+from zab.sockets import write_now
 
 log = logging.getLogger("quire.zab.transport")
 
@@ -48,7 +48,7 @@ class _Outgoing:
     generation: int = 0
     pending: list[bytes] | None = None  # frames of this step, not yet flushed
     queued: int = 0  # frames in pending and in the queue, not yet written
-    raw: socket.socket | None = None  # a non-blocking duplicate of the link's socket, while idle-writable
+    stream: trio.SocketStream | None = None  # the link's stream once its HELLO is sent (direct writes)
     idle: bool = False  # the send task waits on an empty queue: nothing is in flight before a direct write
 
 
@@ -136,19 +136,14 @@ class PeerTransport:
             if not frames:
                 continue  # dropped by disconnect()
             data = b"".join(frames)
-            if out.idle and out.raw is not None:
-                try:
-                    n = out.raw.send(data)
-                except BlockingIOError:
-                    n = 0
-                except OSError:
-                    n = 0  # the send task's next write meets the error and takes the link down
-                self.stats.bytes_sent += n
-                if n == len(data):
+            if out.idle and out.stream is not None:
+                rest = write_now(out.stream, data)  # on an error, the send task's write takes the link down
+                self.stats.bytes_sent += len(data) - len(rest)
+                if not rest:
                     self.stats.frames_sent += len(frames)
                     out.queued -= len(frames)
                     continue
-                data = data[n:]
+                data = rest
             out.idle = False
             out.queue_send.send_nowait((out.generation, data, len(frames)))
 
@@ -217,9 +212,7 @@ class PeerTransport:
         """
         await stream.send_all(encode_hello(self.cluster, self.my_id))
         out.connected = True
-        raw = socket.fromfd(stream.socket.fileno(), stream.socket.family, stream.socket.type)
-        raw.setblocking(False)
-        out.raw = raw
+        out.stream = stream
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._watch_remote_close, stream, nursery.cancel_scope)
@@ -229,8 +222,7 @@ class PeerTransport:
                     log.info("event=link_down peer=%s direction=out error=%r", stream, e)
                 nursery.cancel_scope.cancel()
         finally:
-            out.raw, out.idle = None, False
-            raw.close()
+            out.stream, out.idle = None, False
 
     async def _watch_remote_close(self, stream: trio.SocketStream, scope: trio.CancelScope) -> None:
         try:

@@ -1,8 +1,10 @@
-"""Write-through on a trio socket stream (trio edge).
+"""Write-through on a trio socket stream (trio edge), shared by every connection that
+has a writer task: Zab's peer links, the metastore's client port, the bookie's
+client and service.
 
-A lone request or answer (one add awaited at a time, a long poll's answer) would
-otherwise wait for its connection's writer task to run in a later scheduler
-pass; on a small machine shared by client and bookie processes every such pass
+A lone message (a proposal to an idle follower, a reply, one add awaited at a
+time) would otherwise wait for its connection's writer task to run in a later
+scheduler pass; on a small machine shared by several processes every such pass
 is a measurable slice of a sub-millisecond round trip. `write_now` hands the
 bytes to the kernel at once instead. The caller guarantees that no `send_all`
 is in progress on the stream and that nothing it queued earlier is still
