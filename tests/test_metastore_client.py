@@ -423,6 +423,7 @@ def test_digest_auth_and_acls(ensemble: Cluster):
                 MetaClient(addresses(ensemble), auth=[("digest", "alice:secret")]) as alice:
             acl = digest_acl("alice", "secret")
             await alice.create("/private", b"s", acl=[acl])
+            await c.sync("/private")  # the two clients may sit on different nodes (reads are sequentially consistent)
             with pytest.raises(NoAuth):
                 await c.get("/private")
             assert (await alice.get("/private"))[0] == b"s"
