@@ -293,6 +293,23 @@ def test_a_link_closed_by_the_remote_end_is_redialed_without_waiting_for_traffic
     run_ensemble(tmp_path, story)
 
 
+def test_followers_acks_leave_from_the_log_writers_thread_and_writes_commit(tmp_path: Path) -> None:
+    """A follower's ACK is written by its log writer's thread right after the fsync (the event
+    loop is not woken for it); the leader never sends from that thread (its own ACK is local)."""
+
+    async def story(ens: Ensemble) -> None:
+        leader = await ens.wait_leader()
+        for n in range(30):
+            await ens.put(IDS[n % 3], f"k{n}", "v")
+        followers = [i for i in IDS if i != leader]
+        await ens.wait_until("every node to commit the writes", lambda: ens.converged(IDS), WRITE_TIMEOUT_S)
+        sent = {i: ens.drivers[i].status()["log"]["acks_sent_from_thread"] for i in IDS}
+        assert sent[leader] == 0, sent
+        assert all(sent[f] > 0 for f in followers), sent
+
+    run_ensemble(tmp_path, story)
+
+
 # -- (b) a node stops, the others go on, it restarts and catches up ------------------------------
 @pytest.mark.parametrize("victim_role", ["follower", "leader"])
 def test_stopped_node_restarts_from_its_data_dir_and_catches_up(tmp_path: Path, victim_role: str) -> None:

@@ -11,6 +11,12 @@ change can never leave an older persistence task writing after a truncation
 The thread is fed through a queue.SimpleQueue and answers through the trio
 token: a batch costs one wake-up each way, where trio.to_thread.run_sync per
 batch also woke a writer task, took a capacity limiter and a checkpoint.
+
+A follower's batch releases nothing but its ACK to the leader. The thread
+hands those to `send_now` (the transport's send_from_thread, via the driver),
+which writes them to the leader's link right after the fsync when the link is
+idle; then the event loop is not woken at all. Whatever `send_now` leaves
+goes back to the trio thread in order, as before.
 """
 
 from __future__ import annotations
@@ -34,14 +40,20 @@ log = logging.getLogger("quire.zab.log_writer")
 
 class LogWriter:
     def __init__(self, txnlog: TxnLog, snapshots: SnapshotStore, *, snapshots_retained: int,
-                 run_then: Callable[[list[Action]], None]) -> None:
+                 run_then: Callable[[list[Action]], None],
+                 send_now: Callable[[list[Action]], list[Action]] | None = None) -> None:
         self.txnlog = txnlog
         self.snapshots = snapshots
         self.snapshots_retained = snapshots_retained
         self.run_then = run_then
+        # In the writer's thread, with a batch's released actions: sends what it can at once,
+        # returns the rest (in order) for run_then. Only ever given ACK-only lists (see send_acks).
+        self.send_now = send_now
         self._pending: list[Action] = []  # submitted in this step, not yet handed to the thread
         self._todo: queue.SimpleQueue[list[Action] | None] = queue.SimpleQueue()
-        self._queued = 0  # actions handed to the thread and not yet performed
+        self._submitted = 0  # actions handed to the thread (counted by the trio thread)
+        self._performed = 0  # ... and performed (counted by the writer's thread)
+        self.acks_sent_from_thread = 0
         self._error: BaseException | None = None  # from the thread or from run_then, raised by run()
         self._error_event = trio.Event()
         self._stopping = False
@@ -57,7 +69,7 @@ class LogWriter:
         """Hand what was submitted to the thread in one piece: a proposal's LogAppend and
         its LogSync then share one fsync instead of racing the thread into two."""
         if self._pending:
-            self._queued += len(self._pending)
+            self._submitted += len(self._pending)
             self._todo.put(self._pending)
             self._pending = []
 
@@ -94,24 +106,32 @@ class LogWriter:
                 then, error = self._write(batch), None
             except BaseException as e:  # reported to the trio thread, which raises it
                 then, error = [], e
+            self.batches += 1
+            self._performed += len(batch)
+            if error is None and then:
+                then = coalesce_acks(then)
+                if self.send_now is not None and not self._stopping and send_acks(then):
+                    sent = len(then)
+                    then = self.send_now(then)
+                    self.acks_sent_from_thread += sent - len(then)
+            if error is None and not then:
+                continue  # nothing for the event loop: do not wake it
             try:
-                token.run_sync_soon(self._batch_done, len(batch), then, error)
+                token.run_sync_soon(self._batch_done, then, error)
             except trio.RunFinishedError:
                 return
             if error is not None:
                 return
 
-    def _batch_done(self, size: int, then: list[Action], error: BaseException | None) -> None:
+    def _batch_done(self, then: list[Action], error: BaseException | None) -> None:
         """In the trio thread, as a run_sync_soon callback: runs what waited for the fsync
         right here, one task switch sooner than waking a task for it. Such a callback must
         not raise, so a failure is handed to run(), which raises it in the nursery."""
-        self.batches += 1
-        self._queued -= size
         if self._stopping or self._error is not None:
             return
         if error is None and then:
             try:
-                self.run_then(coalesce_acks(then))
+                self.run_then(then)
             except BaseException as e:  # re-raised by run(): a bug is a crash, not a TrioInternalError
                 error = e
         if error is not None:
@@ -181,8 +201,15 @@ class LogWriter:
     def statistics(self) -> dict:
         stats = dict(self.txnlog.statistics())
         stats.update(batches=self.batches, fsync_seconds_total=round(self.fsync_seconds_total, 6),
-                     snapshots_taken=self.snapshots_taken, queued=self._queued + len(self._pending))
+                     snapshots_taken=self.snapshots_taken, acks_sent_from_thread=self.acks_sent_from_thread,
+                     queued=self._submitted - self._performed + len(self._pending))
         return stats
+
+
+def send_acks(actions: list[Action]) -> bool:
+    """Whether `actions` are only ACKs to other nodes: what a follower's fsync releases, and
+    all the writer's thread may send itself (anything else runs on the trio thread, in order)."""
+    return all(type(a) is Send and type(a.msg) is Ack for a in actions)
 
 
 def coalesce_acks(actions: list[Action]) -> list[Action]:

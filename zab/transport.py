@@ -13,14 +13,24 @@ together at its end (flush()). When the link's send task is idle (nothing
 queued, no write in progress) the flush writes straight to the socket, which
 never blocks; only what the kernel does not take goes through the queue to
 the send task. A lone message then costs a system call, not a task switch.
+
+One other thread writes to links: the log writer's, which sends a follower's
+ACK the moment its fsync returns (send_from_thread) rather than waking the
+event loop to send it. A per-link lock makes its write and the event loop's
+direct writes and link teardown exclusive, and it only writes to a link with
+nothing buffered, queued or in flight, so frames never interleave or reorder.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
+import select
+import threading
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import trio
 
@@ -37,6 +47,7 @@ HELLO_MAX_BYTES = 4096
 RECONNECT_MIN_S = 0.02
 RECONNECT_MAX_S = 1.0
 SEND_BATCH_MAX = 256
+THREAD_WRITE_TIMEOUT_S = 1.0  # a thread's frame the socket took only in part: wait this long, then break the link
 
 
 @dataclass
@@ -50,6 +61,8 @@ class _Outgoing:
     queued: int = 0  # frames in pending and in the queue, not yet written
     stream: trio.SocketStream | None = None  # the link's stream once its HELLO is sent (direct writes)
     idle: bool = False  # the send task waits on an empty queue: nothing is in flight before a direct write
+    # Held around every direct write and around dropping `stream`: the log writer's thread writes too.
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 @dataclass
@@ -60,6 +73,7 @@ class TransportStats:
     disconnects: int = 0
     overflows: int = 0
     bad_frames: int = 0
+    thread_frames_sent: int = 0  # by send_from_thread (counted under the link's lock)
 
 
 class PeerTransport:
@@ -136,16 +150,47 @@ class PeerTransport:
             if not frames:
                 continue  # dropped by disconnect()
             data = b"".join(frames)
-            if out.idle and out.stream is not None:
-                rest = write_now(out.stream, data)  # on an error, the send task's write takes the link down
-                self.stats.bytes_sent += len(data) - len(rest)
-                if not rest:
-                    self.stats.frames_sent += len(frames)
-                    out.queued -= len(frames)
-                    continue
-                data = rest
-            out.idle = False
+            with out.lock:
+                if out.idle and out.stream is not None:
+                    rest = write_now(out.stream, data)  # on an error, the send task's write takes the link down
+                    self.stats.bytes_sent += len(data) - len(rest)
+                    if not rest:
+                        self.stats.frames_sent += len(frames)
+                        out.queued -= len(frames)
+                        continue
+                    data = rest
+                out.idle = False
             out.queue_send.send_nowait((out.generation, data, len(frames)))
+
+    def send_from_thread(self, peer: int, msg: Message) -> bool:
+        """Write `msg` to `peer` from a thread other than trio's, if the link is established and
+        idle (nothing buffered, queued or being written); False means nothing was written and the
+        caller must send it the usual way, from the trio thread.
+
+        The frame is written whole or the link is broken: a socket that takes only part of it
+        (its send buffer is full) is waited on for THREAD_WRITE_TIMEOUT_S, then shut down, so the
+        receiver sees a lost link, never half a frame followed by another."""
+        out = self._out.get(peer)
+        if out is None:
+            return False
+        data = encode_frame(msg)
+        with out.lock:
+            stream = out.stream
+            if not out.idle or stream is None or out.pending is not None or out.queued:
+                return False
+            sock = stream.socket
+            try:
+                sent = os.write(sock.fileno(), data)
+            except OSError:  # full or broken: the trio thread's send meets it and takes the link down
+                return False
+            self.stats.thread_frames_sent += 1
+            if sent < len(data) and not _finish_write(sock.fileno(), memoryview(data)[sent:]):
+                log.warning("event=thread_write_stalled peer=%s action=break_link", peer)
+                try:
+                    sock.shutdown(2)  # SHUT_RDWR: the send task and the peer both see the link end
+                except OSError:
+                    pass
+        return True
 
     def disconnect(self, peer: int, *, report: bool = False) -> None:
         """Drop both links with `peer` and everything queued for it."""
@@ -222,7 +267,8 @@ class PeerTransport:
                     log.info("event=link_down peer=%s direction=out error=%r", stream, e)
                 nursery.cancel_scope.cancel()
         finally:
-            out.stream, out.idle = None, False
+            with out.lock:  # no thread may be writing to the socket once it is closed
+                out.stream, out.idle = None, False
 
     async def _watch_remote_close(self, stream: trio.SocketStream, scope: trio.CancelScope) -> None:
         try:
@@ -324,3 +370,23 @@ class PeerTransport:
             if received:
                 self.stats.frames_received += len(received)
                 self.deliver(received)  # one hand-over per read (a FrameError drops them all: the link breaks)
+
+
+def _finish_write(fd: int, rest: memoryview) -> bool:
+    """The rest of a frame a non-blocking socket took in part, from a plain thread: wait until
+    writable (bounded); True once all of it is written."""
+    poller = select.poll()  # not select(): descriptors above FD_SETSIZE
+    poller.register(fd, select.POLLOUT)
+    deadline = time.monotonic() + THREAD_WRITE_TIMEOUT_S
+    while rest:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        try:
+            if poller.poll(left * 1000):
+                rest = rest[os.write(fd, rest):]
+        except BlockingIOError:
+            continue
+        except OSError:
+            return False
+    return True
