@@ -52,9 +52,13 @@ class PendingAppend:
                 self._event.set()
 
     async def result(self) -> int:
-        """The entry id once acknowledged (Qa copies, every lower entry too); raises the append's error."""
+        """The entry id once acknowledged (Qa copies, every lower entry too); raises the append's error.
+
+        An append already acknowledged answers without yielding to the scheduler (only a
+        cancellation is checked): a writer collecting a window of finished appends pays no
+        scheduler pass per entry. One that is not done yet waits, and yields, as usual."""
         if self.done:
-            await trio.lowlevel.checkpoint()
+            await trio.lowlevel.checkpoint_if_cancelled()
         else:
             if self._event is None:
                 self._event = trio.Event()
