@@ -68,6 +68,11 @@ class Completions:
         self._done.append(pending)
         self._event.set()
 
+    def _put_many(self, pendings: list[PendingRequest]) -> None:
+        """Several finished at once (the answers of one socket read), in order."""
+        for p in pendings:
+            self._put(p)
+
     def __len__(self) -> int:
         return len(self._done)
 
@@ -139,6 +144,14 @@ class PendingRequest:
             self._event.set()
         if self._sink is not None:
             self._sink._put(self)
+
+    def _succeed_quietly(self) -> Completions | None:
+        """Finish with success (None) like _finish, but leave telling the sink to the caller, which
+        collects the sinks of one socket read's answers and tells each once; returns the sink."""
+        self._done = True
+        if self._event is not None:
+            self._event.set()
+        return self._sink
 
 
 class BookieClient:
@@ -396,18 +409,31 @@ class BookieClient:
             data = await stream.receive_some(RECEIVE_BYTES)
             if not data:
                 return "the bookie closed the connection"
+            # Successful ADDs of this read: finished at once, their sinks told once per run of them
+            # (one driver pass for many acks), before any other answer so that order is kept.
+            acked: list[PendingRequest] = []
+            sink: Completions | None = None
             try:
                 for body in splitter.feed(data):
                     if len(body) == add_ok_size and body[:2] == add_ok_code and body[10] == 0:
                         # The hot path, a successful ADD: only the request id matters.
                         p = pending.pop(rid_of(body, 2)[0], None)
-                        if p is None:
+                        if p is None or p._done:
                             continue  # timed out already
                         if p.kind is not P.Kind.ADD:
                             pending[p.request_id] = p  # failed with the others as the connection ends
                             return f"protocol violation: an ADD answer to a {p.kind.name} request"
-                        p._finish(None, None)
+                        p_sink = p._succeed_quietly()
+                        if p_sink is not None:
+                            if p_sink is not sink and acked:
+                                done, acked = acked, []
+                                sink._put_many(done)
+                            sink = p_sink
+                            acked.append(p)
                         continue
+                    if acked:
+                        done, acked = acked, []
+                        sink._put_many(done)
                     resp = P.decode_response(body)
                     p = pending.pop(resp.request_id, None)
                     if p is None:
@@ -416,10 +442,17 @@ class BookieClient:
                         pending[p.request_id] = p
                         return f"protocol violation: a {resp.kind.name} answer to a {p.kind.name} request"
                     _complete(p, resp)
+                if acked:
+                    done, acked = acked, []
+                    sink._put_many(done)
                 if splitter.error is not None:
                     raise splitter.error
             except P.DecodeError as e:
                 return f"bad frame from the bookie: {e}"
+            finally:
+                if acked:  # a protocol violation ends the read: the acks before it still count
+                    done, acked = acked, []
+                    sink._put_many(done)
 
     async def _sweeper(self) -> None:
         """Fail requests whose deadline passed (the connection stays: a slow disk is not a lost link)."""

@@ -20,7 +20,9 @@ Outcomes are fed to the operations by the pump task, or, with `inline=True`
 (the WriteHandle's driver), at once by whichever task finished the request
 (the bookie connection's reader) while the pump runs: an acknowledgement then
 wakes the application directly, one event-loop pass sooner and without a pump
-wake-up per answer. Either way events reach an operation one at a time, in
+wake-up per answer. The successful adds of one socket read arrive together
+(in their order, never past another answer of that read) and reach the Writer
+as `add_acked(bookie, entry)` calls, without an event object each. Either way events reach an operation one at a time, in
 the order they were posted, never while its actions are being executed.
 
 The driver makes no protocol decision of its own (STYLE.md habit 2).
@@ -71,6 +73,9 @@ class _Sink(Completions):
     def _put(self, pending: PendingRequest) -> None:
         self._driver._post(pending)
 
+    def _put_many(self, pendings: list[PendingRequest]) -> None:
+        self._driver._post_many(pendings)
+
 
 class OpDriver:
     def __init__(self, ctx: Context, ledger_id: int, master_key: bytes, *, tick_s: float = 0.02,
@@ -85,6 +90,7 @@ class OpDriver:
         self.tick_s = tick_s
         self.long_poll_ms = long_poll_ms
         self._ops: dict[int, Any] = {}
+        self._add_acked: dict[int, Callable[[int, int], list[A.Action]]] = {}  # ops with the fast ack path
         self._handlers: dict[int, Handler] = {}
         self._ids = itertools.count(1)
         self._inbox: collections.deque[Any] = collections.deque()
@@ -97,6 +103,8 @@ class OpDriver:
         op_id = next(self._ids)
         self._ops[op_id] = op
         self._handlers[op_id] = handler
+        if hasattr(op, "add_acked"):  # the Writer: a successful add is op.add_acked(bookie, entry)
+            self._add_acked[op_id] = op.add_acked
         if start:
             self.execute(op_id, op.start())
         return op_id
@@ -104,6 +112,7 @@ class OpDriver:
     def remove(self, op_id: int) -> None:
         self._ops.pop(op_id, None)
         self._handlers.pop(op_id, None)
+        self._add_acked.pop(op_id, None)
 
     @property
     def idle(self) -> bool:
@@ -230,11 +239,34 @@ class OpDriver:
                 return  # the pump has nothing to do: no wake-up
         self._wake.set()
 
+    def _post_many(self, items: list[Any]) -> None:
+        """_post for the answers of one socket read: one pass over the inbox for all of them."""
+        self._inbox.extend(items)
+        if self.inline and not self._depth and self._until is not None:
+            self._drain()
+            if not self._until():
+                return
+        self._wake.set()
+
     def _drain(self) -> None:
         """Dispatch the inbox, oldest first, including what the dispatching itself posts."""
-        inbox = self._inbox
+        inbox, fast, stats = self._inbox, self._add_acked, self.stats
         while inbox:
-            self._dispatch(*self._event_of(inbox.popleft()))
+            item = inbox.popleft()
+            if type(item) is PendingRequest and item._error is None and type(item.tag[1]) is A.SendAdd:
+                op_id, action = item.tag  # the hot path, an add that succeeded: no event object
+                add_acked = fast.get(op_id)
+                if add_acked is not None:
+                    stats["events"] += 1
+                    actions = add_acked(item.client.bookie_id, action.entry_id)
+                    if actions:
+                        self._depth += 1
+                        try:
+                            self._execute(op_id, actions)
+                        finally:
+                            self._depth -= 1
+                    continue
+            self._dispatch(*self._event_of(item))
 
     def _event_of(self, item: Any) -> tuple[int, A.Event]:
         if isinstance(item, tuple):

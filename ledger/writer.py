@@ -164,11 +164,16 @@ class Writer:
         raise TypeError(f"not a writer event: {event!r}")
 
     def _on_ack(self, event: AddAcked) -> list[Action]:
-        add = self.pending.get(event.entry_id)
-        if add is None or self.state is WriterState.BROKEN or event.bookie not in add.quorum:
+        return self.add_acked(event.bookie, event.entry_id)
+
+    def add_acked(self, bookie: int, entry_id: int) -> list[Action]:
+        """step(AddAcked(bookie, entry_id)), without the event object: the driver's hot path, one
+        call per bookie per entry."""
+        add = self.pending.get(entry_id)
+        if add is None or self.state is WriterState.BROKEN or bookie not in add.quorum:
             return []  # an ack from a bookie the metadata does not record for the entry never counts
-        add.acks.add(event.bookie)
-        if len(add.acks) < self.metadata.ack_quorum or next(iter(self.pending)) != event.entry_id:
+        add.acks.add(bookie)
+        if len(add.acks) < self.metadata.ack_quorum or next(iter(self.pending)) != entry_id:
             return []  # not acknowledged yet, or a lower entry is not
         return self._acknowledge()
 

@@ -171,3 +171,52 @@ async def test_a_closed_client_refuses_new_requests_and_fails_pending_ones(tmp_p
                 with pytest.raises(BookieUnavailable, match="not running"):
                     await c.read_lac(1)
             nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_answers_of_one_read_reach_the_sink_in_the_order_they_came():
+    """Successful ADDs of one socket read are handed to their sink together; an answer of another
+    kind, or a failed add, between them keeps its place (a writer must see an ack before a later
+    FENCED, or it would fail an entry that a bookie acknowledged first)."""
+    count = 12
+
+    async def handle(stream):
+        splitter = P.FrameSplitter(1 << 20)
+        requests = []
+        async with stream:
+            while len(requests) < count and (data := await stream.receive_some(65536)):
+                requests += [P.decode_request(body) for body in splitter.feed(data)]
+            answers = []
+            for req in reversed(requests):  # out of order, all in one send
+                if isinstance(req, P.ReadLac):
+                    answers.append(P.Response(req.request_id, P.Kind.READ_LAC, P.Status.OK, req.ledger_id, lac=41))
+                elif req.entry_id == 5:
+                    answers.append(P.Response(req.request_id, P.Kind.ADD, P.Status.FENCED, req.ledger_id, 5))
+                else:
+                    answers.append(P.Response(req.request_id, P.Kind.ADD, P.Status.OK, req.ledger_id, req.entry_id))
+            await stream.send_all(b"".join(P.encode_response(a) for a in answers))
+            await trio.sleep_forever()
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            [listener] = await nursery.start(partial(trio.serve_tcp, handle, 0, host="127.0.0.1"))
+            port = listener.socket.getsockname()[1]
+            async with BookieClient("127.0.0.1", port) as c:
+                sink = Completions()
+                sent = []
+                for e in range(count - 1):
+                    sent.append(c.start_add(7, e, KEY, entry(7, e), tag=("add", e), sink=sink))
+                    if e == 8:
+                        sent.append(c.start_read_lac(7, tag=("lac", None), sink=sink))
+                got = []
+                while len(got) < count:
+                    got += await sink.get()
+                assert [p.tag for p in got] == [p.tag for p in reversed(sent)]
+                for p in got:
+                    if p.tag == ("add", 5):
+                        assert isinstance(p.error, LedgerFenced)
+                    elif p.tag[0] == "lac":
+                        assert p.outcome() == 41
+                    else:
+                        assert p.error is None and p.outcome() is None
+            nursery.cancel_scope.cancel()

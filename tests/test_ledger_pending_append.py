@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import trio
+import trio.testing
 
 from ledger.errors import LedgerFenced
 from ledger.handles import PendingAppend
@@ -20,10 +21,10 @@ def test_a_finished_append_answers_without_letting_other_tasks_run() -> None:
             ran.append("other")
 
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(other)  # runs at the first scheduler pass
+            nursery.start_soon(other)  # runs at the next scheduler pass this task takes part in
             assert [await p.result() for p in done] == list(range(100))
             assert ran == []  # collecting 100 finished appends took no pass
-            await trio.lowlevel.checkpoint()
+            await trio.testing.wait_all_tasks_blocked()  # now let it run
             assert ran == ["other"]
 
     trio.run(main)
