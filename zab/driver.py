@@ -219,8 +219,10 @@ class PeerDriver:
 
     def _flush(self) -> None:
         assert self.writer is not None
-        self.writer.flush()
+        # Sends first: a leader's proposals reach the followers, whose fsyncs decide the commit,
+        # before its own log hand-off (which never precedes a send it must: that is LogSync.then).
         self.transport.flush()  # one write per peer for everything this pass sent
+        self.writer.flush()
 
     @contextlib.contextmanager
     def holding(self):

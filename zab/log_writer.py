@@ -10,7 +10,10 @@ change can never leave an older persistence task writing after a truncation
 
 The thread is fed through a queue.SimpleQueue and answers through the trio
 token: a batch costs one wake-up each way, where trio.to_thread.run_sync per
-batch also woke a writer task, took a capacity limiter and a checkpoint.
+batch also woke a writer task, took a capacity limiter and a checkpoint. The
+thread sleeps on a pipe rather than in the queue's get(): the event loop's
+os.write to it releases the GIL, so the woken thread starts the disk write at
+once instead of waiting for the loop's pass to end.
 
 A follower's batch releases nothing but its ACK to the leader. The thread
 hands those to `send_now` (the transport's send_from_thread, via the driver),
@@ -22,6 +25,7 @@ goes back to the trio thread in order, as before.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -51,6 +55,11 @@ class LogWriter:
         self.send_now = send_now
         self._pending: list[Action] = []  # submitted in this step, not yet handed to the thread
         self._todo: queue.SimpleQueue[list[Action] | None] = queue.SimpleQueue()
+        # The thread sleeps in os.read on this pipe; flush() wakes it with os.write, which releases
+        # the GIL for the system call, so the thread takes the GIL and starts its write at once
+        # rather than waiting for the event loop's pass to end (SimpleQueue.put holds the GIL).
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)  # a full pipe already holds a wake-up: never block the loop
         self._submitted = 0  # actions handed to the thread (counted by the trio thread)
         self._performed = 0  # ... and performed (counted by the writer's thread)
         self.acks_sent_from_thread = 0
@@ -72,6 +81,7 @@ class LogWriter:
             self._submitted += len(self._pending)
             self._todo.put(self._pending)
             self._pending = []
+            self._wake()
 
     async def run(self) -> None:
         token = trio.lowlevel.current_trio_token()
@@ -84,13 +94,26 @@ class LogWriter:
         finally:
             self._stopping = True
             self._todo.put(None)
+            self._wake()
             # The log is closed after this returns: let a write in progress finish first.
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(thread.join)
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"\0")
+        except BlockingIOError:
+            pass
 
     def _thread_main(self, token: trio.lowlevel.TrioToken) -> None:
         while True:
-            batch = self._todo.get()
+            try:
+                batch = self._todo.get_nowait()
+            except queue.Empty:
+                os.read(self._wake_r, 4096)  # wake-ups are counted by the queue, not the pipe
+                continue
             if batch is None:
                 return
             while True:  # group commit: everything queued meanwhile shares this fsync
