@@ -132,11 +132,14 @@ class LogWriter:
             self.batches += 1
             self._performed += len(batch)
             if error is None and then:
-                then = coalesce_acks(then)
-                if self.send_now is not None and not self._stopping and send_acks(then):
-                    sent = len(then)
-                    then = self.send_now(then)
-                    self.acks_sent_from_thread += sent - len(then)
+                try:
+                    then = coalesce_acks(then)
+                    if self.send_now is not None and not self._stopping and send_acks(then):
+                        left = self.send_now(then)
+                        self.acks_sent_from_thread += len(then) - len(left)
+                        then = left
+                except BaseException as e:  # a bug: raised by run() like a disk failure, never a dead thread
+                    then, error = [], e
             if error is None and not then:
                 continue  # nothing for the event loop: do not wake it
             try:
