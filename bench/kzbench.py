@@ -17,7 +17,8 @@ Rows: synchronous writes (1 process, 1 outstanding, on the leader);
 pipelined writes with 1, 16 and 128 outstanding per process, 100 B and 1 KB
 values, processes spread over the three servers; reads (get); CAS increments
 of one counter from 4 processes (get + set with the version, retried on
-BadVersion). Over each window the leader's scheduler statistics (on a CPU,
+BadVersion). The synchronous and CAS rows run LATENCY_ROUNDS windows per
+system, the two systems alternating, pooled into one row (`pool`). Over each window the leader's scheduler statistics (on a CPU,
 or runnable and waiting for one) and, where `perf` works, every server's
 system calls and context switches are counted too. Then py-spy samples the
 Quire leader (and one follower) under the saturating write load, and writes
@@ -149,16 +150,24 @@ class Load:
     outstanding: int
     value_bytes: int = 100
     on_leader: bool = False  # every process on the leader; otherwise process i on server i % 3
+    # Windows per system, ZooKeeper and Quire alternating, pooled into one row: the latency-bound rows
+    # (one synchronous client, contended CAS) move by up to 2x between neighbouring single windows here.
+    rounds: int = 1
+
+
+LATENCY_ROUNDS = 3
 
 
 def loads() -> list[Load]:
-    rows = [Load("sync-100", "sync write 100 B (1 x 1, on the leader)", "write", 1, 1, 100, on_leader=True),
-            Load("sync-1024", "sync write 1 KB (1 x 1, on the leader)", "write", 1, 1, 1024, on_leader=True)]
+    rows = [Load("sync-100", "sync write 100 B (1 x 1, on the leader)", "write", 1, 1, 100, on_leader=True,
+                 rounds=LATENCY_ROUNDS),
+            Load("sync-1024", "sync write 1 KB (1 x 1, on the leader)", "write", 1, 1, 1024, on_leader=True,
+                 rounds=LATENCY_ROUNDS)]
     for size in (100, 1024):
         for n in (1, 16, 128):
             rows.append(Load(f"write-{size}-{n}", f"writes {_size(size)}, 4 x {n} outstanding", "write", 4, n, size))
     rows.append(Load("read-100", "reads 100 B, 4 x 128 outstanding", "read", 4, 128, 100))
-    rows.append(Load("cas", "CAS increments, 4 clients on one counter", "cas", 4, 1, 0))
+    rows.append(Load("cas", "CAS increments, 4 clients on one counter", "cas", 4, 1, 0, rounds=LATENCY_ROUNDS))
     return rows
 
 
@@ -364,6 +373,41 @@ def run_load(system: System, load: Load, folder: Path, *, window_s: float, warmu
     return result
 
 
+def pool(parts: list[LoadResult]) -> LoadResult:
+    """Several windows of one row on one system as one: operations, latencies, errors and windows add
+    up; CPU shares, perf counts and the leader's scheduling are weighted by each window's length."""
+    first = parts[0]
+    if len(parts) == 1:
+        return first
+    wall = sum(p.cpu.wall_s for p in parts) or 1e-9
+
+    def weighted(value: Callable[[LoadResult], float | None]) -> float | None:
+        values = [(value(p), p.cpu.wall_s) for p in parts]
+        if any(v is None for v, _ in values):
+            return None
+        return sum(v * w for v, w in values) / wall  # type: ignore[operator]
+
+    cpu = CpuMeter(dict(first.cpu.pids))
+    cpu.wall_s = sum(p.cpu.wall_s for p in parts)
+    names = sorted({n for p in parts for n in p.cpu.cores})
+    cpu.cores = {n: sum(p.cpu.cores.get(n, 0.0) * p.cpu.wall_s for p in parts) / wall for n in names}
+    cpu.machine_cores = sum(p.cpu.machine_cores * p.cpu.wall_s for p in parts) / wall
+    perf: dict[str, dict[str, int] | None] = {}
+    for name in first.perf:
+        counts = [p.perf.get(name) for p in parts]
+        perf[name] = (None if any(c is None for c in counts)
+                      else {k: sum(c[k] for c in counts) for k in counts[0]})  # type: ignore[index,union-attr]
+    pooled = LoadResult(first.system, first.load, sum(p.window_s for p in parts), sum(p.ok for p in parts),
+                        [x for p in parts for x in p.latencies], sum((p.errors for p in parts), Counter()),
+                        [e for p in parts for e in p.error_samples][:5], sum(p.retries for p in parts), cpu,
+                        first.servers, first.leader, bad_reads=sum(p.bad_reads for p in parts),
+                        total_ok=sum(p.total_ok for p in parts))
+    pooled.perf = perf
+    pooled.leader_run = weighted(lambda p: p.leader_run)
+    pooled.leader_wait = weighted(lambda p: p.leader_wait)
+    return pooled
+
+
 # -- the section ------------------------------------------------------------------------------
 
 
@@ -375,6 +419,7 @@ class Bench:
         self.results = results if results is not None else Results()
         self.results.window_s, self.results.warmup_s = window_s, warmup_s
         self.results.failover_runs, self.results.profile_s = failover_runs, profile_s
+        self._rounds: dict[tuple[str, str], list[LoadResult]] = {}  # (system, row) -> its rounds so far
 
     def run(self, section: Callable[[str, Callable[[], object]], object]) -> Results:
         """Start both systems, run every row on each, then failover and the profile; `section` runs a
@@ -388,8 +433,11 @@ class Bench:
             for s in systems:
                 section(f"kazoo start and warm-up ({s.name})", lambda s=s: self._warm(s))
             for load in loads():
-                for s in systems:
-                    section(f"kazoo {load.key} ({s.name})", lambda s=s, load=load: self._row(s, load))
+                for rnd in range(load.rounds):
+                    tag = f", round {rnd + 1} of {load.rounds}" if load.rounds > 1 else ""
+                    for s in systems:
+                        section(f"kazoo {load.key} ({s.name}{tag})", lambda s=s, load=load: self._row(s, load))
+                self._pool_rounds()
             section("kazoo profile (Quire leader)", lambda: self._profile(quire))
             for s in systems:
                 section(f"kazoo failover ({s.name})", lambda s=s: self._failover(s))
@@ -422,11 +470,25 @@ class Bench:
             verdict = "equal" if after - before[0] == acked else "DIFFERENT"
             r.counter_checks.append(f"{system.name}: counter went from {before[0]} to {after} (+{after - before[0]}) "
                                     f"for {acked} acknowledged increments (warm-up included): {verdict}")
-        r.rows.append(row)
+        if load.rounds > 1:
+            self._rounds.setdefault((system.name, load.key), []).append(row)
+        else:
+            r.rows.append(row)
+        self._report_row(row)
+
+    def _report_row(self, row: LoadResult, pooled: str = "") -> None:
         lat = f", p50 {row.latency_ms(50):.2f} ms, p99 {row.latency_ms(99):.2f} ms" if row.latencies else ""
         errors = sum(row.errors.values())
-        self.progress(f"  {system.name:9} {load.key:14} {row.rate:8,.0f}/s{lat}, server CPU "
+        self.progress(f"  {row.system:9} {row.load.key:14}{pooled} {row.rate:8,.0f}/s{lat}, server CPU "
                       f"{row.server_cpu_us_per_op or 0:,.0f} us/op, {errors} errors; {row.bottleneck()}")
+
+    def _pool_rounds(self) -> None:
+        """One row per system out of the rounds that ran (a failed round leaves the others)."""
+        for (_, _), parts in sorted(self._rounds.items()):
+            row = pool(parts)
+            self.results.rows.append(row)
+            self._report_row(row, f" ({len(parts)} rounds pooled)")
+        self._rounds.clear()
 
     def _profile(self, quire: QuireSystem) -> None:
         """py-spy on the leader (both modes) and on one follower that serves clients (GIL holder only)."""
