@@ -72,7 +72,13 @@ async def _writer(args: argparse.Namespace) -> None:
                 break
             await in_flight.popleft().result()
         if args.mode == "kill":
-            await trio.sleep(0.001)  # the appends just started leave for the bookies (a crash comes at any time)
+            # The appends just started leave for the bookies first (a crash comes at any time, but this
+            # figure is about recovering a full window): until no bookie connection has frames queued,
+            # at most 0.2 s, then a millisecond for the write in progress.
+            with trio.move_on_after(0.2):
+                while any(c["queued_frames"] for c in pool.statistics().values()):
+                    await trio.sleep(0.001)
+            await trio.sleep(0.001)
         else:
             with trio.fail_after(5):
                 while w._writer.lac_sent < w.lac:  # the writer's record of its explicit LAC
