@@ -379,7 +379,8 @@ def pool(parts: list[LoadResult]) -> LoadResult:
     first = parts[0]
     if len(parts) == 1:
         return first
-    wall = sum(p.cpu.wall_s for p in parts) or 1e-9
+    wall_s = sum(p.cpu.wall_s for p in parts)
+    wall = wall_s or 1e-9
 
     def weighted(value: Callable[[LoadResult], float | None]) -> float | None:
         values = [(value(p), p.cpu.wall_s) for p in parts]
@@ -388,7 +389,7 @@ def pool(parts: list[LoadResult]) -> LoadResult:
         return sum(v * w for v, w in values) / wall  # type: ignore[operator]
 
     cpu = CpuMeter(dict(first.cpu.pids))
-    cpu.wall_s = sum(p.cpu.wall_s for p in parts)
+    cpu.wall_s = wall_s
     names = sorted({n for p in parts for n in p.cpu.cores})
     cpu.cores = {n: sum(p.cpu.cores.get(n, 0.0) * p.cpu.wall_s for p in parts) / wall for n in names}
     cpu.machine_cores = sum(p.cpu.machine_cores * p.cpu.wall_s for p in parts) / wall

@@ -442,15 +442,12 @@ class BookieClient:
                         pending[p.request_id] = p
                         return f"protocol violation: a {resp.kind.name} answer to a {p.kind.name} request"
                     _complete(p, resp)
-                if acked:
-                    done, acked = acked, []
-                    sink._put_many(done)
                 if splitter.error is not None:
                     raise splitter.error
             except P.DecodeError as e:
                 return f"bad frame from the bookie: {e}"
             finally:
-                if acked:  # a protocol violation ends the read: the acks before it still count
+                if acked:  # the read's last run of acks, also when a bad frame or a violation ends it
                     done, acked = acked, []
                     sink._put_many(done)
 

@@ -178,16 +178,14 @@ class PeerTransport:
             stream = out.stream
             if not out.idle or stream is None or out.pending is not None or out.queued:
                 return False
-            sock = stream.socket
-            try:
-                sent = os.write(sock.fileno(), data)
-            except OSError:  # full or broken: the trio thread's send meets it and takes the link down
+            rest = write_now(stream, data)
+            if rest is data:  # nothing taken, full or broken: the trio thread's send meets it
                 return False
             self.stats.thread_frames_sent += 1
-            if sent < len(data) and not _finish_write(sock.fileno(), memoryview(data)[sent:]):
+            if rest and not _finish_write(stream.socket.fileno(), rest):
                 log.warning("event=thread_write_stalled peer=%s action=break_link", peer)
                 try:
-                    sock.shutdown(2)  # SHUT_RDWR: the send task and the peer both see the link end
+                    stream.socket.shutdown(2)  # SHUT_RDWR: the send task and the peer both see the link end
                 except OSError:
                     pass
         return True
