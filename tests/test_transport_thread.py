@@ -24,9 +24,15 @@ PINGS = 3000
 def test_thread_writes_and_event_loop_sends_interleave_as_whole_frames_in_order() -> None:
     addresses = {i: ("127.0.0.1", p) for i, p in zip((1, 2), free_ports(2))}
     received: list[object] = []
+    messages = [0]
+    all_arrived = trio.Event()
 
     def deliver(event: object) -> None:
-        received.extend(event if isinstance(event, list) else [event])
+        events = event if isinstance(event, list) else [event]
+        received.extend(events)
+        messages[0] += sum(isinstance(e, Received) for e in events)
+        if messages[0] >= ACKS + PINGS:
+            all_arrived.set()
 
     async def main() -> None:
         with trio.fail_after(60):
@@ -56,8 +62,7 @@ def test_thread_writes_and_event_loop_sends_interleave_as_whole_frames_in_order(
                         await trio.sleep(0)
                 sender.flush()
                 await trio.to_thread.run_sync(thread.join)
-                while sum(isinstance(e, Received) for e in received) < ACKS + PINGS:
-                    await trio.sleep(0.01)
+                await all_arrived.wait()
                 assert direct[0] > 0, "no frame went from the thread: the test does not test the thread path"
                 assert sender.stats.thread_frames_sent == direct[0]
                 nursery.cancel_scope.cancel()
