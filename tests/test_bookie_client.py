@@ -11,6 +11,7 @@ from functools import partial
 
 import pytest
 import trio
+import trio.testing
 
 from bookie import protocol as P
 from bookie.client import BookieClient, BookiePool, Completions
@@ -220,3 +221,55 @@ async def test_answers_of_one_read_reach_the_sink_in_the_order_they_came():
                     else:
                         assert p.error is None and p.outcome() is None
             nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_a_burst_of_adds_leaves_in_socket_writes_of_flush_bytes_before_the_caller_yields():
+    """Many adds started in one step are written as they pass FLUSH_BYTES, not all at the next yield
+    (the bookie can start on the first ones meanwhile); a socket that takes nothing more leaves the
+    rest to the writer task, without a flush (a copy of the backlog) per further add."""
+    from bookie.client import FLUSH_BYTES
+
+    received = []
+    stalled = trio.Event()
+
+    async def handle(stream):
+        async with stream:
+            received.append(await stream.receive_some(1 << 20))  # the first flush: then it stops reading
+            await stalled.wait()
+
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            [listener] = await nursery.start(partial(trio.serve_tcp, handle, 0, host="127.0.0.1"))
+            async with BookieClient("127.0.0.1", listener.socket.getsockname()[1]) as c:
+                assert await _connected(c)
+                await trio.testing.wait_all_tasks_blocked()  # the READ_LAC sent, the writer task idle
+                data = entry(1, 0)
+                frame_bytes = len(P.encode_add(1, 1, 0, KEY, data))
+                per_flush = -(-FLUSH_BYTES // frame_bytes)
+                sends = c.stats["sends"]  # the READ_LAC's
+                for i in range(per_flush - 1):
+                    c.start_add(1, i, KEY, data)
+                assert c.stats["sends"] == sends and c.statistics()["queued_frames"] == per_flush - 1
+                c.start_add(1, per_flush, KEY, data)  # this one passes FLUSH_BYTES: all leave now, unyielded
+                assert c.stats["sends"] == sends + 1 and c.statistics()["queued_frames"] == 0
+                with trio.fail_after(5):
+                    while not received:
+                        await trio.sleep(0.001)
+                # Now fill the socket: the server reads no more.
+                sends = c.stats["sends"]
+                big = DIGESTER.package(1, 1, 0, 2, b"x" * FLUSH_BYTES)  # each add alone passes FLUSH_BYTES
+                for i in range(200):
+                    c.start_add(1, 1000 + i, KEY, big)
+                assert c.stats["sends"] - sends < 200  # flushes stopped once one was short
+                assert c.statistics()["queued_frames"] > 0
+                stalled.set()
+            nursery.cancel_scope.cancel()
+
+
+async def _connected(c: BookieClient) -> bool:
+    c.start_read_lac(1)  # connects; the raw server never answers
+    with trio.fail_after(5):
+        while not c.connected:
+            await trio.sleep(0.001)
+    return True
