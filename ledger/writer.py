@@ -69,7 +69,7 @@ class PendingAdd:
     entry_id: int
     data: bytes               # packaged: ids, piggybacked LAC, length, digest, payload
     length: int               # ledger length in bytes through this entry
-    sent_to: set[int] = field(default_factory=set)
+    sent_to: frozenset[int] = frozenset()  # replaced, never changed in place: often the shared `quorum`
     quorum: frozenset[int] = frozenset()  # its write quorum in the committed metadata (set when sent)
     acks: set[int] = field(default_factory=set)  # always within `quorum`
 
@@ -265,11 +265,11 @@ class Writer:
         quorum, members = self._write_quorum(add.entry_id)
         add.quorum = members
         if not add.sent_to:  # the common case: a fresh append, no acks yet
-            add.sent_to.update(quorum)
+            add.sent_to = members
             return [SendAdd(b, add.entry_id, add.data) for b in quorum]
         add.acks.intersection_update(members)
         fresh = [b for b in quorum if b not in add.sent_to]
-        add.sent_to.update(fresh)
+        add.sent_to = add.sent_to.union(fresh)
         return [SendAdd(b, add.entry_id, add.data) for b in fresh]
 
     def _write_quorum(self, entry_id: int) -> tuple[tuple[int, ...], frozenset[int]]:
