@@ -85,6 +85,9 @@ def _intro(r: LedgerResults) -> str:
             f"`ReadHandle.tail` in another process (`bench/ledger_proc.py tail`); the catch-up read is "
             f"`ReadHandle.read` of a closed ledger from entry 0 by a fresh client; recovery is "
             f"`open(recover=True)` of a ledger whose writer process SIGKILLed itself without closing. "
+            f"Before each append row, and before the latency rows, `sync` writes back the dirty pages the "
+            f"rows before left (the entry logs are not fsynced per add: after a 64 KB row the kernel would "
+            f"otherwise be writing gigabytes back during the next one). "
             f"The machine is shared: figures move with other people's jobs (load averages are in the tables).\n")
 
 

@@ -91,6 +91,7 @@ class OpDriver:
         self.long_poll_ms = long_poll_ms
         self._ops: dict[int, Any] = {}
         self._add_acked: dict[int, Callable[[int, int], list[A.Action]]] = {}  # ops with the fast ack path
+        self._add_acked_many: dict[int, Callable[[int, list[int]], list[A.Action]]] = {}  # ... and its batched form
         self._handlers: dict[int, Handler] = {}
         self._ids = itertools.count(1)
         self._inbox: collections.deque[Any] = collections.deque()
@@ -105,6 +106,7 @@ class OpDriver:
         self._handlers[op_id] = handler
         if hasattr(op, "add_acked"):  # the Writer: a successful add is op.add_acked(bookie, entry)
             self._add_acked[op_id] = op.add_acked
+            self._add_acked_many[op_id] = op.add_acked_many
         if start:
             self.execute(op_id, op.start())
         return op_id
@@ -113,6 +115,7 @@ class OpDriver:
         self._ops.pop(op_id, None)
         self._handlers.pop(op_id, None)
         self._add_acked.pop(op_id, None)
+        self._add_acked_many.pop(op_id, None)
 
     @property
     def idle(self) -> bool:
@@ -240,8 +243,9 @@ class OpDriver:
         self._wake.set()
 
     def _post_many(self, items: list[Any]) -> None:
-        """_post for the answers of one socket read: one pass over the inbox for all of them."""
-        self._inbox.extend(items)
+        """_post for the answers of one socket read: one pass over the inbox for all of them, and one
+        writer call for each run of its successful adds (see _drain)."""
+        self._inbox.append(items)
         if self.inline and not self._depth and self._until is not None:
             self._drain()
             if not self._until():
@@ -253,6 +257,9 @@ class OpDriver:
         inbox, fast, stats = self._inbox, self._add_acked, self.stats
         while inbox:
             item = inbox.popleft()
+            if type(item) is list:  # one socket read's answers (_post_many)
+                self._drain_run(item)
+                continue
             if type(item) is PendingRequest and item._error is None and type(item.tag[1]) is A.SendAdd:
                 op_id, action = item.tag  # the hot path, an add that succeeded: no event object
                 add_acked = fast.get(op_id)
@@ -267,6 +274,38 @@ class OpDriver:
                             self._depth -= 1
                     continue
             self._dispatch(*self._event_of(item))
+
+    def _drain_run(self, items: list[PendingRequest]) -> None:
+        """Dispatch one socket read's answers in order: each run of successful adds of one writer
+        from one bookie is one add_acked_many call (the hot path: no event object per ack)."""
+        many, stats = self._add_acked_many, self.stats
+        i, n = 0, len(items)
+        while i < n:
+            item = items[i]
+            op_id, action = item.tag
+            if item._error is None and type(action) is A.SendAdd and op_id in many:
+                bookie = item.client.bookie_id
+                entry_ids = [action.entry_id]
+                i += 1
+                while i < n:
+                    nxt = items[i]
+                    tag = nxt.tag
+                    if (nxt._error is not None or tag[0] != op_id or type(tag[1]) is not A.SendAdd
+                            or nxt.client.bookie_id != bookie):
+                        break
+                    entry_ids.append(tag[1].entry_id)
+                    i += 1
+                stats["events"] += len(entry_ids)
+                actions = many[op_id](bookie, entry_ids)
+                if actions:
+                    self._depth += 1
+                    try:
+                        self._execute(op_id, actions)
+                    finally:
+                        self._depth -= 1
+                continue
+            self._dispatch(*self._event_of(item))
+            i += 1
 
     def _event_of(self, item: Any) -> tuple[int, A.Event]:
         if isinstance(item, tuple):

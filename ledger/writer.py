@@ -177,6 +177,20 @@ class Writer:
             return []  # not acknowledged yet, or a lower entry is not
         return self._acknowledge()
 
+    def add_acked_many(self, bookie: int, entry_ids: list[int]) -> list[Action]:
+        """add_acked(bookie, e) for each of entry_ids, in order, with the actions of all of them:
+        the acks of one socket read from one bookie, in one call."""
+        pending = self.pending
+        if self.state is WriterState.BROKEN or not pending:
+            return []
+        qa, first = self.metadata.ack_quorum, next(iter(pending))
+        for entry_id in entry_ids:
+            add = pending.get(entry_id)
+            if add is not None and bookie in add.quorum:
+                add.acks.add(bookie)
+        add = pending[first]  # as add_acked: acknowledging starts only once the first pending entry may go
+        return self._acknowledge() if first in entry_ids and len(add.acks) >= qa else []
+
     def _on_add_failed(self, event: AddFailed) -> list[Action]:
         if self.state in (WriterState.BROKEN, WriterState.CLOSED) or self.close_op is not None:
             return []  # nothing outstanding any more: the close CAS decides

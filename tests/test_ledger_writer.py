@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bookie import errors as B
 from bookie.entry import NO_ENTRY, Digester, DigestType, parse_header, password_key
@@ -351,3 +353,34 @@ def test_no_explicit_lac_when_disabled_or_once_fenced():
     w.append(b"b")
     w.step(A.AddFailed(3, 1, B.LedgerFenced("fenced")))
     assert w.state is WriterState.BROKEN and w.step(A.Idle()) == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), ensemble=st.sampled_from([((1, 2, 3), 3, 2), ((1, 2, 3), 3, 3), ((1, 2, 3, 4), 3, 2),
+                                                  ((1, 2, 3, 4, 5), 2, 2)]))
+def test_a_run_of_acks_in_one_call_is_the_same_as_one_call_per_ack(data, ensemble):
+    """add_acked_many (the driver's batched hot path) against add_acked, ack by ack: the same entries
+    acknowledged in the same order, the same adds sent, the same writer state after each run."""
+    members, qw, qa = ensemble
+    window = data.draw(st.integers(1, 6), label="max outstanding")
+    one = Writer(metadata(members, qw=qw, qa=qa), 0, DIGESTER, max_outstanding=window)
+    many = Writer(metadata(members, qw=qw, qa=qa), 0, DIGESTER, max_outstanding=window)
+    outs: tuple[list, list] = ([], [])
+    for _ in range(data.draw(st.integers(1, 12), label="rounds")):
+        for _ in range(data.draw(st.integers(0, 4), label="appends")):
+            for writer, out in zip((one, many), outs):
+                out += writer.append(b"x")[1]
+        bookie = data.draw(st.sampled_from(members + (9,)), label="bookie")  # 9: in no write quorum
+        # a bookie acks only what it was sent (or what is no longer pending, or out of every quorum)
+        sent = [e for e in range(one.next_entry + 2)
+                if e not in one.pending or bookie in one.pending[e].sent_to or bookie not in members]
+        entries = data.draw(st.lists(st.sampled_from(sent), max_size=8), label="acks")
+        for entry_id in entries:
+            outs[0].extend(one.add_acked(bookie, entry_id))
+        outs[1].extend(many.add_acked_many(bookie, entries))
+        acked = [[e for a in of(out, A.Acknowledge) for e in a.entry_ids] for out in outs]
+        assert acked[0] == acked[1]
+        assert sends(outs[0]) == sends(outs[1])
+        assert len(of(outs[0], A.RequestIdle)) == len(of(outs[1], A.RequestIdle))
+        assert (one.lac, one.length, one.state) == (many.lac, many.length, many.state)
+        assert {e: a.acks for e, a in one.pending.items()} == {e: a.acks for e, a in many.pending.items()}
