@@ -9,7 +9,10 @@ are dropped, because replaying the journal writes them again.
 
 Writes happen in BookieStorage's worker thread; reads (pread on a separate
 descriptor) and file removal happen on the event loop, so a read never races
-a removal.
+a removal. A checkpoint fsyncs the logs in a thread of its own while adds go
+on: it takes a `cut` (each log's size and write count) between two batches,
+and then fsyncs what the cut names; writes after the cut are counted for the
+next checkpoint, never marked durable by this one.
 """
 
 from __future__ import annotations
@@ -40,8 +43,22 @@ class _Log:
     log_id: int
     path: Path
     size: int
-    dirty: bool = False
+    # Writes appended (by the one thread writing at a time) and writes a checkpoint's fsync covered:
+    # counts, not a dirty flag, because a checkpoint fsyncs while later writes go on.
+    writes: int = 0
+    synced: int = 0
     read_fd: int | None = None
+
+
+@dataclass(frozen=True)
+class Cut:
+    """The entry logs as a checkpoint saw them between two batches: what its fsync must cover."""
+
+    logs: tuple[tuple[_Log, int, int], ...]  # (log, its writes then, its size then)
+    next_log_id: int
+
+    def sizes(self) -> dict[int, int]:
+        return {log.log_id: size for log, _, size in self.logs}
 
 
 class EntryLogs:
@@ -86,7 +103,8 @@ class EntryLogs:
         return self._next_log_id
 
     def sizes(self) -> dict[int, int]:
-        return {log_id: log.size for log_id, log in self._logs.items()}
+        # list(): one C-level copy, so a rotation in the writing thread cannot change the dict mid-loop
+        return {log_id: log.size for log_id, log in list(self._logs.items())}
 
     def current_id(self) -> int | None:
         return self._current.log_id if self._current else None
@@ -124,7 +142,7 @@ class EntryLogs:
     def _write(self, chunks: list[bytes]) -> None:
         if chunks:
             write_all(self._writer(), b"".join(chunks))
-            self._current.dirty = True
+            self._current.writes += 1
 
     def _writer(self) -> int:
         if self._write_fd is None:
@@ -145,16 +163,22 @@ class EntryLogs:
             write_all(fd, encode_file_header(ENTRY_LOG_MAGIC, log_id))
         finally:
             os.close(fd)
-        self._current = self._logs[log_id] = _Log(log_id, path, FILE_HEADER_BYTES, dirty=True)
+        self._current = self._logs[log_id] = _Log(log_id, path, FILE_HEADER_BYTES, writes=1)
 
-    def sync(self) -> dict[int, int]:
-        """Fsync every log with unsynced bytes and the directory; return each log's durable length."""
-        for log in self._logs.values():
-            if log.dirty:
+    def cut(self) -> Cut:
+        """Each log's size and write count now (on the event loop, with no write in flight)."""
+        return Cut(tuple((log, log.writes, log.size) for log in self._logs.values()), self._next_log_id)
+
+    def sync(self, cut: Cut) -> dict[int, int]:
+        """Fsync every log with writes the cut counts and no fsync covered yet, and the directory;
+        return each log's length at the cut, now durable. Safe while later writes go on (only one
+        sync at a time)."""
+        for log, writes, _ in cut.logs:
+            if writes > log.synced:
                 _fsync_path(log.path)
-                log.dirty = False
+                log.synced = writes
         fsync_directory(self.directory)
-        return self.sizes()
+        return cut.sizes()
 
     def read(self, where: Location, ledger_id: int, entry_id: int) -> bytes:
         """The packaged entry at `where`; raises EntryCorrupt if its record fails its checks."""

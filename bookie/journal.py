@@ -172,7 +172,9 @@ class Journal:
         self.bytes_written += len(header)
 
     def trim_before(self, seq: int) -> int:
-        """Delete whole segments older than `seq`, oldest first, each removal durable; return how many."""
+        """Delete whole segments older than `seq`, oldest first, each removal durable; return how many.
+        A checkpoint calls it from its own thread while batches append: it only takes segments off
+        the front and always leaves the newest, the one append() writes to or rolls from."""
         self._check_usable()
         removed = 0
         while self._segments and self._segments[0].seq < seq and len(self._segments) > 1:

@@ -11,6 +11,8 @@ the crash rules):
   index maps (ledger, entry) to their place;
 - a checkpoint fsyncs the entry logs, writes the index image (tmp + fsync +
   rename) with the journal position it covers, and trims the journal before it.
+  Only its cut (journal roll, index copy, entry log sizes) holds the disk, between
+  two batches; the fsyncs and the image are written while adds go on.
 
 Group commit (bookie/storage_commit.py): callers do not write. Each
 add_batch/fence/write_lac/delete puts its records in the open batch, whose
@@ -33,7 +35,8 @@ import trio
 from bookie.entry import EntryFormatError, parse_header
 from bookie.errors import (BadRequest, BookieError, BookieReadOnly, EntryTooLarge, LedgerFenced, NoSuchEntry,
                            NoSuchLedger, StorageError, Unauthorized)
-from bookie.index import LedgerState, Location, record_size
+from bookie.entrylog import Cut
+from bookie.index import Index, LedgerState, Location, record_size
 from bookie.storage_batch import AddFields, admit_adds
 from bookie.storage_commit import Batch, GroupCommit
 from bookie.storage_lac import LacWaiters
@@ -76,6 +79,7 @@ class BookieStorage:
         self._lac_waiters = LacWaiters(self._lac_passed)
         self._fence_batches: dict[int, Batch] = {}  # ledger -> batch carrying its newest FENCE record
         self._checkpoint_wanted = trio.Event()
+        self._checkpointing = trio.Lock()  # one checkpoint at a time, and none across a compaction or close
         self._journal_bytes_at_checkpoint = 0
         self._read_only = False
         self._disk_usage = 0.0
@@ -415,29 +419,36 @@ class BookieStorage:
 
     async def checkpoint(self) -> None:
         """Fsync the entry logs, write the index image (tmp+fsync+rename) with the journal position it
-        covers, and delete the journal segments before that position."""
+        covers, and delete the journal segments before that position. Adds wait only for the cut
+        (a journal roll and an index copy between two batches), not for the fsyncs and the image."""
         self._check_usable()
-        async with self._commits.disk(priority=True):
-            await self._checkpoint_locked()
+        async with self._checkpointing:
+            async with self._commits.disk(priority=True):
+                cut = await self._checkpoint_cut()
+            await self._checkpoint_write(*cut)
 
-    async def _checkpoint_locked(self, *, dropping: frozenset[int] = frozenset()) -> None:
-        # No batch is in flight: the index reflects every journal record written so far, and
-        # everything later goes to the segment roll() starts. `dropping`: entry logs compaction
-        # emptied; the checkpoint no longer lists them, so a crash before their removal leaves
-        # files that the next open deletes.
+    async def _checkpoint_cut(self) -> tuple[int, Index, Cut]:
+        # Holding the disk, no batch is in flight: the index reflects every journal record written so
+        # far, everything later goes to the segment roll() starts, and the entry logs hold exactly the
+        # bytes the image indexes (later appends are past the cut's sizes, dropped on open and replayed).
         seq = await trio.to_thread.run_sync(self._journal.roll)
-        image = self._index.copy()
-        for log_id in dropping:
-            assert image.live_bytes.pop(log_id, 0) == 0, f"entry log {log_id} still holds indexed entries"
+        image, logs = self._index.copy(), self._entrylogs.cut()
         self._journal_bytes_at_checkpoint = self._journal.bytes_written
         self._checkpoint_wanted = trio.Event()
+        return seq, image, logs
+
+    async def _checkpoint_write(self, seq: int, image: Index, cut: Cut, *,
+                                dropping: frozenset[int] = frozenset()) -> None:
+        # `dropping`: entry logs compaction emptied; the checkpoint no longer lists them, so a crash
+        # before their removal leaves files that the next open deletes.
+        for log_id in dropping:
+            assert image.live_bytes.pop(log_id, 0) == 0, f"entry log {log_id} still holds indexed entries"
 
         def work() -> int:
-            sizes = self._entrylogs.sync()
+            sizes = self._entrylogs.sync(cut)
             logs = {log_id: (size, image.live_bytes.get(log_id, 0)) for log_id, size in sizes.items()
                     if log_id not in dropping}
-            written = write_checkpoint(self.directory / CHECKPOINT,
-                                       Checkpoint(seq, self._entrylogs.next_log_id, logs, image))
+            written = write_checkpoint(self.directory / CHECKPOINT, Checkpoint(seq, cut.next_log_id, logs, image))
             self._journal.trim_before(seq)
             return written
 
@@ -453,7 +464,7 @@ class BookieStorage:
         """Rewrite entry logs whose live fraction is below config.compaction_threshold into the
         current log, checkpoint so the new places are durable, then delete the old logs."""
         self._check_usable()
-        async with self._commits.disk(priority=True):
+        async with self._checkpointing, self._commits.disk(priority=True):
             sizes = self._entrylogs.sizes()
             current = self._entrylogs.current_id()
             victims = [log_id for log_id, size in sorted(sizes.items())
@@ -465,7 +476,8 @@ class BookieStorage:
                 count, nbytes = await self._compact_log(log_id)
                 moved += count
                 moved_bytes += nbytes
-            await self._checkpoint_locked(dropping=frozenset(victims))
+            cut = await self._checkpoint_cut()  # holding the disk throughout: the victims go right after
+            await self._checkpoint_write(*cut, dropping=frozenset(victims))
             self._entrylogs.remove(victims)
             for log_id in victims:
                 self._index.live_bytes.pop(log_id, None)
@@ -570,7 +582,7 @@ class BookieStorage:
         await self.flush()
         if checkpoint and self._failed is None:
             await self.checkpoint()
-        async with self._commits.disk():
+        async with self._checkpointing, self._commits.disk():
             self._closed = True
             self._journal.close()
             self._entrylogs.close()
