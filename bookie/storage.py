@@ -439,8 +439,7 @@ class BookieStorage:
 
     async def _checkpoint_write(self, seq: int, image: Index, cut: Cut, *,
                                 dropping: frozenset[int] = frozenset()) -> None:
-        # `dropping`: entry logs compaction emptied; the checkpoint no longer lists them, so a crash
-        # before their removal leaves files that the next open deletes.
+        # `dropping`: logs compaction emptied, unlisted, so if a crash precedes their removal, open deletes them.
         for log_id in dropping:
             assert image.live_bytes.pop(log_id, 0) == 0, f"entry log {log_id} still holds indexed entries"
 

@@ -23,6 +23,7 @@ from pyspark.sql import functions as F
 
 from ledger.manager import DEFAULT_ROOT
 from ledger.metadata import LedgerMetadata
+from ledger.quorum import write_quorum
 from replay.spark_replay import log_txns
 from replay.spark_source import NodeDir, SegmentFile
 from replay.verify_ledger_decode import DIGEST_BAD, entry_log_file, journal_file, ledgers_in
@@ -149,7 +150,11 @@ def _replicas(spark: SparkSession, good: DataFrame, ledgers: list[LedgerMetadata
 
 
 def _closed(spark: SparkSession, entries: DataFrame, ledgers: list[LedgerMetadata], deleted: set[int]) -> CheckResult:
-    """A closed ledger's last entry carries the metadata's length; no bookie stores an entry past it."""
+    """A closed ledger's last entry carries the metadata's length, and the entry after it was never
+    acknowledged: fewer than Qa bookies of its write quorum hold it. Recovery closes before the first
+    entry that Qw-Qa+1 bookies of its write quorum do not have; acknowledgements come in entry order,
+    so what lies past that entry (a killed writer's sends that reached only some bookies) is never
+    acknowledged either: noted, not a violation."""
     result = CheckResult(CLOSED)
     closed = {m.ledger_id: m for m in ledgers if m.is_closed}
     result.checked = len(closed)
@@ -159,14 +164,26 @@ def _closed(spark: SparkSession, entries: DataFrame, ledgers: list[LedgerMetadat
     valid = entries.where(F.col("digest") != DIGEST_BAD).join(F.broadcast(ends), "ledger")
     rows = valid.groupBy("ledger").agg(
         F.max("entry").alias("high"),
+        F.collect_set(F.when(F.col("entry") == F.col("last") + 1, F.col("bookie"))).alias("next_holders"),
         F.collect_set(F.when(F.col("entry") == F.col("last"), F.col("length"))).alias("lengths")).collect()
+    orphans = []
     for r in sorted(rows, key=lambda r: r.ledger):
         m = closed[r.ledger]
-        if r.high > m.last_entry:
-            result.add(1, [f"ledger {r.ledger}: closed at entry {m.last_entry} but a bookie stores entry {r.high}"])
+        following = m.last_entry + 1
+        quorum = write_quorum(m.ensemble_for(following), following, m.write_quorum)
+        copies = sorted(set(r.next_holders) & set(quorum))
+        if len(copies) >= m.ack_quorum:
+            result.add(1, [f"ledger {r.ledger}: closed at entry {m.last_entry} but entry {following} is on "
+                           f"{len(copies)} bookies of its write quorum ({copies}), enough for an acknowledgement "
+                           f"(Qa={m.ack_quorum})"])
+        elif r.high > m.last_entry:
+            orphans.append(f"ledger {r.ledger}: entries {following}..{r.high} past the close, entry {following} "
+                           f"on {len(copies)} of the Qa={m.ack_quorum} bookies an acknowledgement needs")
         if m.last_entry >= 0 and r.lengths and set(r.lengths) != {m.length}:
             result.add(1, [f"ledger {r.ledger}: last entry {m.last_entry} says length {sorted(r.lengths)}, "
                            f"the metadata {m.length}"])
+    if orphans:
+        result.notes.append(f"never acknowledged, left on bookies past a close: {'; '.join(orphans[:MAX_EXAMPLES])}")
     stale = sorted(deleted & set(closed))
     if stale:
         result.notes.append(f"ledgers deleted on some bookie but still in the metadata: {stale[:MAX_EXAMPLES]}")
