@@ -249,7 +249,7 @@ def _reads_and_recovery(r: LedgerResults) -> str:
     lines += ["", f"Recovery ({RECOVERY_QUORUM.label}): a writer process (`bench/ledger_proc.py writer`) appends "
               "100-byte entries with up to 1,000 not yet acknowledged and SIGKILLs itself without closing: "
               "either as soon as its LAC reaches entry 9,999 (acknowledgements come in bursts, so it may pass it), "
-              "right after refilling its window and giving the sends a millisecond to leave (those entries lie "
+              "right after refilling its window, as soon as its sends have left (those entries lie "
               "past the bookies' LAC: recovery must read them and re-add them to their whole write quorum), or "
               "after appending exactly 10,000 and waiting until its explicit LAC went out. Then a new client in "
               "this process reads the LAC "
