@@ -115,6 +115,7 @@ class LedgerResults:
     load_start: tuple[float, float, float] = (0.0, 0.0, 0.0)
     load_end: tuple[float, float, float] = (0.0, 0.0, 0.0)
     duration_s: float = 0.0
+    low_load_busy: float | None = None  # share of all CPUs busy just before the latency rows
 
     def disk_small_per_s(self) -> float | None:
         """The best 100-byte append+fsync rate of the run (neighbours only ever slow the disk down)."""
@@ -156,6 +157,18 @@ async def settle() -> None:
     """Write back every dirty page before a row: a 64 KB row leaves gigabytes of entry log pages
     (not fsynced by design) that the kernel would otherwise write back during the rows after it."""
     await trio.to_thread.run_sync(os.sync)
+
+
+LOW_LOAD_BUSY_MAX = 0.25  # share of all CPUs, as the suite's own wait for a quiet machine
+LOW_LOAD_WAIT_S = 20.0
+
+
+async def settle_to_low_load() -> tuple[bool, float]:
+    """settle(), then wait (at most LOW_LOAD_WAIT_S) until the machine is mostly idle: the latency
+    rows are "at low load", and the saturating rows before them leave work behind for a while."""
+    await settle()
+    return await trio.to_thread.run_sync(
+        lambda: machine.wait_quiet(max_busy=LOW_LOAD_BUSY_MAX, timeout_s=LOW_LOAD_WAIT_S))
 
 
 def git_state(repo: Path) -> str:
@@ -279,7 +292,10 @@ class LedgerBench:
                                   f"{run.latency_ms(50):.1f} ms, p99 {run.latency_ms(99):.1f} ms; CPU per entry: "
                                   f"client {run.cpu_us_per_entry(True) or 0:.0f} us, nodes "
                                   f"{run.cpu_us_per_entry(False) or 0:.0f} us {run.error}")
-            await settle()
+            quiet, busy = await settle_to_low_load()
+            r.low_load_busy = busy
+            self.progress(f"  machine {'quiet' if quiet else 'still busy'} before the latency rows: "
+                          f"{100 * busy:.0f}% of all CPUs busy")
             for bookies in ([1], [1, 2, 3]):
                 run = await self._astep(f"bookie ADD round trip to {bookies}", lambda b=bookies:
                                         workloads.bookie_round_trip(ledgers, b, s.low_load, s.low_load_warmup))

@@ -217,6 +217,12 @@ def _appends(r: LedgerResults) -> str:
     return "\n".join(lines + [""])
 
 
+def _busy_before(r: LedgerResults) -> str:
+    if r.low_load_busy is None:
+        return ""
+    return f": {100 * r.low_load_busy:.0f}% of all CPUs were busy in the last second before them"
+
+
 def _latencies(r: LedgerResults) -> str:
     lines = ["### Latency at low load and at a tailing reader", "",
              "Low load: 100-byte `append`s awaited one after the other through one WriteHandle. Under them, "
@@ -225,7 +231,9 @@ def _latencies(r: LedgerResults) -> str:
              "metadata, no writer): the floor an append stands on. Tailing: the "
              "writer appends 100-byte entries one at a time (awaiting each, then pausing if stated); each payload "
              "carries the `time.perf_counter()` of its append, and the reader process (`ReadHandle.tail`, long "
-             "polls) records when the entry reached it (CLOCK_MONOTONIC, one clock for both processes).", "",
+             "polls) records when the entry reached it (CLOCK_MONOTONIC, one clock for both processes). "
+             "Before these rows the bench waits (at most 20 s) until the machine is below 25% busy, since the "
+             "saturating rows before them leave work behind" + _busy_before(r) + ".", "",
              "| what | quorum | samples | p50 | p99 | max | load average |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for run in r.bookie_trips + r.low_load + r.tails:

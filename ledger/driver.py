@@ -123,11 +123,7 @@ class OpDriver:
 
     # -- executing actions ------------------------------------------------------------------------
     def execute(self, op_id: int, actions: list[A.Action]) -> None:
-        self._depth += 1
-        try:
-            self._execute(op_id, actions)
-        finally:
-            self._depth -= 1
+        self._execute_nested(op_id, actions)
         if self._inbox and not self._depth and self._until is not None and self.inline:
             self._drain()  # outcomes posted while executing (a bookie refused at once)
 
@@ -267,11 +263,7 @@ class OpDriver:
                     stats["events"] += 1
                     actions = add_acked(item.client.bookie_id, action.entry_id)
                     if actions:
-                        self._depth += 1
-                        try:
-                            self._execute(op_id, actions)
-                        finally:
-                            self._depth -= 1
+                        self._execute_nested(op_id, actions)
                     continue
             self._dispatch(*self._event_of(item))
 
@@ -298,14 +290,18 @@ class OpDriver:
                 stats["events"] += len(entry_ids)
                 actions = many[op_id](bookie, entry_ids)
                 if actions:
-                    self._depth += 1
-                    try:
-                        self._execute(op_id, actions)
-                    finally:
-                        self._depth -= 1
+                    self._execute_nested(op_id, actions)
                 continue
             self._dispatch(*self._event_of(item))
             i += 1
+
+    def _execute_nested(self, op_id: int, actions: list[A.Action]) -> None:
+        """_execute with draining held off: what it posts waits in the inbox for the loop that drains it."""
+        self._depth += 1
+        try:
+            self._execute(op_id, actions)
+        finally:
+            self._depth -= 1
 
     def _event_of(self, item: Any) -> tuple[int, A.Event]:
         if isinstance(item, tuple):
@@ -341,11 +337,7 @@ class OpDriver:
             if handler is not None:
                 handler(event)
             return
-        self._depth += 1
-        try:
-            self._execute(op_id, op.step(event))
-        finally:
-            self._depth -= 1
+        self._execute_nested(op_id, op.step(event))
 
     async def pump(self, until: Callable[[], bool]) -> None:
         """Feed events to the operations until `until()` holds. One pump per driver at a time."""
