@@ -231,19 +231,23 @@ async def test_a_burst_of_adds_leaves_in_socket_writes_of_flush_bytes_before_the
     from bookie.client import FLUSH_BYTES
 
     received = []
-    stalled = trio.Event()
+    accepted, got_first, stalled = trio.Event(), trio.Event(), trio.Event()
 
     async def handle(stream):
+        accepted.set()
         async with stream:
             received.append(await stream.receive_some(1 << 20))  # the first flush: then it stops reading
+            got_first.set()
             await stalled.wait()
 
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
             [listener] = await nursery.start(partial(trio.serve_tcp, handle, 0, host="127.0.0.1"))
             async with BookieClient("127.0.0.1", listener.socket.getsockname()[1]) as c:
-                assert await _connected(c)
-                await trio.testing.wait_all_tasks_blocked()  # the READ_LAC sent, the writer task idle
+                c.start_read_lac(1)  # connects; the raw server never answers
+                await accepted.wait()
+                await trio.testing.wait_all_tasks_blocked()  # connected, the READ_LAC sent, the writer task idle
+                assert c.connected
                 data = entry(1, 0)
                 frame_bytes = len(P.encode_add(1, 1, 0, KEY, data))
                 per_flush = -(-FLUSH_BYTES // frame_bytes)
@@ -253,9 +257,7 @@ async def test_a_burst_of_adds_leaves_in_socket_writes_of_flush_bytes_before_the
                 assert c.stats["sends"] == sends and c.statistics()["queued_frames"] == per_flush - 1
                 c.start_add(1, per_flush, KEY, data)  # this one passes FLUSH_BYTES: all leave now, unyielded
                 assert c.stats["sends"] == sends + 1 and c.statistics()["queued_frames"] == 0
-                with trio.fail_after(5):
-                    while not received:
-                        await trio.sleep(0.001)
+                await got_first.wait()
                 # Now fill the socket: the server reads no more.
                 sends = c.stats["sends"]
                 big = DIGESTER.package(1, 1, 0, 2, b"x" * FLUSH_BYTES)  # each add alone passes FLUSH_BYTES
@@ -265,11 +267,3 @@ async def test_a_burst_of_adds_leaves_in_socket_writes_of_flush_bytes_before_the
                 assert c.statistics()["queued_frames"] > 0
                 stalled.set()
             nursery.cancel_scope.cancel()
-
-
-async def _connected(c: BookieClient) -> bool:
-    c.start_read_lac(1)  # connects; the raw server never answers
-    with trio.fail_after(5):
-        while not c.connected:
-            await trio.sleep(0.001)
-    return True
