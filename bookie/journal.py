@@ -3,7 +3,19 @@
 Synchronous, like zab/txnlog.py: BookieStorage calls it from one worker
 thread at a time. Segments `journal.<seq as 16 hex>` in one directory, seqs
 consecutive; records in the bookie.storage_codec format. A batch of records is
-written with one write() and made durable with one fsync (group commit).
+written with one write() and made durable with one fdatasync (group commit).
+
+The newest segment is preallocated (posix_fallocate, PREALLOCATE_BYTES at a
+time, as BookKeeper's journalPreAllocSizeMB) and written in place: an fsync
+after an append that grew the file also commits the new size and block
+allocation, which on ext4 is a filesystem journal commit shared by every
+process that fsyncs. In place, the file's size does not change, and
+fdatasync, which still commits whatever metadata reading the data back needs
+(POSIX), makes the records durable for less. Measured on this project's
+machine: 85 us and 37 us of CPU per 150-byte record against 130-150 us and
+63 us; three bookies' E=Qw=Qa=3 append p50 from 1.04-1.17 ms to 0.88-0.94 ms.
+The zero fill after the last record is a clean end (storage_codec); a segment
+is cut to its records before the next one is created.
 
 Crash rules (the same policy as the txn log, docs/formats.md): a segment is
 fsynced before the next is created, so only the newest segment may end in a
@@ -26,11 +38,12 @@ from typing import TypeVar
 from bookie.errors import StorageError
 from bookie.storage_codec import (FILE_HEADER_BYTES, FRAME_BYTES, JOURNAL_MAGIC, CorruptRecord, JournalRecord,
                                   decode_file_header, decode_journal_record, encode_file_header, scan_journal)
-from zab.snapshot import fsync_directory, write_all
+from zab.snapshot import fsync_directory, pwrite_all, write_all
 
 _log = logging.getLogger("quire.bookie.journal")
 _T = TypeVar("_T")
 _NAME = re.compile(r"journal\.([0-9a-f]{16})")
+PREALLOCATE_BYTES = 4 << 20
 _WIPE_ADVICE = ("adds this bookie acknowledged may be lost: do not start it as is; wipe its bookie directory, "
                 "decommission its identity and let auto-recovery re-replicate its ledgers")
 
@@ -63,6 +76,7 @@ class Journal:
         self._next_seq = next_seq
         self._segment_bytes = segment_bytes
         self._fd: int | None = None
+        self._allocated = 0  # bytes the newest segment's file holds (records, then zero fill); with _fd
         self._dirty = False
         self._dir_dirty = False
         self._failed: str | None = None
@@ -130,7 +144,12 @@ class Journal:
                                   and self._segments[-1].size >= self._segment_bytes):
             self._guarded(self._roll)
         data = b"".join(records)
-        self._guarded(write_all, self._current_fd(), data)
+        fd, at = self._current_fd(), self._segments[-1].size
+        if at + len(data) > self._allocated:
+            grow = max(PREALLOCATE_BYTES, at + len(data) - self._allocated)
+            self._guarded(os.posix_fallocate, fd, self._allocated, grow)
+            self._allocated += grow
+        self._guarded(pwrite_all, fd, data, at)
         self._segments[-1].size += len(data)
         self.bytes_written += len(data)
         self._dirty = True
@@ -140,7 +159,7 @@ class Journal:
         after a segment was created)."""
         self._check_usable()
         if self._dirty:
-            self._guarded(os.fsync, self._current_fd())
+            self._guarded(os.fdatasync, self._current_fd())
             self.syncs += 1
         if self._dir_dirty:
             self._guarded(fsync_directory, self.directory)
@@ -162,10 +181,11 @@ class Journal:
         self._close_current()
         seq = self._next_seq
         path = self.directory / segment_name(seq)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
-        self._fd = fd
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self._fd, self._allocated = fd, 0
         header = encode_file_header(JOURNAL_MAGIC, seq)
         write_all(fd, header)
+        self._allocated = len(header)
         self._segments.append(_Segment(seq, path, len(header)))
         self._next_seq = seq + 1
         self._dirty = self._dir_dirty = True
@@ -191,18 +211,25 @@ class Journal:
 
     def _current_fd(self) -> int:
         if self._fd is None:
-            self._fd = os.open(self._segments[-1].path, os.O_WRONLY | os.O_APPEND)
+            self._fd = os.open(self._segments[-1].path, os.O_WRONLY)
+            self._allocated = os.fstat(self._fd).st_size
         return self._fd
 
     def _close_current(self) -> None:
-        # The segment is fsynced before the next exists: only the newest may hold unsynced bytes.
-        if self._fd is None:
+        # The segment is fsynced before the next exists: only the newest may hold unsynced bytes,
+        # and only the newest may end in zero fill (open() refuses it anywhere else).
+        if not self._segments:
             return
+        fd = self._current_fd()  # also when this run never wrote to it: it may end in zero fill
+        if self._allocated > self._segments[-1].size:
+            os.ftruncate(fd, self._segments[-1].size)
+            self._allocated = self._segments[-1].size
+            self._dirty = True
         if self._dirty:
-            os.fsync(self._fd)
+            os.fsync(fd)
             self.syncs += 1
             self._dirty = False
-        os.close(self._fd)
+        os.close(fd)
         self._fd = None
 
     def _check_usable(self) -> None:
@@ -226,6 +253,9 @@ def _load_segment(seq: int, path: Path, *, is_last: bool) -> _Segment | None:
             return None
         raise JournalCorrupt(f"{path}: segment header is invalid; {_WIPE_ADVICE}")
     scan = scan_journal(buf, FILE_HEADER_BYTES)
+    if scan.zero_fill and not is_last:  # cut to its records before the next segment was created
+        raise JournalCorrupt(f"{path}: zero bytes from offset {scan.end} where records or the file's end "
+                             f"belong (only the newest segment is preallocated); {_WIPE_ADVICE}")
     if scan.stop is not None:
         if not is_last:
             raise JournalCorrupt(f"{path}: {scan.stop}; {_WIPE_ADVICE}")

@@ -192,21 +192,26 @@ def _checked_length(view: memoryview, offset: int, header: int, low: int, high: 
 @dataclass(frozen=True, slots=True)
 class JournalScan:
     """Whole valid records from a start offset; `end` is just past the last one; `stop` is None
-    when the buffer ended on a record boundary, else the error that stopped the scan at `end`."""
+    when the buffer ended on a record boundary or only zero fill follows it (`zero_fill`: a
+    preallocated segment's clean end), else the error that stopped the scan at `end`."""
 
     records: list[JournalRecord]
     end: int
     stop: TornRecord | CorruptRecord | None
+    zero_fill: bool = False
 
 
 def scan_journal(buf: Buffer, offset: int = 0) -> JournalScan:
-    """Decode records until the buffer ends or one is bad. Never raises for any content."""
+    """Decode records until the buffer ends, only zero bytes remain, or a record is bad. Never
+    raises for any content."""
     records: list[JournalRecord] = []
     pos = offset
     while pos < len(buf):
         try:
             record, nxt = decode_journal_record(buf, pos)
         except (TornRecord, CorruptRecord) as err:
+            if not memoryview(buf)[pos:].tobytes().strip(b"\0"):
+                return JournalScan(records, pos, None, zero_fill=True)
             return JournalScan(records, pos, err)
         records.append(record)
         pos = nxt

@@ -17,7 +17,7 @@ from bookie.entry import NO_ENTRY, Digester, DigestType, master_key
 from bookie.errors import (BadRequest, BookieReadOnly, CookieMismatch, EntryCorrupt, EntryTooLarge, LedgerFenced,
                            NoSuchEntry, NoSuchLedger, StorageError, Unauthorized)
 from bookie.storage import AddRequest, BookieStorage, BookieStorageConfig
-from bookie.storage_codec import FILE_HEADER_BYTES
+from bookie.storage_codec import FILE_HEADER_BYTES, scan_journal
 
 KEY = master_key(b"secret")
 OTHER_KEY = master_key(b"not the password")
@@ -470,7 +470,8 @@ async def test_a_torn_journal_tail_is_cut_and_acknowledged_adds_survive(tmp_path
     storage = await open_storage(tmp_path)
     await add_all(storage, [add_req(1, i) for i in range(10)])
     segment = _journal_segments(tmp_path)[-1]
-    with open(segment, "ab") as file:
+    with open(segment, "r+b") as file:  # in place, just after the last record: the segment is preallocated
+        file.seek(scan_journal(segment.read_bytes(), FILE_HEADER_BYTES).end)
         file.write(b"\x00\x00\x01\x00garbage that never finished")
     storage = await open_storage(tmp_path)
     assert [storage.read(1, i) for i in range(10)] == [packaged(1, i) for i in range(10)]

@@ -61,6 +61,19 @@ def test_journal_records_round_trip_and_scan(records):
 
 
 @FUZZ
+@given(st.lists(journal_records, max_size=8), st.integers(min_value=1, max_value=5000),
+       st.binary(max_size=64))
+def test_zero_fill_after_the_records_is_a_clean_end_and_anything_after_it_is_not(records, zeros, tail):
+    body = b"".join(encode_journal_record(r) for r in records)
+    scan = scan_journal(body + bytes(zeros))
+    assert (scan.records, scan.end, scan.stop, scan.zero_fill) == (records, len(body), None, True)
+    if tail.strip(b"\0"):
+        scan = scan_journal(body + bytes(zeros) + tail)
+        assert scan.records == records and scan.end == len(body)
+        assert isinstance(scan.stop, (TornRecord, CorruptRecord)) and not scan.zero_fill
+
+
+@FUZZ
 @given(journal_records, st.data())
 def test_every_prefix_of_a_journal_record_is_torn(record, data):
     raw = encode_journal_record(record)

@@ -72,6 +72,14 @@ def write_all(fd: int, data: bytes | memoryview) -> None:
         view = view[os.write(fd, view) :]
 
 
+def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+    """os.pwrite at `offset` until every byte is written."""
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
+
+
 def write_atomically(path: Path, chunks: Iterable[bytes]) -> None:
     """Replace `path` with `chunks` so that a crash leaves the old or the new file.
 
