@@ -41,6 +41,7 @@ from crc32c import crc32c
 
 from bookie.errors import StorageError
 from bookie.storage_config import MASTER_KEY_BYTES, MAX_ENTRY_BYTES_LIMIT
+from zab.record import is_zero_fill
 
 Buffer = bytes | bytearray | memoryview
 
@@ -210,7 +211,7 @@ def scan_journal(buf: Buffer, offset: int = 0) -> JournalScan:
         try:
             record, nxt = decode_journal_record(buf, pos)
         except (TornRecord, CorruptRecord) as err:
-            if not memoryview(buf)[pos:].tobytes().strip(b"\0"):
+            if is_zero_fill(memoryview(buf)[pos:]):
                 return JournalScan(records, pos, None, zero_fill=True)
             return JournalScan(records, pos, err)
         records.append(record)

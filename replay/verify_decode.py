@@ -26,7 +26,7 @@ from metastore.errors import DecodeError
 from metastore.txn import (CloseSession, Create, CreateSession, Delete, Error, Multi, SetACL, SetData,
                            decode_txn)
 from zab import zxid as Z
-from zab.record import RECORD_HEADER_BYTES, checked_length, decode_record
+from zab.record import RECORD_HEADER_BYTES, checked_length, decode_record, is_zero_fill
 from zab.storage_errors import CorruptRecordError, RecordError, TornRecordError
 from zab.txnlog import SEGMENT_HEADER_BYTES, UNKNOWN_PREV_ZXID, decode_segment_header
 
@@ -99,7 +99,8 @@ def walk_segment(buf: bytes | memoryview, chunk_records: int = DEFAULT_CHUNK_REC
             # The framing rule of zab.record.decode_record itself (lengths only): one parser.
             length = checked_length(view, pos)
         except RecordError as err:
-            stop = (pos, str(err.reason), str(err))
+            if not is_zero_fill(view[pos:]):  # zero fill: the newest segment's preallocated clean end
+                stop = (pos, str(err.reason), str(err))
             break
         if count == chunk_records:
             chunks.append(Chunk(start, pos, count, before))

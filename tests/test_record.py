@@ -55,17 +55,28 @@ def test_every_truncation_of_the_last_record_is_torn():
         result = scan_records(good + last[:cut])
         assert result.txns == sample(3)
         assert result.valid_end == len(good)
-        assert result.stop == RecordReason.TORN == "torn"
+        if last[:cut].strip(b"\0"):
+            assert result.stop == RecordReason.TORN == "torn"
+        else:  # the first bytes of the big-endian length: indistinguishable from zero fill
+            assert result.stop is None and result.zero_fill
 
 
-def test_zero_fill_is_never_a_record():
+def test_zero_fill_is_never_a_record_and_ends_a_scan_cleanly():
     good = encode_record(sample(1)[0])
     for zeros in (1, 7, 8, 100, 4096):
         result = scan_records(good + bytes(zeros))
         assert result.txns == sample(1) and result.valid_end == len(good)
-        assert result.stop == RecordReason.TORN
+        assert result.stop is None and result.zero_fill
     with pytest.raises(TornRecordError):
         decode_record(bytes(64))
+
+
+def test_bytes_after_zero_fill_make_it_a_torn_tail():
+    good = encode_record(sample(1)[0])
+    for tail in (b"\x01", encode_record(sample(2)[1])):
+        result = scan_records(good + bytes(4096) + tail)
+        assert result.txns == sample(1) and result.valid_end == len(good)
+        assert result.stop == RecordReason.TORN and not result.zero_fill
 
 
 def test_flipped_bit_is_corrupt():
@@ -120,7 +131,8 @@ def _check_scan(buf: bytes) -> None:
     result = scan_records(buf)
     assert len(result.txns) == len(result.offsets)
     assert 0 <= result.valid_end <= len(buf)
-    assert (result.stop is None) == (result.valid_end == len(buf))
+    assert (result.stop is None) == (result.valid_end == len(buf) or result.zero_fill)
+    assert not result.zero_fill or not buf[result.valid_end :].strip(b"\0")
     try:
         txn, end = decode_record(buf)
     except RecordError as err:

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from zab.record import encode_record
+from zab.record import encode_record, scan_records
 from zab.storage_errors import LogCorruptError, StorageError
 from zab.txn import Txn
 from zab.txnlog import (
+    PREALLOCATE_BYTES,
     SEGMENT_HEADER_BYTES,
     TxnLog,
     encode_segment_header,
@@ -143,18 +144,72 @@ def single_segment(logdir: Path) -> Path:
     return path
 
 
+def records_end(path: Path) -> int:
+    """Where the segment's records end: the newest segment is preallocated, zero fill after that."""
+    return scan_records(path.read_bytes(), SEGMENT_HEADER_BYTES).valid_end
+
+
+def cut_zero_fill(path: Path) -> int:
+    """Cut a segment to its records, as a roll does; return its new size."""
+    end = records_end(path)
+    os.truncate(path, end)
+    return end
+
+
+def test_the_newest_segment_is_preallocated_and_written_in_place(logdir, caplog):
+    write_log(logdir, txns(1, 5))
+    path = single_segment(logdir)
+    end = SEGMENT_HEADER_BYTES + sum(len(encode_record(t)) for t in txns(1, 5))
+    assert path.stat().st_size == SEGMENT_HEADER_BYTES + PREALLOCATE_BYTES
+    assert records_end(path) == end and scan_records(path.read_bytes(), SEGMENT_HEADER_BYTES).zero_fill
+    with caplog.at_level(logging.WARNING, logger="quire.txnlog"):
+        with reopen(logdir) as log:
+            assert zxids_of(log) == [1, 2, 3, 4, 5]
+            log.append(txns(6, 7))  # right after the last record, not after the zero fill
+            log.sync()
+    assert not caplog.records, "zero fill is a clean end, not a torn tail"
+    assert path.stat().st_size == SEGMENT_HEADER_BYTES + PREALLOCATE_BYTES
+    with reopen(logdir) as log:
+        assert zxids_of(log) == list(range(1, 8))
+
+
+def test_a_batch_larger_than_the_preallocation_grows_the_segment(logdir):
+    big = Txn(zxid=2, session_id=1, cxid=1, data=bytes(PREALLOCATE_BYTES + 1000))
+    write_log(logdir, [txn(1), big, txn(3)])
+    with reopen(logdir) as log:
+        assert [t.zxid for t in log.read_after(0)] == [1, 2, 3]
+        assert list(log.read_after(0))[1] == big
+
+
+def test_a_roll_right_after_reopening_cuts_the_zero_fill_of_the_segment_it_closes(logdir):
+    write_log(logdir, txns(1, 3), segment_max_bytes=200)
+    first = single_segment(logdir)
+    with reopen(logdir, segment_max_bytes=200) as log:
+        log.append(txns(4, 12))  # rolls before anything else was written in this run
+        log.sync()
+    paths = sorted(logdir.iterdir())
+    assert len(paths) > 2 and paths[0] == first
+    for path in paths[:-1]:
+        assert path.stat().st_size == records_end(path) <= 200, path.name
+    with reopen(logdir) as log:
+        assert zxids_of(log) == list(range(1, 13))
+
+
 def test_torn_last_record_at_every_byte_is_truncated_and_log_stays_usable(logdir, caplog):
     write_log(logdir, txns(1, 3))
     path = single_segment(logdir)
-    synced = path.read_bytes()
+    synced = path.read_bytes()[: records_end(path)]
     last = encode_record(txn(4))
     for cut in range(1, len(last)):
         path.write_bytes(synced + last[:cut])
         with caplog.at_level(logging.WARNING, logger="quire.txnlog"):
             log = reopen(logdir)
         assert zxids_of(log) == [1, 2, 3]
-        assert path.stat().st_size == len(synced)
-        assert "torn" in caplog.text and str(len(synced)) in caplog.text and str(path) in caplog.text
+        if last[:cut].strip(b"\0"):
+            assert path.stat().st_size == len(synced)
+            assert "torn" in caplog.text and str(len(synced)) in caplog.text and str(path) in caplog.text
+        else:  # the length's leading zero bytes: zero fill, a clean end the next append overwrites
+            assert path.stat().st_size == len(synced) + cut and not caplog.records
         caplog.clear()
         log.append([txn(4)])
         log.sync()
@@ -169,7 +224,7 @@ def test_torn_last_record_at_every_byte_is_truncated_and_log_stays_usable(logdir
 def test_zero_or_garbage_tail_is_truncated(logdir, tail):
     write_log(logdir, txns(1, 5))
     path = single_segment(logdir)
-    synced_size = path.stat().st_size
+    synced_size = cut_zero_fill(path)
     rng = random.Random(7)
     for length in (1, 8, 31, 4096):
         junk = bytes(length) if tail == "zeros" else rng.randbytes(length)
@@ -177,6 +232,9 @@ def test_zero_or_garbage_tail_is_truncated(logdir, tail):
             file.write(junk)
         with reopen(logdir) as log:
             assert zxids_of(log) == [1, 2, 3, 4, 5]
+        if tail == "zeros":  # a preallocated segment's clean end: kept, and written over next
+            assert path.stat().st_size == synced_size + length
+            os.truncate(path, synced_size)
         assert path.stat().st_size == synced_size
 
 
@@ -189,7 +247,7 @@ def flip(path: Path, offset: int) -> None:
 def test_flipped_byte_in_last_record_is_truncated(logdir, caplog):
     write_log(logdir, txns(1, 5))
     path = single_segment(logdir)
-    size = path.stat().st_size
+    size = cut_zero_fill(path)
     last_start = size - len(encode_record(txn(5)))
     flip(path, size - 2)
     with caplog.at_level(logging.WARNING, logger="quire.txnlog"):
@@ -270,6 +328,7 @@ def test_header_disagreeing_with_name_raises(logdir):
 @pytest.mark.parametrize("content", ["torn_header", "header_only", "zeros"])
 def test_newest_segment_without_records_is_removed(logdir, content):
     write_log(logdir, txns(1, 4))
+    cut_zero_fill(single_segment(logdir))  # as the roll that created the next segment did
     header = encode_segment_header(5, 4)
     body = {"torn_header": header[:11], "header_only": header, "zeros": bytes(4096)}[content]
     (logdir / segment_name(5)).write_bytes(body)
@@ -296,7 +355,8 @@ def test_torn_newest_header_with_records_behind_it_raises(logdir):
 def test_rolling_splits_segments_that_chain_and_reopen(logdir):
     paths = rolled_log(logdir, last=40, max_bytes=200)
     assert len(paths) > 5
-    assert all(p.stat().st_size <= 200 for p in paths)
+    assert all(p.stat().st_size <= 200 for p in paths[:-1])
+    assert records_end(paths[-1]) <= 200
     assert [p.name for p in paths] == sorted(p.name for p in paths)
     with reopen(logdir, segment_max_bytes=200) as log:
         assert zxids_of(log) == list(range(1, 41))

@@ -316,3 +316,14 @@ def test_a_replay_starts_at_the_chunk_holding_its_first_zxid_and_reads_the_same_
     assert next(log_txns((str(segment),), Z.make(1, 50), (starts,))).zxid == Z.make(1, 51)
     assert next(log_txns((str(segment),), Z.make(1, 10))).zxid == Z.make(1, 11)
     assert Z.make(1, 14) not in [t.zxid for t in log_txns((str(segment),), Z.make(1, 13))]  # damaged: dropped
+
+
+def test_zero_fill_after_the_last_record_ends_a_walk_cleanly_and_anything_after_it_stops_it():
+    from replay.verify_decode import walk_segment
+    first = Z.make(1, 1)
+    records = b"".join(encode_record(Txn(zxid=Z.make(1, i), session_id=1, cxid=i, data=b"x")) for i in range(1, 6))
+    body = encode_segment_header(first, 0) + records
+    layout = walk_segment(body + bytes(4096))  # a preallocated newest segment
+    assert (layout.records, layout.stop_offset, layout.stop_reason) == (5, None, None)
+    layout = walk_segment(body + bytes(4096) + b"\x07")
+    assert (layout.records, layout.stop_offset, layout.stop_reason) == (5, len(body), "torn")

@@ -15,7 +15,9 @@ byte swapping):
 
 A record whose header is all zero bytes is never a record: it is what
 preallocation or a write that never reached the disk leaves behind, and it is
-reported as TORN like a record cut short. See docs/formats.md.
+reported as TORN like a record cut short; a scan that finds nothing but zero
+bytes from a record boundary to the end reports a clean end (`zero_fill`), the
+end of the newest, preallocated segment. See docs/formats.md.
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ class ScanResult:
 
     `txns[i]` starts at byte `offsets[i]`; `valid_end` is the offset just past the
     last whole valid record (the offset a damaged tail should be truncated to).
-    `stop` is None when the buffer ended exactly at a record boundary, else the
+    `stop` is None when the buffer ended exactly at a record boundary or only zero
+    bytes follow it (`zero_fill`: the clean end of a preallocated segment), else the
     reason the scan stopped at `valid_end`; `detail` describes it for logs.
     """
 
@@ -63,6 +66,7 @@ class ScanResult:
     valid_end: int
     stop: RecordReason | None
     detail: str = field(default="")
+    zero_fill: bool = False
 
 
 def encoded_size(data_len: int) -> int:
@@ -133,6 +137,11 @@ def checked_length(view: memoryview, offset: int) -> int:
     return length
 
 
+def is_zero_fill(view: Buffer) -> bool:
+    """Whether `view` holds only zero bytes: what preallocation leaves after the last record."""
+    return not bytes(view).strip(b"\0")
+
+
 def scan_records(buf: Buffer, offset: int = 0) -> ScanResult:
     """Decode whole valid records from `offset` on, stopping at the first bad one.
 
@@ -149,6 +158,8 @@ def scan_records(buf: Buffer, offset: int = 0) -> ScanResult:
         try:
             txn, nxt = decode_record(view, pos)
         except RecordError as err:
+            if is_zero_fill(view[pos:]):
+                return ScanResult(txns, offsets, pos, None, zero_fill=True)
             return ScanResult(txns, offsets, pos, err.reason, str(err))
         txns.append(txn)
         offsets.append(pos)

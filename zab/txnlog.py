@@ -19,6 +19,18 @@ big-endian (see docs/formats.md, "Transaction log"):
 
 followed by records in the zab.record format.
 
+Preallocation, as ZooKeeper's preAllocSize: the newest segment is extended
+with posix_fallocate PREALLOCATE_BYTES at a time and records are written in
+place (pwrite) into that zero fill, then made durable with fdatasync. An
+fsync after a write that grew the file also commits its new size, which on
+ext4 is a filesystem-journal commit; in place, fdatasync commits the records
+and only the metadata needed to read them back (POSIX). On the benchmark
+machine a 150-byte record's write and sync took 195 us p50 (80 us of CPU)
+appended and fsynced, 128 us (50 us) in place with fdatasync. So the newest
+segment may end in zero bytes after its last record: a clean end
+(zab.record's `zero_fill`). A segment is cut to its last record before the
+next one is created, so zero fill anywhere else is damage.
+
 Crash rules: only the newest segment may end in a torn or corrupt tail, because
 a segment is fsynced before the next one is created; such a tail held nothing
 synced and is truncated on open. Damage anywhere else means acknowledged history
@@ -40,7 +52,7 @@ from typing import TypeVar
 from crc32c import crc32c
 
 from zab.record import RECORD_HEADER_BYTES, decode_record, encode_record, scan_records
-from zab.snapshot import ensure_directory, fsync_directory, write_all
+from zab.snapshot import ensure_directory, fsync_directory, pwrite_all, write_all
 from zab.storage_errors import LogCorruptError, RecordError, RecordReason, StorageError
 from zab.txn import Txn
 
@@ -54,6 +66,7 @@ SEGMENT_HEADER_BYTES = _HEADER.size  # 28
 # prev_zxid of an oldest segment written after reset() without a known base.
 UNKNOWN_PREV_ZXID = (1 << 64) - 1
 DEFAULT_SEGMENT_MAX_BYTES = 64 * 1024 * 1024
+PREALLOCATE_BYTES = 4 * 1024 * 1024
 _NAME = re.compile(r"log\.([0-9a-f]{16})")
 
 _WIPE_ADVICE = (
@@ -111,6 +124,7 @@ class TxnLog:
         # prev_zxid (as on disk) for the first segment created while the log is empty.
         self._empty_base = 0
         self._fd: int | None = None
+        self._allocated = 0  # bytes the newest segment's file holds (records, then zero fill); with _fd
         self._dirty = False
         self._dir_dirty = False
         self._pending_records = 0
@@ -230,7 +244,12 @@ class TxnLog:
     def _write_batch(self, batch: list[bytes], batch_bytes: int) -> None:
         if not batch:
             return
-        self._guarded(write_all, self._current_fd(), b"".join(batch))
+        fd, at = self._current_fd(), self._segments[-1].size
+        if at + batch_bytes > self._allocated:
+            grow = max(PREALLOCATE_BYTES, at + batch_bytes - self._allocated)
+            self._guarded(os.posix_fallocate, fd, self._allocated, grow)
+            self._allocated += grow
+        self._guarded(pwrite_all, fd, b"".join(batch), at)
         self._segments[-1].size += batch_bytes
         self._dirty = True
         self._pending_records += len(batch)
@@ -247,10 +266,11 @@ class TxnLog:
         prev_zxid = self._segments[-1].last_zxid if self._segments else self._empty_base
         self._sync_and_close_current()
         path = self.directory / segment_name(first_zxid)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
-        self._fd = fd
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self._fd, self._allocated = fd, 0
         header = encode_segment_header(first_zxid, prev_zxid)
         write_all(fd, header)
+        self._allocated = len(header)
         self._segments.append(_Segment(path, first_zxid, prev_zxid, 0, len(header)))
         self._dirty = True
         self._dir_dirty = True  # the new name is durable only once the directory is fsynced
@@ -258,16 +278,24 @@ class TxnLog:
 
     def _current_fd(self) -> int:
         if self._fd is None:
-            self._fd = self._guarded(os.open, self._segments[-1].path, os.O_WRONLY | os.O_APPEND)
+            self._fd = self._guarded(os.open, self._segments[-1].path, os.O_WRONLY)
+            self._allocated = os.fstat(self._fd).st_size
         return self._fd
 
     def _sync_and_close_current(self) -> None:
-        if self._fd is None:
+        # Only the newest segment may hold unsynced bytes or end in zero fill (open() refuses
+        # both anywhere else): cut it to its records, also when this run never wrote to it.
+        if not self._segments:
             return
+        fd = self._current_fd()
+        if self._allocated > self._segments[-1].size:
+            os.ftruncate(fd, self._segments[-1].size)
+            self._allocated = self._segments[-1].size
+            self._dirty = True
         if self._dirty:
-            os.fsync(self._fd)
+            os.fsync(fd)
             self._dirty = False
-        os.close(self._fd)
+        os.close(fd)
         self._fd = None
 
     # --- durability ------------------------------------------------------------------
@@ -275,8 +303,8 @@ class TxnLog:
     def sync(self) -> None:
         """Make every record appended so far durable: the group-commit point.
 
-        One fsync of the current segment (plus one of the directory if a segment
-        was created since the last sync). A sync with nothing pending is free and
+        One fdatasync of the current segment (plus a fsync of the directory if a
+        segment was created since the last sync). A sync with nothing pending is free and
         not counted.
         """
         self._check_usable()
@@ -284,7 +312,7 @@ class TxnLog:
             return
         started = time.perf_counter()
         if self._dirty:
-            self._guarded(os.fsync, self._current_fd())
+            self._guarded(os.fdatasync, self._current_fd())
         if self._dir_dirty:
             self._guarded(fsync_directory, self.directory)
         self._dirty = self._dir_dirty = False
@@ -414,6 +442,9 @@ def _load_segment(path: Path, *, is_last: bool) -> _Segment | None:
     if segment_name(first_zxid) != path.name:
         raise LogCorruptError(f"{path}: header names first zxid {first_zxid:#x}; {_WIPE_ADVICE}")
     scan = scan_records(buf, SEGMENT_HEADER_BYTES)
+    if scan.zero_fill and not is_last:
+        raise LogCorruptError(f"{path}: zero bytes from offset {scan.valid_end} where records or the file's "
+                              f"end belong (only the newest segment is preallocated); {_WIPE_ADVICE}")
     if scan.stop is not None:
         _handle_bad_tail(path, buf, scan.valid_end, scan.stop, scan.detail, is_last)
     if not scan.txns:
