@@ -138,7 +138,7 @@ class PeerDriver:
         recovered = await trio.to_thread.run_sync(recover, self.data_dir)
         await trio.to_thread.run_sync(recovered.log.sync)  # records read back may only be in the page cache
         self.writer = LogWriter(recovered.log, recovered.snapshots, snapshots_retained=self.snapshots_retained,
-                                run_then=self._run_after_sync, send_now=self._send_acks_now)
+                                on_done=self._take_synced, send_now=self._send_acks_now)
         self.peer = Peer(self.cfg, self.state_machine,
                          DiskState(recovered.accepted_epoch, recovered.current_epoch, recovered.snapshot_zxid,
                                    recovered.snapshot_state, tuple(recovered.txns)))
@@ -172,8 +172,8 @@ class PeerDriver:
         # The transport hands over every message of one socket read as one list.
         self._feed(event if isinstance(event, list) else (event,))
 
-    def _run_after_sync(self, actions: list[Action]) -> None:
-        self._feed((_Resume(actions),))
+    def _take_synced(self) -> None:
+        self._feed(())  # _feed takes what the log writer's finished fsyncs released
 
     def _send_acks_now(self, acks: list[Action]) -> list[Action]:
         """In the log writer's thread, right after the fsync the ACKs waited for: write each to
@@ -188,6 +188,10 @@ class PeerDriver:
 
     # -- the inbox -----------------------------------------------------------------------
     def _feed(self, items) -> None:
+        # Fsyncs that finished before these events: what they released is stepped first, in
+        # order, whether or not the log writer's wake-up for it has come round yet.
+        if self.writer is not None:
+            self._inbox.extend(_Resume(then) for then in self.writer.take_done())
         self._inbox.extend(items)
         if not self._draining:
             self._drain()
