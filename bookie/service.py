@@ -33,6 +33,7 @@ import functools
 import inspect
 import itertools
 import logging
+import threading
 from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -79,11 +80,18 @@ class BookieServiceConfig:
 
 
 class _Connection:
-    """One client connection: its queued answers and its in-flight count."""
+    """One client connection: its queued answers and its in-flight count.
+
+    The storage's worker thread writes add answers to the socket too (`_ThreadAnswer`). `lock`
+    makes its writes and the event loop's (`send`, the writer task's send_all, the close)
+    exclusive: it writes only when nothing is queued or being sent, and leaves what the socket did
+    not take in `leftover`, which every event-loop send puts first."""
 
     def __init__(self, conn_id: int, stream: trio.SocketStream, max_outgoing_bytes: int) -> None:
         self.id = conn_id
         self.stream = stream
+        self.lock = threading.Lock()
+        self.leftover: bytes | None = None  # the unsent rest of an answer the worker thread began
         self.out: list[bytes] = []
         self.out_bytes = 0
         self.max_outgoing_bytes = max_outgoing_bytes
@@ -97,18 +105,54 @@ class _Connection:
     def send(self, frame: bytes) -> None:
         if self.closing and self.scope is None:
             return
-        if not self.out and not self.sending and not self.closing:
-            # Nothing queued before it: to the kernel now (zab/sockets.py), not a scheduler pass
-            # later from the writer task; the writer only sends what the socket did not take.
-            frame = write_now(self.stream, frame)
-            if not frame:
-                return
-        self.out.append(frame)
-        self.out_bytes += len(frame)
+        with self.lock:
+            self._take_leftover()
+            if not self.out and not self.sending and not self.closing:
+                # Nothing queued before it: to the kernel now (zab/sockets.py), not a scheduler pass
+                # later from the writer task; the writer only sends what the socket did not take.
+                frame = write_now(self.stream, frame)
+                if not frame:
+                    return
+            self.out.append(frame)
+            self.out_bytes += len(frame)
         self.wake.set()
         if self.out_bytes > self.max_outgoing_bytes and self.scope is not None:
             log.warning("event=slow_reader_cut_off conn=%s queued_bytes=%s", self.id, self.out_bytes)
             self.scope.cancel()  # a client that does not read its answers is cut off, never waited for
+
+    def _take_leftover(self) -> None:  # under the lock
+        if self.leftover is not None:
+            self.out.insert(0, self.leftover)
+            self.out_bytes += len(self.leftover)
+            self.leftover = None
+
+    def kick(self) -> None:
+        """Have the writer task send what the worker thread left, if anything."""
+        with self.lock:
+            if self.leftover is None:
+                return
+            self._take_leftover()
+        self.wake.set()
+
+    async def write_loop(self) -> None:
+        """The connection's writer task: sends what is queued, whenever it is woken."""
+        while True:
+            await self.wake.wait()
+            self.wake = trio.Event()
+            with self.lock:
+                self._take_leftover()
+                data = b"".join(self.out)
+                self.out.clear()
+                self.out_bytes = 0
+                self.sending = bool(data)
+            if data:
+                try:
+                    await self.stream.send_all(data)
+                finally:
+                    with self.lock:
+                        self.sending = False
+            if self.closing and not self.out:
+                self.drained.set()
 
     def send_many(self, frames: list[bytes]) -> None:
         if frames:
@@ -123,6 +167,27 @@ class _Connection:
     def fail(self, req: P.Request, kind: P.Kind, error: BookieError) -> None:
         self.send(P.encode_response(P.Response(req.request_id, kind, P.status_of(error), req.ledger_id,
                                                message=str(error))))
+
+
+class _ThreadAnswer:
+    """The answers to one socket read's adds, written by the storage's worker thread right after the
+    batch's fsync when the connection is idle (Batch.after_sync); otherwise, or for what the socket did
+    not take, by the event loop."""
+
+    __slots__ = ("conn", "data", "sent")
+
+    def __init__(self, conn: _Connection, data: bytes) -> None:
+        self.conn, self.data, self.sent = conn, data, False
+
+    def send_from_thread(self) -> None:
+        conn = self.conn
+        with conn.lock:
+            if conn.closing or conn.out or conn.sending or conn.leftover is not None:
+                return
+            rest = write_now(conn.stream, self.data)
+            if rest:
+                conn.leftover = bytes(rest)
+            self.sent = True
 
 
 class BookieService:
@@ -180,7 +245,7 @@ class BookieService:
         try:
             async with trio.open_nursery() as nursery:
                 conn.scope = nursery.cancel_scope
-                nursery.start_soon(self._writer, conn)
+                nursery.start_soon(conn.write_loop)
                 await self._read_loop(conn, nursery)
                 if conn.closing and conn.out:  # a bad frame: let its BAD_REQUEST answer leave first
                     with trio.move_on_after(FLUSH_BEFORE_CLOSE_S):
@@ -191,25 +256,10 @@ class BookieService:
             # reset would take the whole node down.
             log.info("event=connection_lost conn=%s error=%r", conn.id, group.exceptions[0])
         finally:
-            conn.closing, conn.scope = True, None
+            with conn.lock:  # the worker thread never writes to a closed (or reused) descriptor
+                conn.closing, conn.scope = True, None
             del self.connections[conn.id]
             await stream.aclose()
-
-    async def _writer(self, conn: _Connection) -> None:
-        while True:
-            await conn.wake.wait()
-            conn.wake = trio.Event()
-            if conn.out:
-                data = b"".join(conn.out)
-                conn.out.clear()
-                conn.out_bytes = 0
-                conn.sending = True
-                try:
-                    await conn.stream.send_all(data)
-                finally:
-                    conn.sending = False
-            if conn.closing and not conn.out:
-                conn.drained.set()
 
     async def _read_loop(self, conn: _Connection, nursery: trio.Nursery) -> None:
         splitter = P.FrameSplitter(self.cfg.max_frame_bytes)
@@ -238,6 +288,7 @@ class BookieService:
 
     def _dispatch(self, conn: _Connection, nursery: trio.Nursery, bodies: list[bytes]) -> bool:
         """Start every request of one socket read; False once the connection must close."""
+        self.storage.settle()  # an add answered from the worker thread is indexed before anything after it
         adds: list[tuple[int, int, bytes, bytes, bool]] = []  # storage.add_fields tuples
         add_ids: list[int] = []
         ordered: list[P.Request] = []
@@ -307,16 +358,29 @@ class BookieService:
             raise
         if batch is None:
             self._answer_adds(conn, add_ids, adds, outcomes, None)
+        elif outcomes.count(None) == len(outcomes):  # every add accepted: answered from the worker thread
+            ok = P.encode_add_ok
+            answer = _ThreadAnswer(conn, b"".join([ok(rid, add[0], add[1]) for rid, add in zip(add_ids, adds)]))
+            batch.after_sync.append(answer.send_from_thread)
+            batch.on_done(functools.partial(self._answered_adds, conn, len(adds), answer))
         else:
             batch.on_done(functools.partial(self._answer_adds, conn, add_ids, adds, outcomes))
+
+    def _answered_adds(self, conn: _Connection, count: int, answer: _ThreadAnswer,
+                       error: StorageError | None) -> None:
+        conn.in_flight -= count
+        if error is not None:
+            self._storage_failed(error)
+        elif answer.sent:
+            conn.kick()
+        else:
+            conn.send(answer.data)
 
     def _answer_adds(self, conn: _Connection, add_ids: list[int], adds: list[tuple],
                      outcomes: list[BookieError | None], error: StorageError | None) -> None:
         conn.in_flight -= len(adds)
-        if error is not None:  # not durable: no answer; the node stops (the clients see the connection go)
-            if self._fatal is None:
-                self._fatal = error
-                self._fatal_event.set()
+        if error is not None:
+            self._storage_failed(error)
             return
         ok = P.encode_add_ok
         frames = [ok(rid, add[0], add[1]) for rid, add, outcome in zip(add_ids, adds, outcomes, strict=True)
@@ -327,6 +391,12 @@ class BookieService:
                 if outcome is not None:
                     self.stats["add_errors"] += 1
                     conn.fail_ids(rid, add[0], P.Kind.ADD, outcome)
+
+    def _storage_failed(self, error: StorageError) -> None:
+        """Not durable: no answer; the node stops (the clients see the connection go)."""
+        if self._fatal is None:
+            self._fatal = error
+            self._fatal_event.set()
 
     async def _serve_in_order(self, conn: _Connection, requests: list[P.Request]) -> None:
         for req in requests:

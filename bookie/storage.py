@@ -14,13 +14,9 @@ the crash rules):
   Only its cut (journal roll, index copy, entry log sizes) holds the disk, between
   two batches; the fsyncs and the image are written while adds go on.
 
-Group commit (bookie/storage_commit.py): callers do not write. Each
-add_batch/fence/write_lac/delete puts its records in the open batch, whose
-write (one write() and one fsync in a worker thread, never on the event loop)
-starts at once if the disk is idle, with no task in between; whatever arrives
-during an fsync goes into the next batch, so under load one fsync covers many
-adds from many connections. The service joins adds synchronously (`join_adds`)
-and answers them from the batch's callback; the async methods await the batch.
+Group commit (bookie/storage_commit.py): callers put records in the open batch; one write and
+one fsync per batch in a worker thread. The service joins adds synchronously (`join_adds`) and
+answers them from the batch (storage_commit's after_sync or on_done); the async methods await it.
 """
 
 from __future__ import annotations
@@ -350,6 +346,10 @@ class BookieStorage:
         self._stats["journal_records"] += batch.record_count
         if self._journal.bytes_written - self._journal_bytes_at_checkpoint >= self.config.checkpoint_every_bytes:
             self._checkpoint_wanted.set()
+
+    def settle(self) -> None:
+        """Apply a batch whose fsync is done but whose wake-up has not come round (storage_commit)."""
+        self._commits.settle()
 
     # --- reads ------------------------------------------------------------------------
 

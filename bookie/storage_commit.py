@@ -9,6 +9,12 @@ and the next batch, of everything that joined meanwhile, starts right there. Bat
 load: whatever arrives during one fsync goes into the next. A waiter's cancellation never stops a
 write others wait on. Checkpoints and compactions hold the disk (`disk(priority=True)`) between
 two batches; while one waits, no batch starts (otherwise a steady add stream would starve it).
+
+A batch's `after_sync` callables run in the worker thread right after its fsync, before the event
+loop hears of it: the service answers adds from there when the connection is idle, one thread hand-
+off sooner than from `on_done`. From that moment the batch is also `settle()`-able: the event loop
+applies it (indexes its entries) before it serves any request, whether or not the write's wake-up
+has come round, so a read that follows an answer finds the entry.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import outcome
 import trio
 
 from bookie.errors import StorageError
@@ -29,7 +36,7 @@ _log = logging.getLogger("quire.bookie.storage")
 class Batch:
     """Records waiting for one journal write + fsync, and the entries they carry."""
 
-    __slots__ = ("records", "record_count", "entries", "done", "error", "callbacks")
+    __slots__ = ("records", "record_count", "entries", "done", "error", "callbacks", "after_sync")
 
     def __init__(self) -> None:
         self.records: list[bytes] = []  # encoded journal records, possibly in several chunks each
@@ -38,6 +45,8 @@ class Batch:
         self.done = trio.Event()
         self.error: StorageError | None = None
         self.callbacks: list[Callable[[StorageError | None], None]] = []
+        # In the worker thread, after the fsync (see the module doc): must not block, nor raise.
+        self.after_sync: list[Callable[[], None]] = []
 
     def on_done(self, callback: Callable[[StorageError | None], None]) -> None:
         """Call `callback(error)` in the event loop once the batch is durable (error None) or failed.
@@ -62,6 +71,7 @@ class GroupCommit:
         self._busy = False  # a batch write, checkpoint or compaction holds the disk
         self._priority_waiting = 0
         self._idle = trio.Event()
+        self._synced: tuple[Batch, Any] | None = None  # durable, not yet applied (set by the worker thread)
 
     def join(self, records: list[bytes], entries: list, count: int | None = None) -> Batch:
         """Put records (and the entries they carry) in the open batch; returns it. `count`: how many
@@ -101,12 +111,34 @@ class GroupCommit:
         token = trio.lowlevel.current_trio_token()
 
         def deliver(result: Any) -> None:  # in the worker thread: an outcome.Outcome
+            if isinstance(result, outcome.Value):
+                self._synced = (batch, result)  # settle() may apply it from now on
+                for send in batch.after_sync:
+                    try:
+                        send()
+                    except BaseException:  # noqa: BLE001 - the write is done: its wake-up must still go
+                        _log.exception("event=after_sync_failed directory=%s", self._directory)
             try:
-                token.run_sync_soon(self._written, batch, result)
+                token.run_sync_soon(self._written_later, batch, result)
             except trio.RunFinishedError:
                 pass  # the event loop is gone (the process is ending): nobody waits
 
         trio.lowlevel.start_thread_soon(functools.partial(self._write, batch), deliver)
+
+    def settle(self) -> None:
+        """In the event loop: apply the batch whose write is durable, if its wake-up has not come round."""
+        synced = self._synced
+        if synced is not None:
+            self._synced = None
+            self._written(*synced)
+
+    def _written_later(self, batch: Batch, result: Any) -> None:
+        synced = self._synced
+        if synced is not None and synced[0] is batch:
+            self._synced = None
+        elif batch.done.is_set():
+            return  # settle() applied it already
+        self._written(batch, result)
 
     def _written(self, batch: Batch, result: Any) -> None:
         """In the event loop, once the batch's write returned: apply it, wake its waiters, release

@@ -1,0 +1,156 @@
+"""Add answers written by the storage's worker thread right after the fsync (bookie/service.py's
+_ThreadAnswer, bookie/storage_commit.py's after_sync and settle): they leave while the event loop
+is busy, a batch answered that way is indexed before any later request is served, and what the
+socket does not take goes out first, whole, from the event loop. Real sockets, real fsync."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+
+import trio
+import trio.testing
+
+from bookie import protocol as P
+from bookie.entry import Digester, DigestType, master_key
+from bookie.errors import NoSuchEntry
+from bookie.service import BookieService, _Connection, _ThreadAnswer
+from bookie_fixtures import open_storage, trio_test
+
+KEY = master_key(b"secret")
+DIGESTER = Digester(DigestType.CRC32C, b"secret")
+
+
+def entry(ledger: int, entry_id: int) -> bytes:
+    return DIGESTER.package(ledger, entry_id, entry_id - 1, 10 * (entry_id + 1), f"entry {entry_id}".encode())
+
+
+def recv_answers(sock: socket.socket, count: int) -> list[P.Response]:
+    """Blocking: the caller's event loop does not run meanwhile."""
+    splitter, answers = P.FrameSplitter(1 << 20), []
+    while len(answers) < count:
+        data = sock.recv(65536)
+        assert data, "the bookie closed the connection"
+        answers += [P.decode_response(body) for body in splitter.feed(data)]
+    return answers
+
+
+@trio_test
+async def test_adds_are_answered_from_the_worker_thread_while_the_event_loop_is_held(tmp_path):
+    with trio.fail_after(20):
+        async with open_storage(tmp_path) as storage, trio.open_nursery() as nursery:
+            service = BookieService(storage, "127.0.0.1", 0)
+            await nursery.start(service.run)
+            writer = socket.create_connection(("127.0.0.1", service.port))
+            writer.settimeout(10)
+            for i in range(20):
+                writer.sendall(P.encode_add(i, 9, i, KEY, entry(9, i)))
+                await trio.testing.wait_all_tasks_blocked()  # read, dispatched, its batch in the worker thread
+                # The event loop is held from here: only the worker thread can answer.
+                (answer,) = recv_answers(writer, 1)
+                assert (answer.request_id, answer.status, answer.entry_id) == (i, P.Status.OK, i)
+                assert storage.statistics()["adds"] == i, "not applied yet: the loop has not run"
+            await trio.testing.wait_all_tasks_blocked()
+            assert storage.statistics()["adds"] == 20 and storage.lac(9) == 18
+            writer.close()
+            nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_a_read_after_an_answer_from_the_thread_finds_the_entry_before_the_wake_up(tmp_path, monkeypatch):
+    gate = threading.Event()
+    answer_from_thread = _ThreadAnswer.send_from_thread
+
+    def answer_then_hold(self: _ThreadAnswer) -> None:
+        answer_from_thread(self)
+        gate.wait(10)  # the batch's wake-up is queued only once this returns
+
+    monkeypatch.setattr(_ThreadAnswer, "send_from_thread", answer_then_hold)
+    with trio.fail_after(20):
+        async with open_storage(tmp_path) as storage, trio.open_nursery() as nursery:
+            service = BookieService(storage, "127.0.0.1", 0)
+            await nursery.start(service.run)
+            writer = socket.create_connection(("127.0.0.1", service.port))
+            reader = socket.create_connection(("127.0.0.1", service.port))
+            writer.settimeout(10)
+            reader.settimeout(10)
+            try:
+                writer.sendall(P.encode_add(1, 9, 0, KEY, entry(9, 0)))
+                (answer,) = await trio.to_thread.run_sync(recv_answers, writer, 1)
+                assert answer.status is P.Status.OK
+                reader.sendall(P.encode_request(P.ReadEntry(2, 9, 0)))
+                (read,) = await trio.to_thread.run_sync(recv_answers, reader, 1)
+                assert read.status is P.Status.OK and DIGESTER.verify(read.data).payload == b"entry 0"
+            finally:
+                gate.set()
+            await trio.testing.wait_all_tasks_blocked()
+            assert storage.statistics()["adds"] == 1  # applied once: the late wake-up found it done
+            writer.sendall(P.encode_add(3, 9, 1, KEY, entry(9, 1)))  # and the next batch goes on as usual
+            (answer,) = await trio.to_thread.run_sync(recv_answers, writer, 1)
+            assert (answer.request_id, answer.status) == (3, P.Status.OK)
+            writer.close()
+            reader.close()
+            nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_settle_applies_a_durable_batch_whose_wake_up_has_not_come(tmp_path):
+    with trio.fail_after(20):
+        async with open_storage(tmp_path) as storage:
+            outcomes, batch = storage.join_adds([(4, 0, KEY, entry(4, 0), False)])
+            assert outcomes == [None] and batch is not None
+            synced = []
+            batch.after_sync.append(lambda: synced.append(True))
+            deadline = time.monotonic() + 10
+            while not synced:  # the loop is held: the batch's own wake-up cannot run
+                assert time.monotonic() < deadline
+                time.sleep(0.001)
+            try:
+                storage.read(4, 0)
+                raise AssertionError("indexed before the event loop applied the batch")
+            except NoSuchEntry:
+                pass
+            storage.settle()
+            assert DIGESTER.verify(storage.read(4, 0)).payload == b"entry 0"
+            assert batch.done.is_set()
+            await trio.testing.wait_all_tasks_blocked()  # the late wake-up finds it applied
+            assert storage.statistics()["adds"] == 1
+
+
+@trio_test
+async def test_what_the_socket_does_not_take_from_the_thread_goes_first_and_whole(tmp_path):
+    with trio.fail_after(20):
+        left, right = trio.socket.socketpair()
+        left.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        conn = _Connection(1, trio.SocketStream(left), max_outgoing_bytes=1 << 30)
+        answer = _ThreadAnswer(conn, b"A" * 200_000)  # more than the kernel buffers hold
+        answer.send_from_thread()
+        assert answer.sent and conn.leftover, "the thread wrote what fit and left the rest"
+        conn.send(b"B" * 1000)  # the event loop's next answer: queued behind the leftover
+        assert conn.leftover is None and conn.out[-1] == b"B" * 1000
+        blocked = _ThreadAnswer(conn, b"C")
+        blocked.send_from_thread()
+        assert not blocked.sent, "never while something is queued: the event loop sends it"
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(conn.write_loop)
+            received = bytearray()
+            while len(received) < 201_000:
+                received += await right.recv(65536)
+            nursery.cancel_scope.cancel()
+        assert bytes(received) == b"A" * 200_000 + b"B" * 1000
+
+
+def test_an_answer_for_a_closed_connection_is_never_written_by_the_thread():
+    left, right = socket.socketpair()
+    conn = _Connection(1, trio.SocketStream(trio.socket.from_stdlib_socket(left)), max_outgoing_bytes=1 << 20)
+    conn.closing = True
+    answer = _ThreadAnswer(conn, struct.pack(">I", 7))
+    answer.send_from_thread()
+    assert not answer.sent and conn.leftover is None
+    right.setblocking(False)
+    try:
+        assert right.recv(16) == b""
+    except BlockingIOError:
+        pass  # nothing was written
