@@ -172,22 +172,34 @@ class _Connection:
 class _ThreadAnswer:
     """The answers to one socket read's adds, written by the storage's worker thread right after the
     batch's fsync when the connection is idle (Batch.after_sync); otherwise, or for what the socket did
-    not take, by the event loop."""
+    not take, by the event loop. Whichever side claims it first, under the connection's lock, sends
+    it: the event loop may apply the batch (settle) before the thread has got to its answers."""
 
-    __slots__ = ("conn", "data", "sent")
+    __slots__ = ("conn", "data", "by_thread")
 
     def __init__(self, conn: _Connection, data: bytes) -> None:
-        self.conn, self.data, self.sent = conn, data, False
+        self.conn, self.data = conn, data
+        self.by_thread: bool | None = None  # None: not claimed yet
 
     def send_from_thread(self) -> None:
         conn = self.conn
         with conn.lock:
+            if self.by_thread is not None:
+                return  # the event loop claimed it
             if conn.closing or conn.out or conn.sending or conn.leftover is not None:
+                self.by_thread = False
                 return
+            self.by_thread = True
             rest = write_now(conn.stream, self.data)
             if rest:
                 conn.leftover = bytes(rest)
-            self.sent = True
+
+    def claim_for_loop(self) -> bool:
+        """In the event loop: whether it must send the answer (the thread did not, and now never will)."""
+        with self.conn.lock:
+            if self.by_thread is None:
+                self.by_thread = False
+            return not self.by_thread
 
 
 class BookieService:
@@ -371,10 +383,10 @@ class BookieService:
         conn.in_flight -= count
         if error is not None:
             self._storage_failed(error)
-        elif answer.sent:
-            conn.kick()
-        else:
+        elif answer.claim_for_loop():
             conn.send(answer.data)
+        else:
+            conn.kick()
 
     def _answer_adds(self, conn: _Connection, add_ids: list[int], adds: list[tuple],
                      outcomes: list[BookieError | None], error: StorageError | None) -> None:

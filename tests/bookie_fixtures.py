@@ -10,6 +10,7 @@ from pathlib import Path
 
 import trio
 
+from bookie.service import BookieService, BookieServiceConfig
 from bookie.storage import BookieStorage
 from bookie.storage_config import BookieStorageConfig
 
@@ -31,3 +32,14 @@ async def open_storage(directory: Path, bookie_id: int = 1, **config) -> AsyncIt
     finally:
         with trio.CancelScope(shield=True):
             await storage.close()
+
+
+@asynccontextmanager
+async def serving_bookie(directory: Path, config: BookieServiceConfig | None = None) -> AsyncIterator[BookieService]:
+    """A BookieService on an ephemeral loopback port over open_storage(directory); its storage is
+    `.storage`. Stopped afterwards."""
+    async with open_storage(directory) as storage, trio.open_nursery() as nursery:
+        service = BookieService(storage, "127.0.0.1", 0, config)
+        await nursery.start(service.run)
+        yield service
+        nursery.cancel_scope.cancel()

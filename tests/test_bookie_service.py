@@ -13,7 +13,6 @@ import struct
 from functools import partial
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -27,7 +26,7 @@ from bookie.entry import NO_ENTRY, Digester, DigestType, master_key
 from bookie.errors import (BadRequest, BookieUnavailable, EntryTooLarge, LedgerFenced, NoSuchEntry, NoSuchLedger,
                            Overloaded, StorageError, Unauthorized)
 from bookie.service import BookieService, BookieServiceConfig
-from bookie_fixtures import open_storage, trio_test
+from bookie_fixtures import open_storage, serving_bookie, trio_test
 
 KEY = master_key(b"secret")
 OTHER_KEY = master_key(b"not the password")
@@ -41,15 +40,6 @@ def entry(ledger: int, entry_id: int, lac: int | None = None, payload: bytes | N
 
 
 @asynccontextmanager
-async def bookie(tmp_path: Path, config: BookieServiceConfig | None = None) -> AsyncIterator[BookieService]:
-    async with open_storage(tmp_path) as storage, trio.open_nursery() as nursery:
-        service = BookieService(storage, "127.0.0.1", 0, config)
-        await nursery.start(service.run)
-        yield service
-        nursery.cancel_scope.cancel()
-
-
-@asynccontextmanager
 async def client_of(service: BookieService, **options) -> AsyncIterator[BookieClient]:
     async with BookieClient("127.0.0.1", service.port, **options) as client:
         yield client
@@ -58,7 +48,7 @@ async def client_of(service: BookieService, **options) -> AsyncIterator[BookieCl
 @trio_test
 async def test_pipelined_adds_then_reads_from_one_task(tmp_path):
     with trio.fail_after(20):
-        async with bookie(tmp_path) as service, client_of(service) as c:
+        async with serving_bookie(tmp_path) as service, client_of(service) as c:
             pending = [c.start_add(1, i, KEY, entry(1, i)) for i in range(500)]
             for p in pending:
                 assert await p.result() is None
@@ -73,7 +63,7 @@ async def test_pipelined_adds_then_reads_from_one_task(tmp_path):
 @trio_test
 async def test_many_tasks_share_one_connection_and_completions_collect_answers(tmp_path):
     with trio.fail_after(20):
-        async with bookie(tmp_path) as service, client_of(service) as c:
+        async with serving_bookie(tmp_path) as service, client_of(service) as c:
             async with trio.open_nursery() as nursery:
                 for t in range(10):
                     async def writer(t=t):
@@ -93,7 +83,7 @@ async def test_many_tasks_share_one_connection_and_completions_collect_answers(t
 @trio_test
 async def test_missing_ledger_and_entry_are_explicit_answers(tmp_path):
     with trio.fail_after(10):
-        async with bookie(tmp_path) as service, client_of(service) as c:
+        async with serving_bookie(tmp_path) as service, client_of(service) as c:
             with pytest.raises(NoSuchLedger):
                 await c.read(9, 0)
             await c.add(9, 0, KEY, entry(9, 0))
@@ -104,7 +94,7 @@ async def test_missing_ledger_and_entry_are_explicit_answers(tmp_path):
 @trio_test
 async def test_a_fence_refuses_later_adds_but_not_recovery_adds(tmp_path):
     with trio.fail_after(10):
-        async with bookie(tmp_path) as service, client_of(service) as c:
+        async with serving_bookie(tmp_path) as service, client_of(service) as c:
             await c.add(2, 0, KEY, entry(2, 0))
             await c.add(2, 1, KEY, entry(2, 1))
             assert await c.fence(2, KEY) == 0  # the LAC entry 1 carried
@@ -117,7 +107,7 @@ async def test_a_fence_refuses_later_adds_but_not_recovery_adds(tmp_path):
 @trio_test
 async def test_a_fencing_read_fences_first_and_answers_no_such_entry_past_the_end(tmp_path):
     with trio.fail_after(10):
-        async with bookie(tmp_path) as service, client_of(service) as c:
+        async with serving_bookie(tmp_path) as service, client_of(service) as c:
             await c.add(3, 0, KEY, entry(3, 0))
             assert DIGESTER.verify(await c.read(3, 0, fence=True, master_key=KEY)).entry_id == 0
             with pytest.raises(NoSuchEntry):
@@ -129,7 +119,7 @@ async def test_a_fencing_read_fences_first_and_answers_no_such_entry_past_the_en
 @trio_test
 async def test_a_wrong_master_key_is_unauthorized(tmp_path):
     with trio.fail_after(10):
-        async with bookie(tmp_path) as service, client_of(service) as c:
+        async with serving_bookie(tmp_path) as service, client_of(service) as c:
             await c.add(4, 0, KEY, entry(4, 0))
             with pytest.raises(Unauthorized):
                 await c.add(4, 1, OTHER_KEY, entry(4, 1))
@@ -143,7 +133,7 @@ async def test_a_wrong_master_key_is_unauthorized(tmp_path):
 @trio_test
 async def test_explicit_lac_is_written_and_read_back(tmp_path):
     with trio.fail_after(10):
-        async with bookie(tmp_path) as service, client_of(service) as c:
+        async with serving_bookie(tmp_path) as service, client_of(service) as c:
             for i in range(3):
                 await c.add(5, i, KEY, entry(5, i))
             assert await c.read_lac(5) == 1
@@ -154,7 +144,7 @@ async def test_explicit_lac_is_written_and_read_back(tmp_path):
 @trio_test
 async def test_an_explicit_lac_wakes_a_long_poll_and_binds_an_unseen_ledger_durably(tmp_path):
     with trio.fail_after(10):
-        async with bookie(tmp_path) as service, client_of(service) as c:
+        async with serving_bookie(tmp_path) as service, client_of(service) as c:
             await c.add(5, 0, KEY, entry(5, 0, lac=NO_ENTRY))
             poll = c.start_long_poll(5, NO_ENTRY, timeout_ms=5_000)
             await c.write_lac(5, 0, KEY)  # the ledger's key is bound here: served at once, without a task
@@ -194,7 +184,7 @@ async def test_a_journal_that_cannot_be_written_stops_the_service_without_answer
 @trio_test
 async def test_long_poll_answers_when_the_lac_advances_with_the_next_entry(tmp_path):
     with trio.fail_after(10):
-        async with bookie(tmp_path) as service, client_of(service) as c:
+        async with serving_bookie(tmp_path) as service, client_of(service) as c:
             await c.add(6, 0, KEY, entry(6, 0, lac=NO_ENTRY))
             poll = c.start_long_poll(6, NO_ENTRY, timeout_ms=5_000)
             await c.add(6, 1, KEY, entry(6, 1))  # carries LAC 0
@@ -205,7 +195,7 @@ async def test_long_poll_answers_when_the_lac_advances_with_the_next_entry(tmp_p
 @trio_test
 async def test_long_poll_answers_at_its_timeout_with_the_current_lac(tmp_path):
     with trio.fail_after(10):
-        async with bookie(tmp_path) as service, client_of(service) as c:
+        async with serving_bookie(tmp_path) as service, client_of(service) as c:
             for i in range(3):
                 await c.add(7, i, KEY, entry(7, i))
             start = trio.current_time()
@@ -218,7 +208,7 @@ async def test_long_poll_answers_at_its_timeout_with_the_current_lac(tmp_path):
 @trio_test
 async def test_an_entry_over_the_limit_is_too_large(tmp_path):
     with trio.fail_after(10):
-        async with bookie(tmp_path, BookieServiceConfig(max_entry_bytes=1000)) as service, client_of(service) as c:
+        async with serving_bookie(tmp_path, BookieServiceConfig(max_entry_bytes=1000)) as service, client_of(service) as c:
             await c.add(8, 0, KEY, entry(8, 0, payload=b"x" * 500))
             with pytest.raises(EntryTooLarge):
                 await c.add(8, 1, KEY, entry(8, 1, payload=b"x" * 1000))
@@ -227,7 +217,7 @@ async def test_an_entry_over_the_limit_is_too_large(tmp_path):
 @trio_test
 async def test_requests_beyond_max_in_flight_are_overloaded(tmp_path):
     with trio.fail_after(10):
-        async with bookie(tmp_path, BookieServiceConfig(max_in_flight=4)) as service, client_of(service) as c:
+        async with serving_bookie(tmp_path, BookieServiceConfig(max_in_flight=4)) as service, client_of(service) as c:
             polls = [c.start_long_poll(10 + i, NO_ENTRY, 2_000) for i in range(4)]
             await trio.sleep(0.2)
             with pytest.raises(Overloaded):
@@ -263,7 +253,7 @@ async def test_a_malformed_frame_closes_only_its_connection(tmp_path, damage):
         "wrong_entry": P.encode_add(77, 42, 5, KEY, entry(42, 6)),
     }[damage]
     with trio.fail_after(10):
-        async with bookie(tmp_path, BookieServiceConfig(max_entry_bytes=1 << 20)) as service, \
+        async with serving_bookie(tmp_path, BookieServiceConfig(max_entry_bytes=1 << 20)) as service, \
                 client_of(service) as c:
             await c.add(42, 0, KEY, entry(42, 0))
             answers = await _raw_exchange(service.port, good + bad + good)
@@ -282,7 +272,7 @@ def _reframe(body: bytes) -> bytes:
 @trio_test
 async def test_a_bad_request_answer_is_a_typed_error_for_the_client(tmp_path):
     with trio.fail_after(10):
-        async with bookie(tmp_path) as service, client_of(service) as c:
+        async with serving_bookie(tmp_path) as service, client_of(service) as c:
             p = c.start_add(50, 1, KEY, entry(50, 2))  # the entry inside names entry 2
             with pytest.raises(BadRequest):
                 await p.result()
@@ -347,7 +337,7 @@ def test_random_bytes_close_at_most_their_own_connection(tmp_path_factory, chunk
 
     async def main():
         with trio.fail_after(10):
-            async with bookie(tmp_path) as service, client_of(service) as c:
+            async with serving_bookie(tmp_path) as service, client_of(service) as c:
                 await c.add(42, 0, KEY, entry(42, 0))
                 stream = await trio.open_tcp_stream("127.0.0.1", service.port)
                 async with stream:
@@ -366,7 +356,7 @@ async def test_a_client_that_resets_its_connection_does_not_take_the_bookie_down
     """A peer vanishing with a TCP RST (SO_LINGER 0) mid-request: only that connection ends.
     (It used to escape the connection's nursery as an ExceptionGroup and stop the node.)"""
     with trio.fail_after(10):
-        async with bookie(tmp_path) as service, client_of(service) as c:
+        async with serving_bookie(tmp_path) as service, client_of(service) as c:
             for _ in range(3):
                 sock = trio.socket.socket()
                 await sock.connect(("127.0.0.1", service.port))

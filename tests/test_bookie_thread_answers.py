@@ -16,8 +16,8 @@ import trio.testing
 from bookie import protocol as P
 from bookie.entry import Digester, DigestType, master_key
 from bookie.errors import NoSuchEntry
-from bookie.service import BookieService, _Connection, _ThreadAnswer
-from bookie_fixtures import open_storage, trio_test
+from bookie.service import _Connection, _ThreadAnswer
+from bookie_fixtures import open_storage, serving_bookie, trio_test
 
 KEY = master_key(b"secret")
 DIGESTER = Digester(DigestType.CRC32C, b"secret")
@@ -40,9 +40,8 @@ def recv_answers(sock: socket.socket, count: int) -> list[P.Response]:
 @trio_test
 async def test_adds_are_answered_from_the_worker_thread_while_the_event_loop_is_held(tmp_path):
     with trio.fail_after(20):
-        async with open_storage(tmp_path) as storage, trio.open_nursery() as nursery:
-            service = BookieService(storage, "127.0.0.1", 0)
-            await nursery.start(service.run)
+        async with serving_bookie(tmp_path) as service:
+            storage = service.storage
             writer = socket.create_connection(("127.0.0.1", service.port))
             writer.settimeout(10)
             for i in range(20):
@@ -55,7 +54,6 @@ async def test_adds_are_answered_from_the_worker_thread_while_the_event_loop_is_
             await trio.testing.wait_all_tasks_blocked()
             assert storage.statistics()["adds"] == 20 and storage.lac(9) == 18
             writer.close()
-            nursery.cancel_scope.cancel()
 
 
 @trio_test
@@ -69,9 +67,8 @@ async def test_a_read_after_an_answer_from_the_thread_finds_the_entry_before_the
 
     monkeypatch.setattr(_ThreadAnswer, "send_from_thread", answer_then_hold)
     with trio.fail_after(20):
-        async with open_storage(tmp_path) as storage, trio.open_nursery() as nursery:
-            service = BookieService(storage, "127.0.0.1", 0)
-            await nursery.start(service.run)
+        async with serving_bookie(tmp_path) as service:
+            storage = service.storage
             writer = socket.create_connection(("127.0.0.1", service.port))
             reader = socket.create_connection(("127.0.0.1", service.port))
             writer.settimeout(10)
@@ -92,7 +89,59 @@ async def test_a_read_after_an_answer_from_the_thread_finds_the_entry_before_the
             assert (answer.request_id, answer.status) == (3, P.Status.OK)
             writer.close()
             reader.close()
-            nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_an_answer_the_event_loop_claimed_by_settling_first_is_sent_once(tmp_path, monkeypatch):
+    arrived, gate = threading.Event(), threading.Event()
+    answer_from_thread = _ThreadAnswer.send_from_thread
+
+    def wait_then_answer(self: _ThreadAnswer) -> None:
+        arrived.set()  # the batch is durable and settle()-able from here
+        gate.wait(10)
+        answer_from_thread(self)
+
+    monkeypatch.setattr(_ThreadAnswer, "send_from_thread", wait_then_answer)
+    with trio.fail_after(20):
+        async with serving_bookie(tmp_path) as service:
+            writer = socket.create_connection(("127.0.0.1", service.port))
+            other = socket.create_connection(("127.0.0.1", service.port))
+            writer.settimeout(10)
+            other.settimeout(10)
+            try:
+                writer.sendall(P.encode_add(1, 9, 0, KEY, entry(9, 0)))
+                assert await trio.to_thread.run_sync(arrived.wait, 10)
+                other.sendall(P.encode_request(P.ReadLac(2, 9)))  # its dispatch settles the batch
+                (lac,) = await trio.to_thread.run_sync(recv_answers, other, 1)
+                assert lac.status is P.Status.OK
+                (answer,) = await trio.to_thread.run_sync(recv_answers, writer, 1)  # sent by the event loop
+                assert (answer.request_id, answer.status) == (1, P.Status.OK)
+            finally:
+                gate.set()
+            await trio.sleep(0.2)  # the thread went on: it must not answer again
+            writer.setblocking(False)
+            try:
+                extra = writer.recv(65536)
+            except BlockingIOError:
+                extra = b""
+            assert extra == b"", "answered twice"
+            writer.close()
+            other.close()
+
+
+def test_the_thread_and_the_event_loop_claim_an_answer_once():
+    left, right = socket.socketpair()
+    conn = _Connection(1, trio.SocketStream(trio.socket.from_stdlib_socket(left)), max_outgoing_bytes=1 << 20)
+    first = _ThreadAnswer(conn, b"x")
+    assert first.claim_for_loop()
+    first.send_from_thread()  # too late: the event loop sends it
+    assert first.by_thread is False
+    second = _ThreadAnswer(conn, b"y")
+    second.send_from_thread()
+    assert second.by_thread and not second.claim_for_loop()
+    assert right.recv(16) == b"y"
+    left.close()
+    right.close()
 
 
 @trio_test
@@ -127,12 +176,12 @@ async def test_what_the_socket_does_not_take_from_the_thread_goes_first_and_whol
         conn = _Connection(1, trio.SocketStream(left), max_outgoing_bytes=1 << 30)
         answer = _ThreadAnswer(conn, b"A" * 200_000)  # more than the kernel buffers hold
         answer.send_from_thread()
-        assert answer.sent and conn.leftover, "the thread wrote what fit and left the rest"
+        assert answer.by_thread and conn.leftover, "the thread wrote what fit and left the rest"
         conn.send(b"B" * 1000)  # the event loop's next answer: queued behind the leftover
         assert conn.leftover is None and conn.out[-1] == b"B" * 1000
         blocked = _ThreadAnswer(conn, b"C")
         blocked.send_from_thread()
-        assert not blocked.sent, "never while something is queued: the event loop sends it"
+        assert blocked.by_thread is False and blocked.claim_for_loop(), "never while something is queued"
         async with trio.open_nursery() as nursery:
             nursery.start_soon(conn.write_loop)
             received = bytearray()
@@ -148,7 +197,7 @@ def test_an_answer_for_a_closed_connection_is_never_written_by_the_thread():
     conn.closing = True
     answer = _ThreadAnswer(conn, struct.pack(">I", 7))
     answer.send_from_thread()
-    assert not answer.sent and conn.leftover is None
+    assert answer.by_thread is False and conn.leftover is None
     right.setblocking(False)
     try:
         assert right.recv(16) == b""
