@@ -1,6 +1,14 @@
-from zab.actions import PersistEpoch, Send
-from zab.log_writer import coalesce_acks, send_acks
+import time
+
+import trio
+import trio.testing
+
+from zab.actions import LogAppend, LogSync, PersistEpoch, Send
+from zab.log_writer import LogWriter, coalesce_acks, send_acks
 from zab.messages import Ack, AckNewLeader, Ping
+from zab.snapshot import SnapshotStore
+from zab.txn import Txn
+from zab.txnlog import TxnLog
 
 
 def test_only_the_highest_ack_per_peer_survives_a_group_commit_and_order_is_kept():
@@ -20,3 +28,40 @@ def test_only_ack_only_batches_may_be_sent_from_the_writers_thread():
     assert send_acks([Send(1, Ack(5)), Send(2, Ack(5))])
     assert not send_acks([Send(1, AckNewLeader(2))])  # synchronization: the trio thread sends it, in order
     assert not send_acks([Send(1, Ack(5)), PersistEpoch(current=2)])
+
+
+def test_what_a_finished_fsync_released_can_be_taken_before_its_wake_up_and_is_run_once(tmp_path):
+    """LogWriter.take_done: the driver takes a batch's released actions as soon as the fsync is done,
+    before the run_sync_soon wake-up; that wake-up then finds nothing left and calls on_done no more."""
+    on_done_calls = []
+
+    async def main() -> None:
+        log = TxnLog.open(tmp_path / "log")
+        writer = LogWriter(log, SnapshotStore(tmp_path / "snap"), snapshots_retained=2,
+                           on_done=lambda: on_done_calls.append(writer.take_done()))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(writer.run)
+            await trio.testing.wait_all_tasks_blocked()
+            for zxid in (1, 2):
+                writer.submit(LogAppend((Txn(zxid=zxid, session_id=1, cxid=zxid, data=b"x"),)))
+                writer.submit(LogSync(then=(Send(1, Ack(zxid)),)))
+                writer.flush()
+                deadline = time.monotonic() + 10
+                while not writer._done:  # the event loop is held: the wake-up cannot run
+                    assert time.monotonic() < deadline
+                    time.sleep(0.001)
+                assert writer.take_done() == [[Send(1, Ack(zxid))]]
+                assert writer.take_done() == []
+                await trio.testing.wait_all_tasks_blocked()  # the wake-up ran and found nothing
+            assert on_done_calls == [] and [t.zxid for t in log.read_after(0)] == [1, 2]
+            writer.submit(LogAppend((Txn(zxid=3, session_id=1, cxid=3, data=b"x"),)))
+            writer.submit(LogSync(then=(Send(1, Ack(3)),)))
+            writer.flush()
+            with trio.fail_after(10):
+                while not on_done_calls:  # not taken early: the wake-up hands it over
+                    await trio.sleep(0.001)
+            assert on_done_calls == [[[Send(1, Ack(3))]]]
+            nursery.cancel_scope.cancel()
+        log.close()
+
+    trio.run(main)
