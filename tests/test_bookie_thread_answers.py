@@ -27,6 +27,13 @@ def entry(ledger: int, entry_id: int) -> bytes:
     return DIGESTER.package(ledger, entry_id, entry_id - 1, 10 * (entry_id + 1), f"entry {entry_id}".encode())
 
 
+def connect(service) -> socket.socket:  # noqa: ANN001 - a BookieService
+    """A plain blocking socket to the bookie (10 s timeout): the test's event loop can be held on it."""
+    sock = socket.create_connection(("127.0.0.1", service.port))
+    sock.settimeout(10)
+    return sock
+
+
 def recv_answers(sock: socket.socket, count: int) -> list[P.Response]:
     """Blocking: the caller's event loop does not run meanwhile."""
     splitter, answers = P.FrameSplitter(1 << 20), []
@@ -42,8 +49,7 @@ async def test_adds_are_answered_from_the_worker_thread_while_the_event_loop_is_
     with trio.fail_after(20):
         async with serving_bookie(tmp_path) as service:
             storage = service.storage
-            writer = socket.create_connection(("127.0.0.1", service.port))
-            writer.settimeout(10)
+            writer = connect(service)
             for i in range(20):
                 writer.sendall(P.encode_add(i, 9, i, KEY, entry(9, i)))
                 await trio.testing.wait_all_tasks_blocked()  # read, dispatched, its batch in the worker thread
@@ -69,10 +75,8 @@ async def test_a_read_after_an_answer_from_the_thread_finds_the_entry_before_the
     with trio.fail_after(20):
         async with serving_bookie(tmp_path) as service:
             storage = service.storage
-            writer = socket.create_connection(("127.0.0.1", service.port))
-            reader = socket.create_connection(("127.0.0.1", service.port))
-            writer.settimeout(10)
-            reader.settimeout(10)
+            writer = connect(service)
+            reader = connect(service)
             try:
                 writer.sendall(P.encode_add(1, 9, 0, KEY, entry(9, 0)))
                 (answer,) = await trio.to_thread.run_sync(recv_answers, writer, 1)
@@ -104,10 +108,8 @@ async def test_an_answer_the_event_loop_claimed_by_settling_first_is_sent_once(t
     monkeypatch.setattr(_ThreadAnswer, "send_from_thread", wait_then_answer)
     with trio.fail_after(20):
         async with serving_bookie(tmp_path) as service:
-            writer = socket.create_connection(("127.0.0.1", service.port))
-            other = socket.create_connection(("127.0.0.1", service.port))
-            writer.settimeout(10)
-            other.settimeout(10)
+            writer = connect(service)
+            other = connect(service)
             try:
                 writer.sendall(P.encode_add(1, 9, 0, KEY, entry(9, 0)))
                 assert await trio.to_thread.run_sync(arrived.wait, 10)
