@@ -38,7 +38,7 @@ from typing import TypeVar
 from bookie.errors import StorageError
 from bookie.storage_codec import (FILE_HEADER_BYTES, FRAME_BYTES, JOURNAL_MAGIC, CorruptRecord, JournalRecord,
                                   decode_file_header, decode_journal_record, encode_file_header, scan_journal)
-from zab.snapshot import fsync_directory, pwrite_all, write_all
+from zab.snapshot import fsync_directory, write_all, write_preallocated
 
 _log = logging.getLogger("quire.bookie.journal")
 _T = TypeVar("_T")
@@ -144,12 +144,8 @@ class Journal:
                                   and self._segments[-1].size >= self._segment_bytes):
             self._guarded(self._roll)
         data = b"".join(records)
-        fd, at = self._current_fd(), self._segments[-1].size
-        if at + len(data) > self._allocated:
-            grow = max(PREALLOCATE_BYTES, at + len(data) - self._allocated)
-            self._guarded(os.posix_fallocate, fd, self._allocated, grow)
-            self._allocated += grow
-        self._guarded(pwrite_all, fd, data, at)
+        self._allocated = self._guarded(write_preallocated, self._current_fd(), data, self._segments[-1].size,
+                                        self._allocated, PREALLOCATE_BYTES)
         self._segments[-1].size += len(data)
         self.bytes_written += len(data)
         self._dirty = True

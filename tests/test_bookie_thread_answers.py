@@ -8,7 +8,6 @@ from __future__ import annotations
 import socket
 import struct
 import threading
-import time
 
 import trio
 import trio.testing
@@ -152,12 +151,9 @@ async def test_settle_applies_a_durable_batch_whose_wake_up_has_not_come(tmp_pat
         async with open_storage(tmp_path) as storage:
             outcomes, batch = storage.join_adds([(4, 0, KEY, entry(4, 0), False)])
             assert outcomes == [None] and batch is not None
-            synced = []
-            batch.after_sync.append(lambda: synced.append(True))
-            deadline = time.monotonic() + 10
-            while not synced:  # the loop is held: the batch's own wake-up cannot run
-                assert time.monotonic() < deadline
-                time.sleep(0.001)
+            synced = threading.Event()
+            batch.after_sync.append(synced.set)
+            assert synced.wait(10)  # the loop is held meanwhile: the batch's own wake-up cannot run
             try:
                 storage.read(4, 0)
                 raise AssertionError("indexed before the event loop applied the batch")

@@ -1,4 +1,5 @@
-import time
+import collections
+import threading
 
 import trio
 import trio.testing
@@ -34,11 +35,21 @@ def test_what_a_finished_fsync_released_can_be_taken_before_its_wake_up_and_is_r
     """LogWriter.take_done: the driver takes a batch's released actions as soon as the fsync is done,
     before the run_sync_soon wake-up; that wake-up then finds nothing left and calls on_done no more."""
     on_done_calls = []
+    finished, woken = threading.Event(), trio.Event()
+
+    class Signalled(collections.deque):  # the writer's queue of releases, telling us when one is put
+        def append(self, then) -> None:  # noqa: ANN001
+            super().append(then)
+            finished.set()
 
     async def main() -> None:
+        def on_done() -> None:
+            on_done_calls.append(writer.take_done())
+            woken.set()
+
         log = TxnLog.open(tmp_path / "log")
-        writer = LogWriter(log, SnapshotStore(tmp_path / "snap"), snapshots_retained=2,
-                           on_done=lambda: on_done_calls.append(writer.take_done()))
+        writer = LogWriter(log, SnapshotStore(tmp_path / "snap"), snapshots_retained=2, on_done=on_done)
+        writer._done = Signalled()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(writer.run)
             await trio.testing.wait_all_tasks_blocked()
@@ -46,10 +57,8 @@ def test_what_a_finished_fsync_released_can_be_taken_before_its_wake_up_and_is_r
                 writer.submit(LogAppend((Txn(zxid=zxid, session_id=1, cxid=zxid, data=b"x"),)))
                 writer.submit(LogSync(then=(Send(1, Ack(zxid)),)))
                 writer.flush()
-                deadline = time.monotonic() + 10
-                while not writer._done:  # the event loop is held: the wake-up cannot run
-                    assert time.monotonic() < deadline
-                    time.sleep(0.001)
+                assert finished.wait(10)  # the event loop is held meanwhile: the wake-up cannot run
+                finished.clear()
                 assert writer.take_done() == [[Send(1, Ack(zxid))]]
                 assert writer.take_done() == []
                 await trio.testing.wait_all_tasks_blocked()  # the wake-up ran and found nothing
@@ -58,8 +67,7 @@ def test_what_a_finished_fsync_released_can_be_taken_before_its_wake_up_and_is_r
             writer.submit(LogSync(then=(Send(1, Ack(3)),)))
             writer.flush()
             with trio.fail_after(10):
-                while not on_done_calls:  # not taken early: the wake-up hands it over
-                    await trio.sleep(0.001)
+                await woken.wait()  # not taken early: the wake-up hands it over
             assert on_done_calls == [[[Send(1, Ack(3))]]]
             nursery.cancel_scope.cancel()
         log.close()

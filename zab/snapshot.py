@@ -72,12 +72,20 @@ def write_all(fd: int, data: bytes | memoryview) -> None:
         view = view[os.write(fd, view) :]
 
 
-def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
-    """os.pwrite at `offset` until every byte is written."""
+def write_preallocated(fd: int, data: bytes, offset: int, allocated: int, step: int) -> int:
+    """Write `data` at `offset` of a preallocated file (the txn log's and the bookie journal's newest
+    segment) whose first `allocated` bytes are allocated; when it would not fit, first extend the
+    allocation with posix_fallocate by `step`, or by as much as `data` needs. Returns the new allocation."""
+    end = offset + len(data)
+    if end > allocated:
+        grow = max(step, end - allocated)
+        os.posix_fallocate(fd, allocated, grow)
+        allocated += grow
     view = memoryview(data)
     while view:
         written = os.pwrite(fd, view, offset)
         view, offset = view[written:], offset + written
+    return allocated
 
 
 def write_atomically(path: Path, chunks: Iterable[bytes]) -> None:

@@ -52,7 +52,7 @@ from typing import TypeVar
 from crc32c import crc32c
 
 from zab.record import RECORD_HEADER_BYTES, decode_record, encode_record, scan_records
-from zab.snapshot import ensure_directory, fsync_directory, pwrite_all, write_all
+from zab.snapshot import ensure_directory, fsync_directory, write_all, write_preallocated
 from zab.storage_errors import LogCorruptError, RecordError, RecordReason, StorageError
 from zab.txn import Txn
 
@@ -244,12 +244,8 @@ class TxnLog:
     def _write_batch(self, batch: list[bytes], batch_bytes: int) -> None:
         if not batch:
             return
-        fd, at = self._current_fd(), self._segments[-1].size
-        if at + batch_bytes > self._allocated:
-            grow = max(PREALLOCATE_BYTES, at + batch_bytes - self._allocated)
-            self._guarded(os.posix_fallocate, fd, self._allocated, grow)
-            self._allocated += grow
-        self._guarded(pwrite_all, fd, b"".join(batch), at)
+        self._allocated = self._guarded(write_preallocated, self._current_fd(), b"".join(batch),
+                                        self._segments[-1].size, self._allocated, PREALLOCATE_BYTES)
         self._segments[-1].size += batch_bytes
         self._dirty = True
         self._pending_records += len(batch)
