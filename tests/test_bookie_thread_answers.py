@@ -44,7 +44,15 @@ def recv_answers(sock: socket.socket, count: int) -> list[P.Response]:
 
 
 @trio_test
-async def test_adds_are_answered_from_the_worker_thread_while_the_event_loop_is_held(tmp_path):
+async def test_adds_are_answered_from_the_worker_thread_while_the_event_loop_is_held(tmp_path, monkeypatch):
+    held = threading.Event()
+    answer_from_thread = _ThreadAnswer.send_from_thread
+
+    def answer_once_held(self: _ThreadAnswer) -> None:
+        held.wait(10)  # the batch's wake-up, queued after this, cannot apply it before the check below
+        answer_from_thread(self)
+
+    monkeypatch.setattr(_ThreadAnswer, "send_from_thread", answer_once_held)
     with trio.fail_after(20):
         async with serving_bookie(tmp_path) as service:
             storage = service.storage
@@ -53,7 +61,9 @@ async def test_adds_are_answered_from_the_worker_thread_while_the_event_loop_is_
                 writer.sendall(P.encode_add(i, 9, i, KEY, entry(9, i)))
                 await trio.testing.wait_all_tasks_blocked()  # read, dispatched, its batch in the worker thread
                 # The event loop is held from here: only the worker thread can answer.
+                held.set()
                 (answer,) = recv_answers(writer, 1)
+                held.clear()
                 assert (answer.request_id, answer.status, answer.entry_id) == (i, P.Status.OK, i)
                 assert storage.statistics()["adds"] == i, "not applied yet: the loop has not run"
             await trio.testing.wait_all_tasks_blocked()
@@ -96,13 +106,14 @@ async def test_a_read_after_an_answer_from_the_thread_finds_the_entry_before_the
 
 @trio_test
 async def test_an_answer_the_event_loop_claimed_by_settling_first_is_sent_once(tmp_path, monkeypatch):
-    arrived, gate = threading.Event(), threading.Event()
+    arrived, gate, went_on = threading.Event(), threading.Event(), threading.Event()
     answer_from_thread = _ThreadAnswer.send_from_thread
 
     def wait_then_answer(self: _ThreadAnswer) -> None:
         arrived.set()  # the batch is durable and settle()-able from here
         gate.wait(10)
         answer_from_thread(self)
+        went_on.set()
 
     monkeypatch.setattr(_ThreadAnswer, "send_from_thread", wait_then_answer)
     with trio.fail_after(20):
@@ -119,7 +130,7 @@ async def test_an_answer_the_event_loop_claimed_by_settling_first_is_sent_once(t
                 assert (answer.request_id, answer.status) == (1, P.Status.OK)
             finally:
                 gate.set()
-            await trio.sleep(0.2)  # the thread went on: it must not answer again
+            assert await trio.to_thread.run_sync(went_on.wait, 10)  # the thread went on: it must not answer again
             writer.setblocking(False)
             try:
                 extra = writer.recv(65536)
