@@ -5,8 +5,10 @@ committed tree plus every transaction it has prepared but not yet seen commit
 (paper section 1). The view is a second DataTree that every prepared
 transaction is applied to at once; it is rebuilt from the committed tree when
 leadership changes (forget); a failed multi is rolled back in it with a savepoint.
-A request that fails becomes an Error transaction, so its reply stays in order
-with the others, as in ZooKeeper.
+A request that fails becomes an Error transaction (a failed multi: a Multi of
+Error records) that is answered but never proposed: unlike ZooKeeper, which
+logs it, Quire spends no zxid, log write or quorum round on it. Zab orders its
+answer after every transaction prepared before it (statemachine.Refusal).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from metastore.jute_defs import CreateMode, OpCode
 from metastore.tree import (CONTAINER_OWNER, DataTree, EphemeralType, Node, ephemeral_type, i32, is_session_id,
                             next_version, ttl_owner)
 from metastore.txn import (Check, CloseSession, Create, CreateSession, Delete, Error, Multi, SetACL, SetData,
-                           Transaction, apply, apply_op)
+                           Transaction, apply, apply_op, failed)
 
 ANY_VERSION = -1  # on the wire; compared explicitly below
 DEFAULT_MAX_DATA_BYTES = 1 << 20
@@ -64,21 +66,24 @@ class Preparer:
 
     # -- the entry point --------------------------------------------------------------
     def prepare(self, zxid: int, session_id: int, env: Envelope, opcode: int, body: object) -> Transaction:
+        """The transaction for one request. A failed request (`failed(txn)`) leaves the
+        future view untouched: it is answered, not proposed, and `zxid` goes to the next."""
         self._time_ms = max(self._time_ms, env.time_ms)
         view = self._view()
         auth = [A.Id(s, i) for s, i in env.auth]
         moved = self._check_owner(session_id, env.origin, opcode)
         if moved is not None:
-            txn = Transaction(self._time_ms, moved)
-            apply(view, zxid, txn)
-        elif opcode == OpCode.MULTI:
+            return Transaction(self._time_ms, moved)
+        if opcode == OpCode.MULTI:
             txn = Transaction(self._time_ms, self._multi(view, zxid, session_id, auth, body))
+            if failed(txn):
+                return txn  # _multi rolled the view back
             view.last_zxid = zxid  # its ops were applied one by one while checking them
         else:
             try:
                 op = self._op(view, session_id, auth, opcode, body)
             except ZooKeeperError as e:
-                op = Error(e.code)
+                return Transaction(self._time_ms, Error(e.code))
             txn = Transaction(self._time_ms, op)
             apply(view, zxid, txn)
         self._pending.append((zxid, txn))

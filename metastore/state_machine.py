@@ -18,8 +18,9 @@ from metastore.jute_defs import JuteError, OpCode
 from metastore.prep import CLAIM_SESSION, DEFAULT_MAX_DATA_BYTES, Preparer
 from metastore.tree import DataTree, FrozenTree
 from metastore.txn import (CloseSession, Create, Delete, Error, Multi, MultiResult, Result, SessionClosed, SetData,
-                           Transaction, apply, decode_txn, encode_txn)
+                           Transaction, apply, apply_refusal, decode_txn, encode_txn, failed)
 from metastore.watches import EventType
+from zab.statemachine import Refusal
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,18 +41,25 @@ class MetastoreStateMachine:
         return self.tree.last_zxid
 
     # -- leader --------------------------------------------------------------------
-    def prepare(self, zxid: int, session_id: int, request: bytes) -> bytes:
+    def prepare(self, zxid: int, session_id: int, request: bytes) -> bytes | Refusal:
         try:
             env = E.decode_envelope(request)
             opcode, body = _decode(env)
         except (E.EnvelopeError, JuteError, struct.error, UnicodeDecodeError):
-            return encode_txn(Transaction(0, Error(MarshallingError.code)))
-        return encode_txn(self.prep.prepare(zxid, session_id, env, opcode, body))
+            return Refusal(encode_txn(Transaction(0, Error(MarshallingError.code))))
+        txn = self.prep.prepare(zxid, session_id, env, opcode, body)
+        return Refusal(encode_txn(txn)) if failed(txn) else encode_txn(txn)
 
     def forget_prepared(self) -> None:
         self.prep.forget()
 
     # -- every node --------------------------------------------------------------------
+    def refused(self, zxid: int, refusal: bytes) -> Applied:
+        """A failed request's answer (an Error or failed-Multi transaction never proposed);
+        its reply carries `zxid`, the last one applied here before it."""
+        t = decode_txn(refusal)
+        return Applied(zxid, t, apply_refusal(t), ())
+
     def apply(self, zxid: int, txn: bytes) -> Applied:
         t = decode_txn(txn)
         result = apply(self.tree, zxid, t)

@@ -13,10 +13,12 @@ AlreadyApplied) a transaction whose zxid the tree already contains, so
 replaying a log from any snapshot's zxid (snapshots are exact, not fuzzy) is
 idempotent.
 
-A request that fails is still a transaction (Error) so its reply is ordered
-with the others, as in ZooKeeper; a failed multi is a Multi of Error records:
-OK (0) for the ops before the failing one, its code, then RuntimeInconsistency
-(-2) for the rest (what clients receive: kazoo shows RolledBackError for 0).
+A request that fails is described by a transaction too (Error; a failed multi
+is a Multi of Error records: OK (0) for the ops before the failing one, its
+code, then RuntimeInconsistency (-2) for the rest, which kazoo shows as
+RolledBackError for 0). The leader answers it without proposing it (`failed`,
+zab's Refusal), where ZooKeeper logs it; logs written before that change may
+still hold such transactions, and `apply` takes them as a no-op.
 
 Byte layouts (docs/metastore_tree.md): big-endian; strings u32 length + UTF-8;
 byte strings u32 length + bytes. Pure: no I/O.
@@ -229,6 +231,23 @@ def _apply_close_session(tree: DataTree, zxid: int, time_ms: int, op: CloseSessi
 
 def _apply_error(tree: DataTree, zxid: int, time_ms: int, op: Error) -> ErrorResult:
     return ErrorResult(op.code)
+
+
+def failed(txn: Transaction) -> bool:
+    """A request that changes nothing: an Error, or a multi whose ops all failed."""
+    body = txn.body
+    if isinstance(body, Error):
+        return True
+    return isinstance(body, Multi) and bool(body.ops) and all(isinstance(op, Error) for op in body.ops)
+
+
+def apply_refusal(txn: Transaction) -> ErrorResult | MultiResult:
+    """The result of a failed request's transaction, which changes no tree."""
+    if not failed(txn):
+        raise ValueError("not a failed request's transaction: it changes the tree")
+    if isinstance(txn.body, Error):
+        return ErrorResult(txn.body.code)
+    return MultiResult(tuple(ErrorResult(op.code) for op in txn.body.ops))
 
 
 def _apply_multi(tree: DataTree, zxid: int, time_ms: int, op: Multi) -> MultiResult:

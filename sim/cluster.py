@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from replay.invariants import DeliveryOracle, InvariantViolation, LeadershipOracle
 from sim.disk import SimDisk
 from sim.network import SimNetwork
-from zab.actions import (Action, ClientRequest, Delivered, Disconnect, InstallSnapshot, LogAppend, LogSync,
+from zab.actions import (Action, Answered, ClientRequest, Delivered, Disconnect, InstallSnapshot, LogAppend, LogSync,
                          LogTruncate, PeerDisconnected, PersistEpoch, Received, RequestFailed, RoleChanged, Send,
                          SessionsTouched, Synced, TakeSnapshot, Tick)
 from zab.config import ZabConfig
@@ -33,7 +33,7 @@ class ClientOp:
     value: str
     session_id: int
     cxid: int
-    status: str = "pending"  # pending | acked | failed | unknown
+    status: str = "pending"  # pending | acked | refused | failed | unknown
     zxid: int | None = None
     result: dict | None = None
 
@@ -236,6 +236,16 @@ class SimCluster:
                 if op is not None:
                     op.result = decode_result(a.result) if isinstance(a.result, bytes) else a.result
                     op.status, op.zxid = "acked", a.txn.zxid
+            elif isinstance(a, Answered):
+                op = node.pending.pop((a.session_id, a.cxid), None)
+                if op is not None:
+                    op.result = decode_result(a.result) if isinstance(a.result, bytes) else a.result
+                    # KV's answer is a dict, the metastore's an Applied: both name the zxid it follows.
+                    after = op.result["zxid"] if isinstance(op.result, dict) else op.result.zxid
+                    if after > node.prev_delivered:
+                        raise InvariantViolation(f"node {node.id} answered a refusal ordered after {after:#x} "
+                                                 f"having delivered {node.prev_delivered:#x}")
+                    op.status = "refused"
             elif isinstance(a, RequestFailed):
                 op = node.pending.pop((a.session_id, a.cxid), None)
                 if op is not None:

@@ -24,7 +24,8 @@ from zab.codec import (FrameDecoder, decode_hello, decode_message, encode_frame,
                        frame)
 from zab.errors import FrameError, ProtocolError
 from zab.messages import (Ack, AckEpoch, AckNewLeader, Commit, FollowerInfo, Inform, LeaderInfo, Message, NewLeader,
-                          Notification, Ping, Proposal, Reject, Request, ServerState, Sync, SyncMode, SyncReply,
+                          Notification, Ping, Proposal, Refused, Reject, Request, ServerState, Sync, SyncMode,
+                          SyncReply,
                           SyncRequest, SyncTxns,
                           UpToDate)
 from zab.txn import Txn
@@ -61,6 +62,7 @@ MESSAGES: dict[type, st.SearchStrategy] = {
     Ping: st.builds(Ping, st.lists(u64, max_size=5).map(tuple)),
     SyncRequest: st.builds(SyncRequest, u64, u64),
     SyncReply: st.builds(SyncReply, u64, u64, u64),
+    Refused: st.builds(Refused, u64, u64, u64, blobs),
 }
 messages = st.one_of(*MESSAGES.values())
 # Wire fields are unsigned or signed 64-bit; Python ints are not, so out-of-range

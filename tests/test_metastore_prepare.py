@@ -1,6 +1,6 @@
 """Whatever a client sends, the leader's preparation yields a transaction that every
-node can apply: prepare never raises, apply never conflicts, and the leader's view of
-the future equals the tree once everything is applied."""
+node can apply, or a refusal that changes nothing: prepare never raises, apply never
+conflicts, and the leader's view of the future equals the tree once everything is applied."""
 
 from __future__ import annotations
 
@@ -13,8 +13,18 @@ from metastore import envelope as E
 from metastore import jute
 from metastore.jute_defs import OpCode
 from metastore.state_machine import MetastoreStateMachine
-from metastore.txn import Error, MultiResult
+from metastore.txn import Error, ErrorResult, MultiResult
 from zab import zxid as Z
+from zab.statemachine import Refusal
+
+
+def answer(sm: MetastoreStateMachine, zxid: int, session: int, request: bytes):
+    """What a client gets, as the leader would do it: a refusal spends no zxid and is answered
+    after everything before it (here: applied at once)."""
+    prepared = sm.prepare(zxid, session, request)
+    if isinstance(prepared, Refusal):
+        return sm.refused(sm.last_zxid, prepared.data)
+    return sm.apply(zxid, prepared)
 
 names = st.sampled_from(["a", "b", "c", "zookeeper", "x-", "", ".", "..", "\u0000", "ü"])
 paths = st.lists(names, min_size=0, max_size=3).map(lambda parts: "/" + "/".join(parts)) | st.sampled_from(
@@ -51,8 +61,9 @@ steps = st.lists(st.tuples(st.sampled_from(["request", "open", "close", "garbage
 def test_prepared_transactions_always_apply(steps):
     sm = MetastoreStateMachine(max_data_bytes=16)
     pending: list[tuple[int, bytes]] = []
-    for counter, (kind, session, (opcode, body), auth, commit_now) in enumerate(steps, start=1):
-        zxid = Z.make(1, counter)
+    counter = 0
+    for kind, session, (opcode, body), auth, commit_now in steps:
+        zxid = Z.make(1, counter + 1)
         if kind == "open":
             env = E.Envelope(E.CREATE_SESSION, 1, counter, (), struct.pack(">i", 5000))
         elif kind == "close":
@@ -65,7 +76,16 @@ def test_prepared_transactions_always_apply(steps):
             env = E.Envelope(E.CLIENT, 1, counter, auth, jute.encode_request(jute.RequestHeader(1, opcode), body)[:7])
         else:
             env = E.Envelope(E.CLIENT, 1, counter, auth, jute.encode_request(jute.RequestHeader(1, opcode), body))
-        pending.append((zxid, sm.prepare(zxid, session, E.encode_envelope(env))))
+        before = sm.prep._view().digest()
+        prepared = sm.prepare(zxid, session, E.encode_envelope(env))
+        if isinstance(prepared, Refusal):  # answered, not proposed: the future did not move
+            assert sm.prep._view().digest() == before
+            result = sm.refused(sm.last_zxid, prepared.data).result
+            assert isinstance(result, ErrorResult) or (
+                isinstance(result, MultiResult) and all(isinstance(r, ErrorResult) for r in result.results))
+        else:
+            counter += 1
+            pending.append((zxid, prepared))
         if commit_now:  # apply lags prepare by a random amount, as commits lag proposals
             for z, txn in pending:
                 applied = sm.apply(z, txn)
@@ -78,10 +98,10 @@ def test_prepared_transactions_always_apply(steps):
     assert sm.tree.digest() == sm.tree.recompute_digest()
 
 
-def test_garbage_becomes_an_error_transaction():
+def test_garbage_is_refused_with_an_error_and_spends_no_zxid():
     sm = MetastoreStateMachine()
-    applied = sm.apply(Z.make(1, 1), sm.prepare(Z.make(1, 1), 1, b"\x07garbage"))
-    assert isinstance(applied.txn.body, Error)
+    applied = answer(sm, Z.make(1, 1), 1, b"\x07garbage")
+    assert isinstance(applied.txn.body, Error) and sm.last_zxid == 0
 
 
 def test_an_emptied_container_and_an_expired_ttl_node_are_deleted_by_the_leader_sweep():
@@ -90,7 +110,7 @@ def test_an_emptied_container_and_an_expired_ttl_node_are_deleted_by_the_leader_
 
     def run(env: E.Envelope):
         z = next(zxids)
-        return sm.apply(z, sm.prepare(z, 0, E.encode_envelope(env)))
+        return answer(sm, z, 0, E.encode_envelope(env))
 
     def client(opcode, body, time_ms=1_000):
         return run(E.Envelope(E.CLIENT, 1, time_ms, (), jute.encode_request(jute.RequestHeader(1, opcode), body)))
@@ -120,7 +140,7 @@ def test_a_session_that_moved_to_another_node_is_refused_from_the_old_one():
 
     def run(origin: int, kind: int, payload: bytes = b""):
         z = next(zxids)
-        return sm.apply(z, sm.prepare(z, session, E.encode_envelope(E.Envelope(kind, origin, 1, (), payload))))
+        return answer(sm, z, session, E.encode_envelope(E.Envelope(kind, origin, 1, (), payload)))
 
     def set_data(origin: int):
         body = jute.encode_request(jute.RequestHeader(1, OpCode.CREATE), jute.CreateRequest(

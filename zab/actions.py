@@ -122,6 +122,15 @@ class Delivered:
 
 
 @dataclass(frozen=True, slots=True)
+class Answered:
+    """A request the leader refused (statemachine.Refusal) is answered here, after
+    everything it was ordered behind was delivered; `result` is StateMachine.refused's."""
+    session_id: int
+    cxid: int
+    result: object
+
+
+@dataclass(frozen=True, slots=True)
 class Synced:
     """A client's `sync` is done: this node has delivered everything up to `zxid`."""
     session_id: int
@@ -159,4 +168,4 @@ class Disconnect:
 
 
 Action = (Send | PersistEpoch | LogAppend | LogSync | LogTruncate | InstallSnapshot | TakeSnapshot | Delivered
-          | Synced | SessionsTouched | RequestFailed | RoleChanged | Disconnect)
+          | Answered | Synced | SessionsTouched | RequestFailed | RoleChanged | Disconnect)

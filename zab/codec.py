@@ -17,7 +17,7 @@ from crc32c import crc32c
 
 from zab.errors import FrameError
 from zab.messages import (Ack, AckEpoch, AckNewLeader, Commit, FollowerInfo, Inform, LeaderInfo, Message, NewLeader,
-                          Notification, Ping, Proposal, Reject, Request, ServerState, Sync, SyncMode, SyncReply,
+                          Notification, Ping, Proposal, Refused, Reject, Request, ServerState, Sync, SyncMode, SyncReply,
                           SyncRequest, SyncTxns,
                           UpToDate)
 from zab.txn import Txn
@@ -33,7 +33,7 @@ DEFAULT_MAX_FRAME_BYTES = 64 << 20
 _TYPES: dict[type, int] = {
     Notification: 1, FollowerInfo: 2, LeaderInfo: 3, AckEpoch: 4, Sync: 5, SyncTxns: 6, NewLeader: 7,
     AckNewLeader: 8, UpToDate: 9, Proposal: 10, Ack: 11, Commit: 12, Inform: 13, Request: 14, Reject: 15, Ping: 16,
-    SyncRequest: 17, SyncReply: 18,
+    SyncRequest: 17, SyncReply: 18, Refused: 19,
 }
 
 
@@ -112,6 +112,8 @@ def encode_message(msg: Message) -> bytes:
             body = _U64x2.pack(msg.session_id, msg.cxid)
         case SyncReply():
             body = struct.pack(">QQQ", msg.session_id, msg.cxid, msg.zxid)
+        case Refused():
+            body = struct.pack(">QQQ", msg.session_id, msg.cxid, msg.zxid) + _blob(msg.data)
         case _:
             raise TypeError(f"not a Zab message: {msg!r}")
     return head + body
@@ -167,6 +169,7 @@ _DECODERS: dict[int, Callable[[_Reader], Message]] = {
     16: _d_ping,
     17: lambda r: SyncRequest(*r.unpack(_U64x2)),
     18: lambda r: SyncReply(*r.unpack(struct.Struct(">QQQ"))),
+    19: lambda r: Refused(*r.unpack(struct.Struct(">QQQ")), r.blob()),
 }
 
 

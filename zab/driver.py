@@ -29,7 +29,7 @@ from typing import Protocol
 
 import trio
 
-from zab.actions import (Action, ClientRequest, ClientSync, Delivered, Disconnect, Event, InstallSnapshot, LogAppend,
+from zab.actions import (Action, Answered, ClientRequest, ClientSync, Delivered, Disconnect, Event, InstallSnapshot, LogAppend,
                          LogSync, LogTruncate, PersistEpoch, Received, RequestFailed, Role, RoleChanged, Send,
                          SessionsTouched, Synced, TakeSnapshot, Tick, TouchSessions)
 from zab.config import ZabConfig
@@ -279,6 +279,8 @@ class PeerDriver:
             self._answer(a.txn.session_id, a.txn.cxid, result=a.result)
             if self._listener is not None:
                 self._listener.delivered(a.txn, a.result)
+        elif isinstance(a, Answered):
+            self._answer(a.session_id, a.cxid, result=a.result)
         elif isinstance(a, Synced):
             self._answer(a.session_id, a.cxid, result=a.zxid)
         elif isinstance(a, SessionsTouched):

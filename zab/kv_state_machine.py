@@ -15,6 +15,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from zab.statemachine import Refusal
+
 ANY_VERSION = None  # the request carries JSON null for "any version"
 MAX_KEY_BYTES = 1024
 MAX_VALUE_BYTES = 1 << 20
@@ -67,22 +69,22 @@ class KVStateMachine:
         current = self.items.get(key)
         return None if current is None else current[1]
 
-    def prepare(self, zxid: int, session_id: int, request: bytes) -> bytes:
+    def prepare(self, zxid: int, session_id: int, request: bytes) -> bytes | Refusal:
         try:
             req = _parse_request(request)
         except KVRequestError as e:
-            return _dumps({"t": "err", "e": "BadRequest", "m": str(e)})
+            return Refusal(_dumps({"e": "BadRequest", "m": str(e)}))
         key, expected = req["key"], req["version"]
         future = self._future_version(key)
         if expected is not None and (future or 0) != expected:
-            return _dumps({"t": "err", "e": "BadVersion", "m": f"{key!r} is at version {future or 0}, not {expected}"})
+            return Refusal(_dumps({"e": "BadVersion", "m": f"{key!r} is at version {future or 0}, not {expected}"}))
         pending = self._prepared.get(key, (None, 0))[1] + 1
         if req["op"] == "put":
             new_version = (future or 0) + 1
             self._prepared[key] = (new_version, pending)
             return _dumps({"t": "set", "k": key, "v": req["value"], "ver": new_version})
         if future is None:
-            return _dumps({"t": "err", "e": "NoKey", "m": f"{key!r} does not exist"})
+            return Refusal(_dumps({"e": "NoKey", "m": f"{key!r} does not exist"}))
         self._prepared[key] = (None, pending)
         return _dumps({"t": "del", "k": key})
 
@@ -90,11 +92,16 @@ class KVStateMachine:
         self._prepared.clear()
 
     # -- every node --------------------------------------------------------
+    def refused(self, zxid: int, refusal: bytes) -> bytes:
+        # `zxid`: what the answer was ordered after, so a reader can check that order.
+        t = json.loads(refusal)
+        return _dumps({"ok": False, "error": t["e"], "message": t["m"], "zxid": zxid})
+
     def apply(self, zxid: int, txn: bytes) -> bytes:
         assert zxid > self.last_zxid, f"apply out of order: {zxid:#x} after {self.last_zxid:#x}"
         t = json.loads(txn)
         self.last_zxid = zxid
-        if t["t"] == "err":
+        if t["t"] == "err":  # logs written before refusals were answered without a transaction
             return _dumps({"ok": False, "error": t["e"], "message": t["m"]})
         key = t["k"]
         self._settle(key)

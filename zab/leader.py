@@ -16,15 +16,17 @@ observers. A leader that stops hearing a quorum within sync_limit_ticks steps do
 from __future__ import annotations
 
 import enum
+from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from zab import zxid as Z
-from zab.actions import (Action, ClientRequest, ClientSync, Disconnect, LogAppend, LogSync, Phase, RequestFailed, Role,
-                         RoleChanged, Send, SessionsTouched, Synced)
+from zab.actions import (Action, Answered, ClientRequest, ClientSync, Disconnect, LogAppend, LogSync, Phase,
+                         RequestFailed, Role, RoleChanged, Send, SessionsTouched, Synced)
 from zab.messages import (Ack, AckEpoch, AckNewLeader, Commit, FollowerInfo, Inform, LeaderInfo, Message, NewLeader,
-                          Notification, Ping, Proposal, Reject, Request, Sync, SyncMode, SyncReply, SyncRequest,
-                          SyncTxns, UpToDate)
+                          Notification, Ping, Proposal, Refused, Reject, Request, Sync, SyncMode, SyncReply,
+                          SyncRequest, SyncTxns, UpToDate)
+from zab.statemachine import Refusal
 from zab.sync_plan import plan_sync
 from zab.txn import Txn
 
@@ -72,6 +74,9 @@ class LeaderRole:
         # covers everything before z: learners log in order). Like Raft's matchIndex.
         self.acked_through: dict[int, int] = {}
         self.counter = 0
+        # Refused requests waiting for the commit of the last transaction prepared before
+        # them: (that zxid, origin node, answer), in the order they were refused.
+        self.refusals: deque[tuple[int, int, Refused]] = deque()
 
     # -- discovery ------------------------------------------------------------
     def begin(self) -> list[Action]:
@@ -195,16 +200,25 @@ class LeaderRole:
     def on_client_request(self, ev: ClientRequest) -> list[Action]:
         if not self.established:
             return [RequestFailed(ev.session_id, ev.cxid, "NoLeader")]
-        return self._propose(ev.session_id, ev.cxid, ev.data)
+        return self._propose(self.id, ev.session_id, ev.cxid, ev.data)
 
-    def _propose(self, session_id: int, cxid: int, data: bytes) -> list[Action]:
+    def _propose(self, origin: int, session_id: int, cxid: int, data: bytes) -> list[Action]:
         assert self.epoch is not None
         if self.counter >= self.cfg.zxid_counter_limit:
             # zxid counter rollover: only a new epoch can continue the history.
             return [RequestFailed(session_id, cxid, "NoLeader")] + self.peer.look()
+        zxid = Z.make(self.epoch, self.counter + 1)
+        prepared = self.peer.sm.prepare(zxid, session_id, data)
+        if isinstance(prepared, Refusal):
+            # A failed request changes nothing, so it costs no log write and no quorum round
+            # (ZooKeeper logs an error txn); its answer waits for what was prepared before it.
+            refused = Refused(session_id, cxid, self.peer.last_zxid, prepared.data)
+            if self.refusals or refused.zxid > self.peer.last_committed:
+                self.refusals.append((refused.zxid, origin, refused))
+                return []
+            return self._answer_refused(origin, refused)
         self.counter += 1
-        zxid = Z.make(self.epoch, self.counter)
-        txn = Txn(zxid, session_id, cxid, self.peer.sm.prepare(zxid, session_id, data))
+        txn = Txn(zxid, session_id, cxid, prepared)
         self.peer.history.append(txn)
         out: list[Action] = [Send(f, Proposal(txn)) for f in self.forwarding if f not in self.cfg.observers]
         out += [LogAppend((txn,)), LogSync(then=(Send(self.id, Ack(txn.zxid)),))]
@@ -223,7 +237,17 @@ class LeaderRole:
         if observers:
             for txn in self.peer.history.between(self.peer.last_committed, target):
                 out += [Send(f, Inform(txn)) for f in observers]
-        return out + self.peer.deliver_through(target)
+        out += self.peer.deliver_through(target)
+        while self.refusals and self.refusals[0][0] <= target:
+            _, origin, refused = self.refusals.popleft()
+            out += self._answer_refused(origin, refused)
+        return out
+
+    def _answer_refused(self, origin: int, refused: Refused) -> list[Action]:
+        if origin != self.id:
+            # After the COMMITs above on the same FIFO link: the learner has delivered refused.zxid.
+            return [Send(origin, refused)] if origin in self.forwarding else []
+        return [Answered(refused.session_id, refused.cxid, self.peer.sm.refused(refused.zxid, refused.data))]
 
     def _quorum_acked(self) -> int:
         """The highest zxid that a quorum of voters has logged."""
@@ -273,7 +297,7 @@ class LeaderRole:
         if isinstance(msg, Request):
             if not self.established:
                 return [Send(frm, Reject(msg.session_id, msg.cxid))]
-            return self._propose(msg.session_id, msg.cxid, msg.data)
+            return self._propose(frm, msg.session_id, msg.cxid, msg.data)
         if isinstance(msg, FollowerInfo):
             return self._on_follower_info(frm, msg)
         if isinstance(msg, AckEpoch):

@@ -17,10 +17,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from zab import zxid as Z
-from zab.actions import (Action, ClientRequest, ClientSync, Disconnect, InstallSnapshot, LogAppend, LogSync,
+from zab.actions import (Action, Answered, ClientRequest, ClientSync, Disconnect, InstallSnapshot, LogAppend, LogSync,
                          LogTruncate, Phase, RequestFailed, Role, RoleChanged, Send, Synced)
 from zab.messages import (Ack, AckEpoch, AckNewLeader, Commit, FollowerInfo, Inform, LeaderInfo, Message, NewLeader,
-                          Notification, Ping, Proposal, Reject, Request, ServerState, Sync, SyncMode, SyncReply,
+                          Notification, Ping, Proposal, Refused, Reject, Request, ServerState, Sync, SyncMode, SyncReply,
                           SyncRequest, SyncTxns, UpToDate)
 from zab.txn import Txn
 
@@ -211,6 +211,13 @@ class LearnerRole:
         assert self.peer.last_committed >= m.zxid or self.peer.phase is not Phase.BROADCAST
         return [Synced(m.session_id, m.cxid, m.zxid)]
 
+    def _on_refused(self, m: Refused) -> list[Action]:
+        # FIFO, as for SYNC replies: the COMMIT of m.zxid came first and was delivered,
+        # unless we are still synchronizing (then the request's outcome is not ours to give).
+        if self.peer.last_committed < m.zxid:
+            return [RequestFailed(m.session_id, m.cxid, "NoLeader")]
+        return [Answered(m.session_id, m.cxid, self.peer.sm.refused(m.zxid, m.data))]
+
     def _on_reject(self, m: Reject) -> list[Action]:
         return [RequestFailed(m.session_id, m.cxid, "NoLeader")]
 
@@ -227,4 +234,5 @@ _HANDLERS = {
     Ping: LearnerRole._on_ping,
     Reject: LearnerRole._on_reject,
     SyncReply: LearnerRole._on_sync_reply,
+    Refused: LearnerRole._on_refused,
 }

@@ -149,5 +149,17 @@ class SyncReply:
     zxid: int
 
 
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """Leader -> the learner a request came from: it fails without a transaction
+    (statemachine.Refusal). Sent after the COMMIT of `zxid`, the last transaction
+    prepared before it, so FIFO links deliver it after that commit."""
+    session_id: int
+    cxid: int
+    zxid: int
+    data: bytes
+
+
 Message = (Notification | FollowerInfo | LeaderInfo | AckEpoch | Sync | SyncTxns | NewLeader | AckNewLeader
-           | UpToDate | Proposal | Ack | Commit | Inform | Request | Reject | Ping | SyncRequest | SyncReply)
+           | UpToDate | Proposal | Ack | Commit | Inform | Request | Reject | Ping | SyncRequest | SyncReply
+           | Refused)

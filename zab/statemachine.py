@@ -2,7 +2,23 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """What `prepare` returns for a request that fails without changing the state.
+
+    It is answered, not proposed: no zxid, no log record, no quorum round. The
+    leader holds the answer until every transaction it prepared before the
+    request has committed, and sends it down the origin's FIFO link after those
+    COMMITs, so the client sees it in the same order (and after the same state)
+    as an error transaction would give. `data` goes to `StateMachine.refused` on
+    the node the client is connected to.
+    """
+
+    data: bytes
 
 
 class Frozen(Protocol):
@@ -24,9 +40,14 @@ class StateMachine(Protocol):
 
     last_zxid: int
 
-    def prepare(self, zxid: int, session_id: int, request: bytes) -> bytes:
+    def prepare(self, zxid: int, session_id: int, request: bytes) -> bytes | Refusal:
         """Leader only: the transaction `zxid` for `request` from `session_id`, given every
-        transaction already prepared (and not yet applied)."""
+        transaction already prepared (and not yet applied); or a Refusal, which must
+        leave the prepared view as it was (`zxid` is then used by the next request)."""
+
+    def refused(self, zxid: int, refusal: bytes) -> object:
+        """The result for the waiting client of a refused request (Refusal.data), answered
+        once this node has applied everything through `zxid`; the state does not change."""
 
     def forget_prepared(self) -> None:
         """Drop the leader's view of prepared but unapplied transactions (leadership ended or began)."""
