@@ -1,4 +1,4 @@
-"""The records of the ZooKeeper client protocol, as frozen dataclasses.
+"""The records of the ZooKeeper client protocol, as dataclasses.
 
 Names and field order follow zookeeper.jute (modules org.apache.zookeeper.data
 and org.apache.zookeeper.proto), fields in Python spelling (`lastZxidSeen` ->
@@ -35,13 +35,16 @@ __all__ = [
 ]
 
 
-def _frozen(cls):
-    return dataclass(frozen=True, slots=True)(cls)
+def _record(cls):
+    # Slots and a field hash, but not frozen: a frozen dataclass's __init__ sets each field through
+    # object.__setattr__, about 3x the cost of a plain one, and records are built for every request.
+    # Records are never changed after they are built (treat them as immutable).
+    return dataclass(slots=True, unsafe_hash=True)(cls)
 
 
 # --- org.apache.zookeeper.data -------------------------------------------------
 
-@_frozen
+@_record
 class ClientInfo:
     auth_scheme: str
     user: str
@@ -49,7 +52,7 @@ class ClientInfo:
 
 # --- handshake and envelopes ---------------------------------------------------
 
-@_frozen
+@_record
 class ConnectRequest:
     """The first frame a client sends, with no RequestHeader."""
 
@@ -61,7 +64,7 @@ class ConnectRequest:
     read_only: bool | None = None  # None: an old client that does not send the byte
 
 
-@_frozen
+@_record
 class ConnectResponse:
     """The first frame a server sends, with no ReplyHeader. time_out <= 0 means the session expired."""
 
@@ -72,48 +75,48 @@ class ConnectResponse:
     read_only: bool = False
 
 
-@_frozen
+@_record
 class RequestHeader:
     xid: int
     type: int  # OpCode; decode_request returns an OpCode member
 
 
-@_frozen
+@_record
 class ReplyHeader:
     xid: int
     zxid: int  # the server's last committed zxid when it answered
     err: int   # Err
 
 
-@_frozen
+@_record
 class MultiHeader:
     type: int
     done: bool
     err: int
 
 
-@_frozen
+@_record
 class AuthPacket:
     type: int  # always 0 in practice
     scheme: str
     auth: bytes
 
 
-@_frozen
+@_record
 class WatcherEvent:
     type: int   # EventType
     state: int  # KeeperState
     path: str
 
 
-@_frozen
+@_record
 class ErrorResponse:
     """The body of an addWatch reply (always err 0) and of a failed multi op."""
 
     err: int
 
 
-@_frozen
+@_record
 class SetWatches:
     relative_zxid: int
     data_watches: tuple[str, ...]
@@ -121,7 +124,7 @@ class SetWatches:
     child_watches: tuple[str, ...]
 
 
-@_frozen
+@_record
 class SetWatches2:
     relative_zxid: int
     data_watches: tuple[str, ...]
@@ -133,7 +136,7 @@ class SetWatches2:
 
 # --- operations ------------------------------------------------------------------
 
-@_frozen
+@_record
 class CreateRequest:
     """create, create2 and createContainer (the opcode tells which)."""
 
@@ -143,7 +146,7 @@ class CreateRequest:
     flags: int  # CreateMode
 
 
-@_frozen
+@_record
 class CreateTTLRequest:
     path: str
     data: bytes | None
@@ -152,164 +155,164 @@ class CreateTTLRequest:
     ttl: int  # ms
 
 
-@_frozen
+@_record
 class CreateResponse:
     path: str  # the created path (with the sequence suffix, if any)
 
 
-@_frozen
+@_record
 class Create2Response:
     path: str
     stat: Stat
 
 
-@_frozen
+@_record
 class DeleteRequest:
     path: str
     version: int  # -1: any version
 
 
-@_frozen
+@_record
 class ExistsRequest:
     path: str
     watch: bool
 
 
-@_frozen
+@_record
 class ExistsResponse:
     stat: Stat
 
 
-@_frozen
+@_record
 class GetDataRequest:
     path: str
     watch: bool
 
 
-@_frozen
+@_record
 class GetDataResponse:
     data: bytes | None
     stat: Stat
 
 
-@_frozen
+@_record
 class SetDataRequest:
     path: str
     data: bytes | None
     version: int  # -1: any version
 
 
-@_frozen
+@_record
 class SetDataResponse:
     stat: Stat
 
 
-@_frozen
+@_record
 class GetACLRequest:
     path: str
 
 
-@_frozen
+@_record
 class GetACLResponse:
     acl: tuple[ACL, ...]
     stat: Stat
 
 
-@_frozen
+@_record
 class SetACLRequest:
     path: str
     acl: tuple[ACL, ...]
     version: int  # expected aversion, -1: any
 
 
-@_frozen
+@_record
 class SetACLResponse:
     stat: Stat
 
 
-@_frozen
+@_record
 class GetChildrenRequest:
     path: str
     watch: bool
 
 
-@_frozen
+@_record
 class GetChildrenResponse:
     children: tuple[str, ...]
 
 
-@_frozen
+@_record
 class GetChildren2Request:
     path: str
     watch: bool
 
 
-@_frozen
+@_record
 class GetChildren2Response:
     children: tuple[str, ...]
     stat: Stat
 
 
-@_frozen
+@_record
 class SyncRequest:
     path: str
 
 
-@_frozen
+@_record
 class SyncResponse:
     path: str
 
 
-@_frozen
+@_record
 class CheckVersionRequest:
     path: str
     version: int
 
 
-@_frozen
+@_record
 class CheckWatchesRequest:
     path: str
     type: int  # WatcherType
 
 
-@_frozen
+@_record
 class RemoveWatchesRequest:
     path: str
     type: int  # WatcherType
 
 
-@_frozen
+@_record
 class AddWatchRequest:
     path: str
     mode: int  # AddWatchMode
 
 
-@_frozen
+@_record
 class GetEphemeralsRequest:
     prefix_path: str
 
 
-@_frozen
+@_record
 class GetEphemeralsResponse:
     ephemerals: tuple[str, ...]
 
 
-@_frozen
+@_record
 class GetAllChildrenNumberRequest:
     path: str
 
 
-@_frozen
+@_record
 class GetAllChildrenNumberResponse:
     total_number: int
 
 
-@_frozen
+@_record
 class WhoAmIResponse:
     client_info: tuple[ClientInfo, ...]
 
 
-@_frozen
+@_record
 class ReconfigRequest:
     """Decoded so that a server can answer it (Quire answers RECONFIG_DISABLED)."""
 
@@ -319,31 +322,31 @@ class ReconfigRequest:
     cur_config_id: int
 
 
-@_frozen
+@_record
 class GetSASLRequest:
     """The body of a sasl request (Quire answers it with an error: no SASL)."""
 
     token: bytes | None
 
 
-@_frozen
+@_record
 class SetSASLResponse:
     token: bytes | None
 
 
 # --- multi -------------------------------------------------------------------------
 
-@_frozen
+@_record
 class DeleteResult:
     """A delete op's result inside a MultiResponse (it has no body)."""
 
 
-@_frozen
+@_record
 class CheckResult:
     """A check op's result inside a MultiResponse (it has no body)."""
 
 
-@_frozen
+@_record
 class ErrorResult:
     """A multi op that did not take effect: the op that failed carries its error; ops
     before it carry 0 (they succeeded, then were rolled back), ops after it
@@ -352,7 +355,7 @@ class ErrorResult:
     err: int
 
 
-@_frozen
+@_record
 class MultiRequest:
     """multi (create, create2, createContainer, createTTL, delete, setData, check ops)
     or multiRead (getData and getChildren ops): pairs of (op code, request record)."""
@@ -360,7 +363,7 @@ class MultiRequest:
     ops: tuple[tuple[int, object], ...]
 
 
-@_frozen
+@_record
 class MultiResponse:
     """One result per op, in order: CreateResponse (create), Create2Response (create2,
     createContainer, createTTL), DeleteResult, SetDataResponse, CheckResult,

@@ -1,5 +1,10 @@
 """Replies of the client port, built from the tree (reads) or from an applied
-transaction (writes). Pure: the service does the sockets and the waiting."""
+transaction (writes). Pure: the service does the sockets and the waiting.
+
+Records here are slots dataclasses with a field hash but not frozen: a frozen
+dataclass's __init__ sets every field through object.__setattr__, about three
+times the cost, and these are built for every write. Never change one once built.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ from metastore.watches import WatchKind
 _CREATE2_OPS = {OpCode.CREATE2, OpCode.CREATE_CONTAINER, OpCode.CREATE_TTL}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Reply:
     err: int
     body: object = None

@@ -1,11 +1,16 @@
-"""The znode Stat, as ZooKeeper defines it (and its client protocol carries it)."""
+"""The znode Stat, as ZooKeeper defines it (and its client protocol carries it).
+
+Records here are slots dataclasses with a field hash but not frozen: a frozen
+dataclass's __init__ sets every field through object.__setattr__, about three
+times the cost, and these are built for every write. Never change one once built.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Stat:
     czxid: int = 0           # zxid of the transaction that created the znode
     mzxid: int = 0           # zxid of the last setData (or the create)

@@ -22,6 +22,10 @@ still hold such transactions, and `apply` takes them as a no-op.
 
 Byte layouts (docs/metastore_tree.md): big-endian; strings u32 length + UTF-8;
 byte strings u32 length + bytes. Pure: no I/O.
+
+Records here are slots dataclasses with a field hash but not frozen: a frozen
+dataclass's __init__ sets every field through object.__setattr__, about three
+times the cost, and these are built for every write. Never change one once built.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ FORMAT_VERSION = 1
 
 # -- records -----------------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Create:
     path: str                    # final path (a sequential suffix already appended)
     data: bytes
@@ -50,46 +54,46 @@ class Create:
     parent_cversion: int         # the parent's internal cversion after this create (old + 1)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Delete:
     path: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class SetData:
     path: str
     data: bytes
     version: int                 # resulting version
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class SetACL:
     path: str
     acl: tuple[ACL, ...]
     version: int                 # resulting ACL version
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Check:
     """A multi's version check: the znode is at `version` (multi only)."""
     path: str
     version: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class CreateSession:
     session_id: int
     timeout_ms: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class CloseSession:
     """closeSession or expiry: deletes exactly `ephemerals` (sorted), the session's ephemerals."""
     session_id: int
     ephemerals: tuple[str, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Error:
     code: int
 
@@ -97,7 +101,7 @@ class Error:
 MultiOp = Union[Create, Delete, SetData, Check, Error]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Multi:
     """All ops succeed together, or every op is an Error record (a failed multi)."""
     ops: tuple[MultiOp, ...]
@@ -106,7 +110,7 @@ class Multi:
 Body = Union[Create, Delete, SetData, SetACL, CreateSession, CloseSession, Multi, Error]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Transaction:
     """One metastore transaction: the header (the leader's clock) and the body."""
     time_ms: int
@@ -115,46 +119,46 @@ class Transaction:
 
 # -- results (for the waiting client) ------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class CreateResult:
     path: str
     stat: Stat
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class DeleteResult:
     path: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class SetDataResult:
     path: str
     stat: Stat
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class SetACLResult:
     path: str
     stat: Stat
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class CheckResult:
     path: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class ErrorResult:
     code: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class SessionCreated:
     session_id: int
     timeout_ms: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class SessionClosed:
     session_id: int
     deleted: tuple[str, ...]
@@ -163,7 +167,7 @@ class SessionClosed:
 OpResult = Union[CreateResult, DeleteResult, SetDataResult, CheckResult, ErrorResult]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class MultiResult:
     results: tuple[OpResult, ...]
 
@@ -173,7 +177,7 @@ class MultiResult:
         return next((r.code for r in self.results if isinstance(r, ErrorResult) and r.code), 0)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class AlreadyApplied:
     """The tree already contains this zxid (replay over a newer state): nothing changed."""
     zxid: int

@@ -3,6 +3,10 @@
 The driver executes actions strictly in order. Log actions go to one writer
 that appends, fsyncs once for everything queued (group commit), and only then
 runs the actions carried in LogSync.then: "persist, then send" is one action.
+
+Records here are slots dataclasses with a field hash but not frozen: a frozen
+dataclass's __init__ sets every field through object.__setattr__, about three
+times the cost, and these are built for every write. Never change one once built.
 """
 
 from __future__ import annotations
@@ -16,38 +20,38 @@ from zab.txn import Txn
 
 
 # -- events -----------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Tick:
     pass
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Received:
     frm: int
     msg: Message
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class PeerDisconnected:
     """The link to or from `peer` broke: anything in flight on it may be lost."""
     peer: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class ClientRequest:
     session_id: int
     cxid: int
     data: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class ClientSync:
     """A client's `sync`: answer once this node has every write committed before it."""
     session_id: int
     cxid: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class TouchSessions:
     """Client sessions active on this node; they reach the leader with the next ping."""
     session_ids: tuple[int, ...]
@@ -71,57 +75,57 @@ class Role(enum.Enum):
     OBSERVING = "observer"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Send:
     to: int
     msg: Message
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class PersistEpoch:
     """Write acceptedEpoch and/or currentEpoch durably (tmp, fsync, rename)."""
     accepted: int | None = None
     current: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class LogAppend:
     txns: tuple[Txn, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class LogSync:
     """Fsync everything appended so far, then run `then` in order."""
     then: tuple["Action", ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class LogTruncate:
     """Durably drop every logged record after `zxid` (the TRUNC of synchronization)."""
     zxid: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class InstallSnapshot:
     """SNAP sync: make `state` at `zxid` durable and discard the old history."""
     zxid: int
     state: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class TakeSnapshot:
     """Write a local snapshot of the delivered state (serialised off the event loop)."""
     frozen: Frozen
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Delivered:
     """A committed transaction was applied; answer its client if it is ours."""
     txn: Txn
     result: object
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Answered:
     """A request the leader refused (statemachine.Refusal) is answered here, after
     everything it was ordered behind was delivered; `result` is StateMachine.refused's."""
@@ -130,7 +134,7 @@ class Answered:
     result: object
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Synced:
     """A client's `sync` is done: this node has delivered everything up to `zxid`."""
     session_id: int
@@ -138,21 +142,21 @@ class Synced:
     zxid: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class SessionsTouched:
     """Leader only: these sessions are alive (seen on node `frm`, possibly ourselves)."""
     frm: int
     session_ids: tuple[int, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class RequestFailed:
     session_id: int
     cxid: int
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class RoleChanged:
     """The peer changed role or leader; requests in flight have an unknown outcome."""
     role: Role
@@ -160,7 +164,7 @@ class RoleChanged:
     epoch: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Disconnect:
     """Drop the links with `peer` (it broke the protocol or fell too far behind)."""
     peer: int

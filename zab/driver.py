@@ -47,7 +47,7 @@ log = logging.getLogger("quire.zab.driver")
 _LOG_ACTIONS = (LogAppend, LogSync, LogTruncate, InstallSnapshot, TakeSnapshot)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class _Resume:
     """Actions still to execute, in the inbox in their turn (after an fsync or an epoch write)."""
     actions: list[Action]
