@@ -10,7 +10,9 @@ In one run, each figure beside the reference it is judged against:
    client, this process, through the ledger SDK (bench/ledger_load.py): pipelined append throughput and
    latency for 100 B, 1 KB and 64 KB entries with E=Qw=Qa=3 and E=3, Qw=2, Qa=2; append latency at low load;
    append-to-delivery latency at a tailing reader in another process; catch-up read throughput of a closed
-   ledger; recovery time of a 10,000-entry ledger whose writer process died without closing it.
+   ledger; recovery time of a 10,000-entry ledger whose writer process died without closing it;
+4. where a node's CPU goes under 64 KB appends, kernel included (bench/cpu_profile.py, perf), since that
+   row's target is missed and py-spy cannot see the kernel time it is mostly made of.
 
     python -m bench.run --only ledger [--quick]      # writes its section into docs/benchmarks.md
 """
@@ -29,7 +31,7 @@ from typing import Any
 
 import trio
 
-from bench import bookie_storage, disk, logscan, machine
+from bench import bookie_storage, cpu_profile, disk, logscan, machine
 from bench import ledger_load as workloads
 from bench.ledger_load import AppendRun, LatencyRun, Quorum, ReadRun, RecoveryRun
 from bench.quire import QuireCluster
@@ -41,6 +43,7 @@ LARGE_FILE_MAX = 128 * MIB  # the 1 MiB loop starts a new file past this (the ro
 
 QUORUMS = (Quorum(3, 3, 3), Quorum(3, 2, 2))
 RECOVERY_QUORUM = Quorum(3, 3, 2)
+PROFILE_S = 4.0  # perf sampling of a node under 64 KB appends
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,8 @@ class LedgerResults:
     load_end: tuple[float, float, float] = (0.0, 0.0, 0.0)
     duration_s: float = 0.0
     low_load_busy: float | None = None  # share of all CPUs busy just before the latency rows
+    # Where node 1's CPU went under 64 KB appends (perf), or why that was not measured.
+    large_profile: cpu_profile.CpuProfile | str | None = None
 
     def disk_small_per_s(self) -> float | None:
         """The best 100-byte append+fsync rate of the run (neighbours only ever slow the disk down)."""
@@ -292,6 +297,9 @@ class LedgerBench:
                                   f"{run.latency_ms(50):.1f} ms, p99 {run.latency_ms(99):.1f} ms; CPU per entry: "
                                   f"client {run.cpu_us_per_entry(True) or 0:.0f} us, nodes "
                                   f"{run.cpu_us_per_entry(False) or 0:.0f} us {run.error}")
+            await settle()
+            r.large_profile = await self._astep("where node 1's CPU goes under 64 KB appends (perf)",
+                                                lambda: self._profile_large(ledgers, cluster))
             quiet, busy = await settle_to_low_load()
             r.low_load_busy = busy
             self.progress(f"  machine {'quiet' if quiet else 'still busy'} before the latency rows: "
@@ -309,6 +317,31 @@ class LedgerBench:
                     r.low_load.append(run)
                     self.progress(f"  p50 {run.latency_ms(50):.2f} ms, p99 {run.latency_ms(99):.2f} ms {run.error}")
             await self._tail_and_reads(ledgers, hosts, log)
+
+    async def _profile_large(self, ledgers: Any, cluster: QuireCluster) -> cpu_profile.CpuProfile | str:
+        """The 64 KB E=Qw=Qa=3 row again, untimed, while perf samples node 1 (a bookie like the others):
+        py-spy cannot see the kernel time that this row is mostly made of."""
+        why = await trio.to_thread.run_sync(cpu_profile.unavailable)
+        if why is not None:
+            return why
+        (size, window, refill), seconds = self.sizes.entry_sizes[-1], PROFILE_S
+        out = self.folder / "perf-64k.data"
+        recorded: list[subprocess.CompletedProcess[str]] = []
+
+        async def sample() -> None:
+            await trio.sleep(self.sizes.warmup_s)
+            recorded.append(await trio.to_thread.run_sync(cpu_profile.record, cluster.pid(1), seconds, out))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(sample)
+            await workloads.append_window(ledgers, QUORUMS[0], size, window, warmup_s=self.sizes.warmup_s,
+                                          window_s=seconds + 0.5, pids=cluster.pids(), refill=refill)
+        if not recorded or recorded[0].returncode != 0:
+            return f"perf record failed: {recorded[0].stderr.strip()[-300:] if recorded else 'not run'}"
+        profile = await trio.to_thread.run_sync(cpu_profile.read, out, f"node 1, {QUORUMS[0].label} {size:,} B "
+                                                f"appends, {window} in flight", seconds)
+        out.unlink(missing_ok=True)
+        return profile
 
     async def _tail_and_reads(self, ledgers: Any, hosts: list[tuple[str, int]], log: Path) -> None:
         s, r = self.sizes, self.results

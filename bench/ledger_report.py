@@ -11,7 +11,7 @@ import math
 import os
 from pathlib import Path
 
-from bench import stats
+from bench import cpu_profile, stats
 from bench.ledger import QUORUMS, RECOVERY_QUORUM, LedgerResults
 from bench.stats import fmt_num
 
@@ -60,7 +60,7 @@ def splice(text: str, section: str, intro: str) -> str:
 
 def render(r: LedgerResults) -> str:
     parts = [LEDGER_START, TITLE, "", _intro(r), _environment(r), _summary(r), _disk(r), _bookie(r), _appends(r),
-             _latencies(r), _reads_and_recovery(r), _problems(r), LEDGER_END, ""]
+             _large_profile(r), _latencies(r), _reads_and_recovery(r), _problems(r), LEDGER_END, ""]
     return "\n".join(parts)
 
 
@@ -214,6 +214,24 @@ def _appends(r: LedgerResults) -> str:
                      f"{a.mb_per_s:,.2f} | {_pct_ms(a.latencies_s, 50)} | {_pct_ms(a.latencies_s, 99)} | "
                      f"{fmt_num(a.cpu_us_per_entry(True), 0)} us | {fmt_num(a.cpu_us_per_entry(False), 0)} us | "
                      f"{fmt_num(a.cpu_bound_rate(), 0)}/s | {cpu} | {a.load_avg:.2f} |")
+    return "\n".join(lines + [""])
+
+
+def _large_profile(r: LedgerResults) -> str:
+    lines = ["### Where a node's CPU goes under 64 KB appends", ""]
+    p = r.large_profile
+    if p is None:
+        return ""
+    if isinstance(p, str):
+        return "\n".join(lines + [f"Not measured: {p}.", ""])
+    lines += [f"`perf record -e cpu-clock -g` ({cpu_profile.SAMPLE_HZ} Hz, every thread, kernel stacks included) of "
+              f"{p.what}, for {p.seconds:g} s of a rerun of that row after the timed rows (bench/cpu_profile.py): "
+              f"{p.samples:,} samples. A kernel sample counts for the system call it serves; a user-space one for "
+              "the library it is in.", "",
+              "| area | share of the node's CPU |", "| --- | ---: |"]
+    lines += [f"| {area} | {p.share(p.areas[area]):.1f}% |" for area in cpu_profile.AREAS if p.areas[area]]
+    lines += ["", "Top functions (innermost frame):", "", "| share | function (object file) |", "| ---: | --- |"]
+    lines += [f"| {p.share(n):.1f}% | `{name}` |" for name, n in p.top.most_common(8)]
     return "\n".join(lines + [""])
 
 
