@@ -131,6 +131,9 @@ class LedgerState:
     max_lac: int = NO_ENTRY  # highest LAC field among stored entries
     last_entry: int = NO_ENTRY
     entries: LedgerEntries = field(default_factory=LedgerEntries)
+    # The Index generation this state belongs to: older ones may be shared with a snapshot and are
+    # copied before any change (Index.snapshot).
+    generation: int = 0
 
     @property
     def lac(self) -> int:
@@ -144,23 +147,42 @@ class LedgerState:
 class Index:
     """Every ledger this bookie holds, deleted ledgers' ids, and live bytes per entry log.
 
-    Mutated only by the storage engine; readers call get()/state().
+    Mutated only by the storage engine, and only through state_for_write(), writable_state() and
+    the methods below; readers call get()/state() and never change what those return (it may be
+    shared with a snapshot).
     """
 
     def __init__(self) -> None:
         self.ledgers: dict[int, LedgerState] = {}
         self.deleted: set[int] = set()
         self.live_bytes: dict[int, int] = {}  # entry log id -> bytes of its records still indexed
+        self._generation = 0
 
     def state(self, ledger_id: int) -> LedgerState | None:
+        """The ledger's state, to read only."""
         return self.ledgers.get(ledger_id)
 
     def state_for_write(self, ledger_id: int) -> LedgerState:
-        """The ledger's state, created empty if this bookie has not seen it (not for deleted ones)."""
+        """The ledger's state, to change, created empty if this bookie has not seen it (not for deleted ones)."""
         assert ledger_id not in self.deleted, ledger_id
         state = self.ledgers.get(ledger_id)
         if state is None:
-            state = self.ledgers[ledger_id] = LedgerState()
+            state = self.ledgers[ledger_id] = LedgerState(generation=self._generation)
+        elif state.generation != self._generation:
+            state = self._own(ledger_id, state)
+        return state
+
+    def writable_state(self, ledger_id: int) -> LedgerState | None:
+        """The ledger's state, to change, or None if this bookie holds none."""
+        state = self.ledgers.get(ledger_id)
+        if state is not None and state.generation != self._generation:
+            state = self._own(ledger_id, state)
+        return state
+
+    def _own(self, ledger_id: int, shared: LedgerState) -> LedgerState:
+        # Copy-on-write: the snapshot keeps the old object as it was; the index goes on with a copy.
+        state = self.ledgers[ledger_id] = shared.copy()
+        state.generation = self._generation
         return state
 
     def get(self, ledger_id: int, entry_id: int) -> Location | None:
@@ -213,6 +235,8 @@ class Index:
         current = state.entries.get(entry_id) if state is not None else None
         if current is None or current[0] != pack_position(old.log_id, old.offset):
             return False
+        state = self.writable_state(ledger_id)
+        assert state is not None
         state.entries.put(entry_id, pack_position(new.log_id, new.offset), new.length)
         self._release(current)
         self.live_bytes[new.log_id] = self.live_bytes.get(new.log_id, 0) + record_bytes
@@ -233,12 +257,21 @@ class Index:
     def entry_count(self) -> int:
         return sum(state.entries.count() for state in self.ledgers.values())
 
-    def copy(self) -> Index:
-        """A deep copy (arrays copied at C speed) that a worker thread may encode or scan."""
+    def snapshot(self) -> Index:
+        """The index as it is now, for a worker thread to encode while this one goes on changing.
+
+        Copy-on-write: the snapshot shares every ledger's state, and this index copies a state
+        the first time it changes it afterwards (state_for_write, writable_state). So a checkpoint
+        no longer copies every ledger on the event loop at its cut, which stalled a bookie holding
+        20,000 ledgers for up to 135 ms; only ledgers that change copy, one at a time. The snapshot
+        must not be changed (it is read only), and nobody may keep a state across a snapshot to
+        change it later: fetch it again."""
         other = Index()
-        other.ledgers = {ledger_id: state.copy() for ledger_id, state in self.ledgers.items()}
+        other.ledgers = dict(self.ledgers)
         other.deleted = set(self.deleted)
         other.live_bytes = dict(self.live_bytes)
+        other._generation = -1  # read only: any state_for_write on it would copy, never change a shared state
+        self._generation += 1
         return other
 
 

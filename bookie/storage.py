@@ -248,7 +248,7 @@ class BookieStorage:
         records.append(encode_journal_record(JournalRecord(Kind.FENCE, ledger_id)))
         self._fence_batches[ledger_id] = self._commits.open_batch  # the batch commit() joins
         await self._commits.commit(records, [])
-        return state.lac
+        return (self._index.state(ledger_id) or state).lac  # again: a checkpoint may have copied it meanwhile
 
     async def write_lac(self, ledger_id: int, lac: int, master_key: bytes) -> None:
         """Record an explicit LAC (the writer's, when no add carries it); the LAC never goes down.
@@ -290,7 +290,7 @@ class BookieStorage:
         state = self._index.state(ledger_id)
         if state is not None and lac > state.explicit_lac:
             raised = lac > state.lac
-            state.explicit_lac = lac
+            self._index.writable_state(ledger_id).explicit_lac = lac
             if raised:
                 self._notify(ledger_id)
 
@@ -432,7 +432,7 @@ class BookieStorage:
         # far, everything later goes to the segment roll() starts, and the entry logs hold exactly the
         # bytes the image indexes (later appends are past the cut's sizes, dropped on open and replayed).
         seq = await trio.to_thread.run_sync(self._journal.roll)
-        image, logs = self._index.copy(), self._entrylogs.cut()
+        image, logs = self._index.snapshot(), self._entrylogs.cut()
         self._journal_bytes_at_checkpoint = self._journal.bytes_written
         self._checkpoint_wanted = trio.Event()
         return seq, image, logs

@@ -197,7 +197,7 @@ def _index_from(items, fenced: set[int], deleted: set[int]) -> Index:
     index = Index()
     for ledger_id, entry_id, log_id, offset, length in items:
         index.put(ledger_id, entry_id, entry_id - 1, Location(log_id, offset, length), length + 24)
-        index.state(ledger_id).master_key = bytes([ledger_id]) * 32
+        index.state_for_write(ledger_id).master_key = bytes([ledger_id]) * 32
     for ledger_id in fenced:
         index.state_for_write(ledger_id).fenced = True
     for ledger_id in deleted:
