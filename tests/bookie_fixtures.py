@@ -4,12 +4,15 @@ temporary directory, and a way to run async tests under trio (the suite has no p
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import pytest
 import trio
 
+from bookie import entrylog
 from bookie.service import BookieService, BookieServiceConfig
 from bookie.storage import BookieStorage
 from bookie.storage_config import BookieStorageConfig
@@ -43,3 +46,26 @@ async def serving_bookie(directory: Path, config: BookieServiceConfig | None = N
         await nursery.start(service.run)
         yield service
         nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def checkpoint_held_after_its_cut(storage: BookieStorage, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[None]:
+    """Run storage.checkpoint() and hold it at its entry log fsync, after its cut: the body runs while
+    the checkpoint has not written its image yet; the checkpoint finishes once the body is done."""
+    entered, release = threading.Event(), threading.Event()
+    real_fsync = entrylog._fsync_path
+
+    def held_fsync(path):
+        entered.set()
+        release.wait(10)
+        real_fsync(path)
+
+    monkeypatch.setattr(entrylog, "_fsync_path", held_fsync)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(storage.checkpoint)
+            assert await trio.to_thread.run_sync(entered.wait, 10), "the checkpoint should fsync an entry log"
+            yield
+            release.set()
+    finally:
+        release.set()

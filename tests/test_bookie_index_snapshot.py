@@ -5,17 +5,14 @@ same moment would have (the reference model here); and the index must go on as i
 
 from __future__ import annotations
 
-import threading
-
-import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bookie import entrylog
 from bookie.checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
 from bookie.index import Index, Location, pack_position
 from bookie.storage_recovery import CHECKPOINT
-from tests.test_bookie_storage import KEY, add_all, add_req, open_storage, trio_test
+from bookie_fixtures import checkpoint_held_after_its_cut
+from test_bookie_storage import KEY, add_all, add_req, open_storage, trio_test
 
 ledgers = st.integers(0, 4)
 ops = st.lists(st.one_of(
@@ -99,26 +96,11 @@ async def test_the_checkpoint_image_is_the_index_at_its_cut_while_adds_fences_an
     the image; the journal replays them on reopen, and nothing is lost."""
     storage = await open_storage(tmp_path)
     await add_all(storage, [add_req(ledger_id, i) for ledger_id in (1, 2, 3) for i in range(20)])
-    entered, release = threading.Event(), threading.Event()
-    real_fsync = entrylog._fsync_path
-
-    def held_fsync(path):
-        entered.set()
-        release.wait(10)
-        real_fsync(path)
-
-    monkeypatch.setattr(entrylog, "_fsync_path", held_fsync)
-    try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(storage.checkpoint)
-            assert await trio.to_thread.run_sync(entered.wait, 10), "the checkpoint should fsync an entry log"
-            await add_all(storage, [add_req(1, i) for i in range(20, 40)])
-            await storage.fence(2, KEY)
-            await storage.write_lac(3, 19, KEY)
-            await add_all(storage, [add_req(4, 0)])
-            release.set()
-    finally:
-        release.set()
+    async with checkpoint_held_after_its_cut(storage, monkeypatch):
+        await add_all(storage, [add_req(1, i) for i in range(20, 40)])
+        await storage.fence(2, KEY)
+        await storage.write_lac(3, 19, KEY)
+        await add_all(storage, [add_req(4, 0)])
     image = decode_checkpoint((tmp_path / CHECKPOINT).read_bytes()).index
     assert image.ledgers[1].last_entry == 19 and image.ledgers[1].entries.count() == 20
     assert not image.ledgers[2].fenced

@@ -5,19 +5,18 @@ from __future__ import annotations
 
 import functools
 import os
-import threading
 from pathlib import Path
 
 import pytest
 import trio
 import trio.testing
 
-from bookie import entrylog
 from bookie.entry import NO_ENTRY, Digester, DigestType, master_key
 from bookie.errors import (BadRequest, BookieReadOnly, CookieMismatch, EntryCorrupt, EntryTooLarge, LedgerFenced,
                            NoSuchEntry, NoSuchLedger, StorageError, Unauthorized)
 from bookie.storage import AddRequest, BookieStorage, BookieStorageConfig
 from bookie.storage_codec import FILE_HEADER_BYTES, scan_journal
+from bookie_fixtures import checkpoint_held_after_its_cut
 
 KEY = master_key(b"secret")
 OTHER_KEY = master_key(b"not the password")
@@ -320,25 +319,10 @@ async def test_adds_go_on_while_a_checkpoint_fsyncs_the_entry_logs(tmp_path, mon
     fsync is held, and the entries written after the cut come back from the journal on reopen."""
     storage = await open_storage(tmp_path)
     await add_all(storage, [add_req(1, i) for i in range(50)])
-    entered, release = threading.Event(), threading.Event()
-    real_fsync = entrylog._fsync_path
-
-    def held_fsync(path):
-        entered.set()
-        release.wait(10)
-        real_fsync(path)
-
-    monkeypatch.setattr(entrylog, "_fsync_path", held_fsync)
-    try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(storage.checkpoint)
-            assert await trio.to_thread.run_sync(entered.wait, 10), "the checkpoint should fsync an entry log"
-            with trio.fail_after(5):
-                await add_all(storage, [add_req(1, i) for i in range(50, 100)])
-            assert storage.statistics()["checkpoints"] == 0, "the checkpoint's fsync is still held"
-            release.set()
-    finally:
-        release.set()
+    async with checkpoint_held_after_its_cut(storage, monkeypatch):
+        with trio.fail_after(5):
+            await add_all(storage, [add_req(1, i) for i in range(50, 100)])
+        assert storage.statistics()["checkpoints"] == 0, "the checkpoint's fsync is still held"
     assert storage.statistics()["checkpoints"] == 1
     await storage.close(checkpoint=False)
     storage = await open_storage(tmp_path)
