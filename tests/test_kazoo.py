@@ -111,6 +111,36 @@ def test_multi_is_all_or_nothing(zk: KazooClient):
     zk.delete("/multi", recursive=True)
 
 
+def test_the_loser_of_a_compare_and_set_race_reads_the_winner_on_its_own_node(ensemble: Cluster, zk: KazooClient):
+    """A failed set is answered without a transaction, but only after the write it lost to is
+    applied on the loser's node: a plain read there (no sync) right after BadVersion sees it."""
+    zk.create("/race", b"0")
+    clients = [KazooClient(hosts=hosts(ensemble, only=node), timeout=5) for node in (1, 2, 3)]
+    try:
+        for client in clients:
+            client.start(timeout=15)
+        for version in range(30):
+            results = [client.set_async("/race", f"{i}:{version}".encode(), version=version)
+                       for i, client in enumerate(clients)]
+            outcomes = []
+            for result in results:
+                try:
+                    outcomes.append(result.get(timeout=10))
+                except BadVersionError as e:
+                    outcomes.append(e)
+            winners = [i for i, o in enumerate(outcomes) if not isinstance(o, BadVersionError)]
+            assert len(winners) == 1, outcomes
+            for i, outcome in enumerate(outcomes):
+                if i != winners[0]:
+                    data, stat = clients[i].get("/race")
+                    assert (data, stat.version) == (f"{winners[0]}:{version}".encode(), version + 1)
+    finally:
+        for client in clients:
+            client.stop()
+            client.close()
+    zk.delete("/race")
+
+
 def test_watches_fire_once_in_order(zk: KazooClient):
     zk.create("/w", b"0")
     seen: list = []
