@@ -44,6 +44,7 @@ LARGE_FILE_MAX = 128 * MIB  # the 1 MiB loop starts a new file past this (the ro
 QUORUMS = (Quorum(3, 3, 3), Quorum(3, 2, 2))
 RECOVERY_QUORUM = Quorum(3, 3, 2)
 PROFILE_S = 4.0  # perf sampling of a node under 64 KB appends
+PROFILE_ENTRY_BYTES = 65536  # the entry size of the append row profiled (one of entry_sizes)
 
 
 @dataclass(frozen=True)
@@ -324,7 +325,8 @@ class LedgerBench:
         why = await trio.to_thread.run_sync(cpu_profile.unavailable)
         if why is not None:
             return why
-        (size, window, refill), seconds = self.sizes.entry_sizes[-1], PROFILE_S
+        size, window, refill = next(row for row in self.sizes.entry_sizes if row[0] == PROFILE_ENTRY_BYTES)
+        seconds = PROFILE_S
         out = self.folder / "perf-64k.data"
         recorded: list[subprocess.CompletedProcess[str]] = []
 

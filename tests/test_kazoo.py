@@ -130,7 +130,7 @@ def test_the_loser_of_a_compare_and_set_race_reads_the_winner_on_its_own_node(en
                     outcomes.append(e)
             winners = [i for i, o in enumerate(outcomes) if not isinstance(o, BadVersionError)]
             assert len(winners) == 1, outcomes
-            for i, outcome in enumerate(outcomes):
+            for i in range(len(clients)):
                 if i != winners[0]:
                     data, stat = clients[i].get("/race")
                     assert (data, stat.version) == (f"{winners[0]}:{version}".encode(), version + 1)
