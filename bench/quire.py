@@ -10,10 +10,8 @@ node is reaped at once.
 from __future__ import annotations
 
 import os
-import random
 import re
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -28,48 +26,6 @@ from clusterd.admin import AdminUnavailable, fetch_status
 REPO = Path(__file__).resolve().parent.parent
 
 
-_HANDED_OUT: set[int] = set()
-
-
-def free_ports(count: int) -> list[int]:
-    """Distinct ports free on 127.0.0.1 now, below the kernel's ephemeral range.
-
-    Not ports the kernel handed out for port 0: those come from the ephemeral range, where any
-    outgoing connection made before a server binds its port (a kazoo client, a Quire peer link)
-    may take it. A ZooKeeper server of a whole suite run exited at start that way, most likely,
-    and the metastore part had no reference to compare with. Never the same port twice in one
-    process: the ZooKeeper ensemble and the Quire cluster choose theirs before either starts."""
-    low = _ephemeral_start()
-    chosen: list[int] = []
-    sockets: list[socket.socket] = []
-    try:
-        for port in random.sample(range(max(1024, low - 12_000), low), min(4_000, low - 1024)):
-            if port in _HANDED_OUT:  # to an earlier call whose servers may not have bound it yet
-                continue
-            s = socket.socket()
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                s.close()
-                continue
-            sockets.append(s)
-            chosen.append(port)
-            if len(chosen) == count:
-                _HANDED_OUT.update(chosen)
-                return chosen
-        raise RuntimeError(f"fewer than {count} free ports below {low} on 127.0.0.1")
-    finally:
-        for s in sockets:
-            s.close()
-
-
-def _ephemeral_start() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768  # Linux's default
-
-
 def write_config(folder: Path, *, client_protocol: str | None = None) -> Path:
     """Copy the shipped cluster.toml into `folder` with fresh ports; every host stays 127.0.0.1.
 
@@ -78,7 +34,7 @@ def write_config(folder: Path, *, client_protocol: str | None = None) -> Path:
     shipped_path = REPO / "cluster.toml"
     shipped = cfg.load(shipped_path)
     text = shipped_path.read_text()
-    ports = iter(free_ports(4 * len(shipped.nodes)))
+    ports = iter(localcluster.free_ports(4 * len(shipped.nodes)))
     for node in shipped.nodes:
         assert node.host == "127.0.0.1", f"benchmarks listen on loopback only, not {node.host}"
         for key, port in node.ports.items():

@@ -28,7 +28,7 @@ import trio
 
 from bench import machine
 from bench.ledger import large_append_fsync
-from bench.quire import REPO, free_ports, write_config
+from bench.quire import REPO, write_config
 from bookie.client import BookiePool
 from clusterd import config as cfg
 from clusterd import localcluster
@@ -45,7 +45,7 @@ SETTINGS = ("autorecovery_grace_ms = 1000\nautorecovery_open_ledger_grace_ms = 1
 
 def four_node_config(folder: Path) -> cfg.ClusterConfig:
     path = write_config(folder, client_protocol="zookeeper")
-    ports = free_ports(4)
+    ports = localcluster.free_ports(4)
     text = re.sub(r"(?m)^\[cluster\]\n", "[cluster]\n" + SETTINGS, path.read_text(), count=1)
     path.write_text(text + f"""
 [[node]]

@@ -20,7 +20,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from bench.quire import free_ports
+from clusterd import localcluster
 
 JAVA_DIR = Path("/usr/share/java")
 # Order matters only for readability; every jar must exist.
@@ -104,7 +104,7 @@ class ZkEnsemble:
         self.folder = folder
         self.cp = classpath()
         self.ids = list(range(1, size + 1))
-        ports = iter(free_ports(3 * size))
+        ports = iter(localcluster.free_ports(3 * size))
         self.client_ports = {i: next(ports) for i in self.ids}
         self.quorum_ports = {i: next(ports) for i in self.ids}
         self.election_ports = {i: next(ports) for i in self.ids}

@@ -1,4 +1,4 @@
-"""Running the nodes of a cluster.toml as local processes: start, find, stop, observe.
+"""Running the nodes of a cluster.toml as local processes: choose ports, start, find, stop, observe.
 
 Each node keeps two files in its data directory: `clusterd.pid`, written by the
 daemon itself (so a node started by hand is found as well as one started by
@@ -9,7 +9,9 @@ daemon itself (so a node started by hand is found as well as one started by
 from __future__ import annotations
 
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -231,3 +233,45 @@ def tail(path: Path, lines: int = 15) -> str:
     except FileNotFoundError:
         return "    (no log file)"
     return "\n".join("    " + line for line in text.splitlines()[-lines:])
+
+
+_HANDED_OUT: set[int] = set()
+
+
+def free_ports(count: int) -> list[int]:
+    """Distinct ports free on 127.0.0.1 now, below the kernel's ephemeral range.
+
+    Not ports the kernel handed out for port 0: those come from the ephemeral range, where any
+    outgoing connection made before a server binds its port (a kazoo client, a Quire peer link)
+    may take it. A ZooKeeper server of a benchmark run exited at start that way, most likely.
+    Never the same port twice in one process: two clusters (a ZooKeeper ensemble and a Quire
+    cluster, or the clusters of two tests) may choose theirs before either starts."""
+    low = _ephemeral_start()
+    chosen: list[int] = []
+    sockets: list[socket.socket] = []
+    try:
+        for port in random.sample(range(max(1024, low - 12_000), low), min(4_000, low - 1024)):
+            if port in _HANDED_OUT:  # to an earlier call whose servers may not have bound it yet
+                continue
+            s = socket.socket()
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                s.close()
+                continue
+            sockets.append(s)
+            chosen.append(port)
+            if len(chosen) == count:
+                _HANDED_OUT.update(chosen)
+                return chosen
+        raise RuntimeError(f"fewer than {count} free ports below {low} on 127.0.0.1")
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def _ephemeral_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default

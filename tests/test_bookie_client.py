@@ -20,7 +20,7 @@ from bookie.errors import BookieUnavailable, LedgerFenced
 from bookie.registration import BookieInfo
 from bookie.service import BookieService
 from bookie_fixtures import open_storage, trio_test
-from test_cluster_processes import free_ports
+from clusterd.localcluster import free_ports
 
 KEY = master_key(b"pw")
 DIGESTER = Digester(DigestType.CRC32C, b"pw")

@@ -28,9 +28,10 @@ from bookie_fixtures import trio_test
 from clusterd import config as cfg
 from clusterd import localcluster
 from clusterd.bookie_node import BookieNode, BookieStartupError
+from clusterd.localcluster import free_ports
 from metastore.client import MetaClient
 from metastore.errors import SessionExpired
-from test_cluster_processes import ENV, Cluster, copy_config, free_ports
+from test_cluster_processes import ENV, Cluster, copy_config
 
 pytestmark = pytest.mark.multiprocess
 

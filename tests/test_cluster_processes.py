@@ -26,6 +26,7 @@ import trio
 from clusterd import config as cfg
 from clusterd import kvwire, localcluster
 from clusterd.kvclient import SyncKVClient
+from clusterd.localcluster import free_ports
 from replay.logs import check_logs_converged
 from zab.recovery import TXNLOG_DIR
 from zab.txnlog import TxnLog
@@ -35,18 +36,6 @@ pytestmark = pytest.mark.multiprocess
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED_PROTOCOL = cfg.load(REPO / "cluster.toml").client_protocol
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-
-
-def free_ports(count: int) -> list[int]:
-    """Ports the kernel just handed out, released again (all held at once, so distinct)."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def copy_config(folder: Path, text_edit: str = "", *, client_protocol: str | None = None) -> Path:

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 import trio
 
+from clusterd.localcluster import free_ports
 from zab import transport
-from test_cluster_processes import free_ports
 from zab.codec import encode_frame, encode_hello, frame
 from zab.config import ZabConfig
 from zab.driver import PeerDriver

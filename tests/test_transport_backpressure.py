@@ -7,7 +7,7 @@ from functools import partial
 
 import trio
 
-from test_cluster_processes import free_ports
+from clusterd.localcluster import free_ports
 from zab.actions import PeerDisconnected
 from zab.codec import FrameDecoder
 from zab.messages import Proposal

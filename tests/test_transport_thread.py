@@ -12,7 +12,7 @@ import threading
 
 import trio
 
-from test_cluster_processes import free_ports
+from clusterd.localcluster import free_ports
 from zab.actions import PeerDisconnected, Received
 from zab.messages import Ack, Ping
 from zab.transport import PeerTransport
