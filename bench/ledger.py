@@ -12,15 +12,19 @@ In one run, each figure beside the reference it is judged against:
    append-to-delivery latency at a tailing reader in another process; catch-up read throughput of a closed
    ledger; recovery time of a 10,000-entry ledger whose writer process died without closing it;
 4. where a node's CPU goes under 64 KB appends, kernel included (bench/cpu_profile.py, perf), since that
-   row's target is missed and py-spy cannot see the kernel time it is mostly made of.
+   row's target is missed and py-spy cannot see the kernel time it is mostly made of;
+5. the floor under that row (bench/write_floor.py): the same bytes through three minimal bookies, no
+   protocol, with each entry written twice (journal and entry log, Quire's design) and once.
 
     python -m bench.run --only ledger [--quick]      # writes its section into docs/benchmarks.md
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
 import tempfile
 import time
 import traceback
@@ -31,7 +35,7 @@ from typing import Any
 
 import trio
 
-from bench import bookie_storage, cpu_profile, disk, logscan, machine
+from bench import bookie_storage, cpu_profile, disk, logscan, machine, write_floor
 from bench import ledger_load as workloads
 from bench.ledger_load import AppendRun, LatencyRun, Quorum, ReadRun, RecoveryRun
 from bench.quire import QuireCluster
@@ -122,6 +126,8 @@ class LedgerResults:
     low_load_busy: float | None = None  # share of all CPUs busy just before the latency rows
     # Where node 1's CPU went under 64 KB appends (perf), or why that was not measured.
     large_profile: cpu_profile.CpuProfile | str | None = None
+    # bench/write_floor.py's runs right after the 64 KB rows, or why they failed.
+    floor: list[write_floor.FloorRun] | str | None = None
 
     def disk_small_per_s(self) -> float | None:
         """The best 100-byte append+fsync rate of the run (neighbours only ever slow the disk down)."""
@@ -299,6 +305,11 @@ class LedgerBench:
                                   f"client {run.cpu_us_per_entry(True) or 0:.0f} us, nodes "
                                   f"{run.cpu_us_per_entry(False) or 0:.0f} us {run.error}")
             await settle()
+            r.floor = await self._astep("the floor under the 64 KB row (bench/write_floor.py)", self._floor)
+            if isinstance(r.floor, list):
+                for run in r.floor:
+                    self.progress(f"  {run.design}: {run.mb_per_s:,.1f} MB/s, machine {run.busy_cores:.2f} cores busy")
+            await settle()
             r.large_profile = await self._astep("where node 1's CPU goes under 64 KB appends (perf)",
                                                 lambda: self._profile_large(ledgers, cluster))
             quiet, busy = await settle_to_low_load()
@@ -318,6 +329,19 @@ class LedgerBench:
                     r.low_load.append(run)
                     self.progress(f"  p50 {run.latency_ms(50):.2f} ms, p99 {run.latency_ms(99):.2f} ms {run.error}")
             await self._tail_and_reads(ledgers, hosts, log)
+
+    async def _floor(self) -> list[write_floor.FloorRun] | str:
+        """bench/write_floor.py in a process of its own (it spawns its bookies; this one runs trio), with
+        the 64 KB row's entry size and window, on the data dirs' filesystem."""
+        size, window, _ = next(row for row in self.sizes.entry_sizes if row[0] == PROFILE_ENTRY_BYTES)
+        args = [sys.executable, "-m", "bench.write_floor", "--folder", str(self.folder), "--seconds",
+                f"{self.sizes.window_s:g}", "--size", str(size), "--window", str(window), "--json"]
+        done = await trio.to_thread.run_sync(lambda: subprocess.run(args, cwd=REPO, capture_output=True, text=True,
+                                                                    timeout=120))
+        if done.returncode != 0:
+            return f"bench/write_floor.py exited with {done.returncode}: {done.stderr.strip()[-300:]}"
+        return [write_floor.FloorRun(**{k: v for k, v in row.items() if k != "mb_per_s"})
+                for row in json.loads(done.stdout)]
 
     async def _profile_large(self, ledgers: Any, cluster: QuireCluster) -> cpu_profile.CpuProfile | str:
         """The 64 KB E=Qw=Qa=3 row again, untimed, while perf samples node 1 (a bookie like the others):

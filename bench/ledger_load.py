@@ -101,6 +101,8 @@ class LatencyRun:
     load_avg: float = 0.0
     error: str = ""
     bookies: int = 0  # bare bookie ADDs: to this many bookies at once
+    # Tailing rows: the writer's append latency of each entry, in the order of latencies_s.
+    acks_s: list[float] = field(default_factory=list)
 
     def latency_ms(self, pct: float) -> float:
         return 1000 * stats.percentile(self.latencies_s, pct)
@@ -252,7 +254,9 @@ async def tail_latency(ledgers: LedgerClient, hosts: Hosts, quorum: Quorum, *, c
             raise RuntimeError(f"the tailing reader did not start (said {ready!r}); its stderr ends:\n{_tail_of(log)}")
         with trio.fail_after(60 + count * (0.05 + gap_s)):
             for _ in range(count):
+                started = time.perf_counter()
                 await w.append(stamped(100))
+                run.acks_s.append(time.perf_counter() - started)
                 if gap_s:
                     await trio.sleep(gap_s)
             await w.close()
