@@ -297,7 +297,8 @@ class LedgerBench:
                 run = await self._astep(
                     f"appends {quorum.label}, {size} B, {window} in flight, {refill} started at once",
                     lambda q=quorum, z=size, w=window, f=refill: workloads.append_window(
-                        ledgers, q, z, w, warmup_s=s.warmup_s, window_s=s.window_s, pids=cluster.pids(), refill=f))
+                        ledgers, q, z, w, warmup_s=s.warmup_s, window_s=s.window_s, pids=cluster.pids(), refill=f,
+                        data_dir=self.folder))
                 if run is not None:
                     r.appends.append(run)
                     self.progress(f"  {run.entries_per_s:,.0f} entries/s, {run.mb_per_s:,.1f} MB/s, p50 "

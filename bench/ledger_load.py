@@ -63,6 +63,7 @@ class AppendRun:
     cpu: machine.CpuMeter | None = None
     load_avg: float = 0.0
     error: str = ""
+    disk_mb_per_s: float | None = None  # what the data dirs' block device wrote over the timed window
 
     @property
     def entries_per_s(self) -> float:
@@ -156,9 +157,11 @@ async def wait_bookies(ledgers: LedgerClient, count: int, timeout_s: float = 30.
 
 
 async def append_window(ledgers: LedgerClient, quorum: Quorum, size: int, window: int, *, warmup_s: float,
-                        window_s: float, pids: dict[str, int], refill: int = 1) -> AppendRun:
+                        window_s: float, pids: dict[str, int], refill: int = 1,
+                        data_dir: Path | None = None) -> AppendRun:
     """Keep up to `window` appends in flight for warmup_s + window_s, starting `refill` or more at once
-    whenever that many have been acknowledged; count those acknowledged in the timed window."""
+    whenever that many have been acknowledged; count those acknowledged in the timed window (and, given
+    `data_dir`, the bytes its block device wrote meanwhile)."""
     run = AppendRun(quorum, size, window, window_s, refill)
     w = await ledgers.create(quorum.ensemble, quorum.write_quorum, quorum.ack_quorum, password=PASSWORD)
     payload = os.urandom(size)
@@ -166,12 +169,14 @@ async def append_window(ledgers: LedgerClient, quorum: Quorum, size: int, window
     clock = time.perf_counter
     t0 = clock() + warmup_s
     t1 = t0 + window_s
+    disk0 = None
     try:
         with trio.fail_after(warmup_s + window_s + 60):
             while True:
                 now = clock()
                 if run.cpu is None and now >= t0:
                     run.cpu, run.load_avg = machine.CpuMeter(pids).start(), os.getloadavg()[0]
+                    disk0 = machine.disk_bytes_written(data_dir) if data_dir else None
                 if now < t1 and len(in_flight) <= window - refill:
                     while len(in_flight) < window:
                         in_flight.append((w.start_append(payload), now))
@@ -185,6 +190,9 @@ async def append_window(ledgers: LedgerClient, quorum: Quorum, size: int, window
                     run.latencies_s.append(done - started)
                 elif done >= t1 and run.cpu is not None and not run.cpu.wall_s:
                     run.cpu.stop()
+                    disk1 = machine.disk_bytes_written(data_dir) if data_dir else None
+                    if disk0 is not None and disk1 is not None:
+                        run.disk_mb_per_s = (disk1 - disk0) / run.cpu.wall_s / 1e6
             with trio.fail_after(30):
                 await w.close()
     except (LedgerError, trio.TooSlowError) as e:

@@ -64,6 +64,10 @@ def render(r: LedgerResults) -> str:
     return "\n".join(parts)
 
 
+def _mb(mb_per_s: float | None) -> str:
+    return "n/a" if mb_per_s is None else f"{mb_per_s:,.0f} MB/s"
+
+
 def _ms(seconds: float | None) -> str:
     return "n/a" if seconds is None or math.isnan(seconds) else f"{1000 * seconds:,.2f} ms"
 
@@ -206,16 +210,19 @@ def _appends(r: LedgerResults) -> str:
              "and the bookies' group commits stay small). CPU: average cores over "
              "the timed window (utime+stime from /proc; 'bench client' is the client process; 'others' is "
              "everything else on the machine); per entry: CPU time over entries acknowledged in the window, of "
-             "the client and of the three nodes together. CPU-bound ceiling: the rate all "
+             "the client and of the three nodes together. Disk wrote: what the data dirs' block device wrote over the "
+             "timed window (/proc/diskstats), journals, entry logs and writeback of earlier rows alike. "
+             "CPU-bound ceiling: the rate all "
              f"{os.cpu_count()} CPUs would sustain at that CPU per entry if nothing else ran.", "",
-             "| quorum | entry | in flight | refill | entries/s | MB/s | p50 | p99 | client CPU per entry | nodes CPU "
-             "per entry | CPU-bound ceiling | CPU (cores) | load average |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
+             "| quorum | entry | in flight | refill | entries/s | MB/s | disk wrote | p50 | p99 | client CPU per entry "
+             "| nodes CPU per entry | CPU-bound ceiling | CPU (cores) | load average |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
     for a in r.appends:
         cpu = a.cpu.summary() if a.cpu and a.cpu.wall_s else "n/a"
         error = f" (stopped: {a.error})" if a.error else ""
         lines.append(f"| {a.quorum.label} | {a.size:,} B | {a.window} | {a.refill} | {a.entries_per_s:,.0f}{error} | "
-                     f"{a.mb_per_s:,.2f} | {_pct_ms(a.latencies_s, 50)} | {_pct_ms(a.latencies_s, 99)} | "
+                     f"{a.mb_per_s:,.2f} | {_mb(a.disk_mb_per_s)} | {_pct_ms(a.latencies_s, 50)} | "
+                     f"{_pct_ms(a.latencies_s, 99)} | "
                      f"{fmt_num(a.cpu_us_per_entry(True), 0)} us | {fmt_num(a.cpu_us_per_entry(False), 0)} us | "
                      f"{fmt_num(a.cpu_bound_rate(), 0)}/s | {cpu} | {a.load_avg:.2f} |")
     return "\n".join(lines + [""])
@@ -262,7 +269,7 @@ def _floor(r: LedgerResults) -> str:
     for run in r.floor:
         ratio = f"{large.mb_per_s / run.mb_per_s:.2f}x" if large and run.mb_per_s else "n/a"
         lines.append(f"| {run.design} | {run.entries_per_s:,.0f} | {run.mb_per_s:,.1f} | "
-                     f"{fmt_num(run.disk_mb_per_s, 0)} MB/s | {run.busy_cores:.2f} | {ratio} |")
+                     f"{_mb(run.disk_mb_per_s)} | {run.busy_cores:.2f} | {ratio} |")
     return "\n".join(lines + [""])
 
 
@@ -295,7 +302,8 @@ def _latencies(r: LedgerResults) -> str:
         lines += ["", "The tailing rows split in two: the writer's append latency of each entry (its acknowledgement), "
                   "and the rest of its delivery (the LAC reaching a bookie, piggybacked on the next add or in an "
                   "explicit LAC, and the long poll's answer reaching the reader).", "",
-                  "| what | acknowledgement p50 | p90 | delivery after it p50 | p90 |", "| --- | ---: | ---: | ---: | ---: |"]
+                  "| what | acknowledgement p50 | p90 | delivery after it p50 | p90 |",
+                  "| --- | ---: | ---: | ---: | ---: |"]
         for run in split:
             after = [t - a for t, a in zip(run.latencies_s, run.acks_s)]
             lines.append(f"| {run.name} | {_pct_ms(run.acks_s, 50)} | {_pct_ms(run.acks_s, 90)} | "

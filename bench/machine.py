@@ -86,6 +86,20 @@ def machine_jiffies() -> tuple[int, int]:
     return total - idle, total
 
 
+def disk_bytes_written(folder: Path) -> int | None:
+    """Bytes written so far by the block device that holds `folder` (/proc/diskstats), or None if it is
+    not listed there (a device-mapper or network filesystem, say)."""
+    dev = os.stat(folder).st_dev
+    try:
+        for line in Path("/proc/diskstats").read_text().splitlines():
+            fields = line.split()
+            if (int(fields[0]), int(fields[1])) == (os.major(dev), os.minor(dev)):
+                return int(fields[9]) * 512  # sectors of 512 bytes, whatever the device's own
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def process_cpu_seconds(pid: int) -> float | None:
     """utime + stime of a process (all its threads), or None if it is gone."""
     try:

@@ -34,6 +34,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bench import machine
+
 PREALLOCATE = 4 << 20  # bookie/journal.py's segment extension
 WARMUP_S = 1.0
 
@@ -106,26 +108,6 @@ def _bookie(folder: str, size: int, entry_log: bool, ready: multiprocessing.Queu
             have -= whole
 
 
-def _sectors_written(folder: Path) -> int | None:
-    """The folder's block device's sectors written so far (512 bytes each), or None if not found."""
-    dev = os.stat(folder).st_dev
-    try:
-        with open("/proc/diskstats") as f:
-            for line in f:
-                fields = line.split()
-                if (int(fields[0]), int(fields[1])) == (os.major(dev), os.minor(dev)):
-                    return int(fields[9])
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def _cpu() -> tuple[int, int]:
-    with open("/proc/stat") as f:
-        ticks = [int(v) for v in f.readline().split()[1:]]
-    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)  # busy (not idle, not iowait), all
-
-
 def run(folder: Path, *, entry_log: bool, seconds: float = 5.0, size: int = 65536, window: int = 64) -> FloorRun:
     """One design's run: WARMUP_S, then `seconds` counting entries acked by all three bookies."""
     ctx = multiprocessing.get_context("spawn")
@@ -164,7 +146,8 @@ def run(folder: Path, *, entry_log: bool, seconds: float = 5.0, size: int = 6553
         while (now := clock()) < end:
             if base is None and now >= start:
                 with changed:
-                    base, t0, cpu0, disk0 = min(acked), now, _cpu(), _sectors_written(folder)
+                    base, t0 = min(acked), now
+                    cpu0, disk0 = machine.machine_jiffies(), machine.disk_bytes_written(folder)
             with changed:
                 while sent - min(acked) >= window:
                     changed.wait()
@@ -173,9 +156,9 @@ def run(folder: Path, *, entry_log: bool, seconds: float = 5.0, size: int = 6553
             sent += 1
         with changed:
             done = min(acked) - (base or 0)
-        elapsed, cpu1, disk1 = clock() - t0, _cpu(), _sectors_written(folder)
+        elapsed, cpu1, disk1 = clock() - t0, machine.machine_jiffies(), machine.disk_bytes_written(folder)
         busy = (cpu1[0] - cpu0[0]) / max(1, cpu1[1] - cpu0[1]) * (os.cpu_count() or 1)
-        disk_mb = (disk1 - disk0) * 512 / elapsed / 1e6 if disk0 is not None and disk1 is not None else None
+        disk_mb = (disk1 - disk0) / elapsed / 1e6 if disk0 is not None and disk1 is not None else None
         return FloorRun("double write" if entry_log else "single write", size, window, done / elapsed, busy, disk_mb)
     finally:
         for s in socks:
