@@ -79,7 +79,8 @@ and a third part that measures bookies and ledgers against this machine's disk:
   KV demo client (Quire) and kazoo (ZooKeeper).
 * **Ledgers and bookies** (`bench/ledger.py`, `bench/ledger_load.py`, `bench/ledger_proc.py`): one bookie's
   storage engine and a 3-node cluster through the ledger SDK, against the disk's own rates measured in the
-  same run, reported against the targets of issue 4 (section 8, which records its own run).
+  same run, reported against the targets of issue 4 (section 8, which records its own run), with the floor
+  the 64 KB row stands on (`bench/write_floor.py`: the same bytes through minimal bookies, no protocol).
 
 The suite runs on demand, never as part of the tests (tests/ does not import bench/):
 
