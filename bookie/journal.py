@@ -84,12 +84,15 @@ class Journal:
         self.syncs = 0
 
     @classmethod
-    def open(cls, directory: Path, *, from_seq: int, segment_bytes: int) -> Journal:
+    def open(cls, directory: Path, *, from_seq: int, segment_bytes: int, checkpointed: bool = False) -> Journal:
         """Open the journal whose history before segment `from_seq` lives in a checkpoint.
 
         Removes segments older than `from_seq` (an interrupted trim), repairs a
         torn tail of the newest segment, and fsyncs what a crashed writer left
-        unsynced. Raises JournalCorrupt as the module doc says.
+        unsynced. Raises JournalCorrupt as the module doc says, and when
+        `checkpointed` (a checkpoint file names `from_seq`) but that segment is
+        gone: a checkpoint is written only after the segment it names exists
+        durably (roll()), so its absence means the journal was wiped or lost.
         """
         directory.mkdir(parents=True, exist_ok=True)
         found = sorted((int(m.group(1), 16), directory / m.group(0))
@@ -99,6 +102,9 @@ class Journal:
                 _log.warning("journal %s: removing segment older than the checkpoint", path)
                 _remove(path)
         paths = [(seq, path) for seq, path in found if seq >= from_seq]
+        if checkpointed and not paths:
+            raise JournalCorrupt(f"{directory}: journal segment {segment_name(from_seq)}, which the checkpoint "
+                                 f"names, is missing (was the journal directory wiped?); {_WIPE_ADVICE}")
         segments: list[_Segment] = []
         for i, (seq, path) in enumerate(paths):
             expected = from_seq + i

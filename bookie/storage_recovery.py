@@ -51,11 +51,12 @@ def recover(directory: Path, bookie_id: int, config: BookieStorageConfig, instan
     ensure_directory(directory)
     cookie = _open_cookie(directory, bookie_id, instance_id, cluster)
     checkpoint = read_checkpoint(directory / CHECKPOINT)
+    checkpointed = (directory / CHECKPOINT).exists()
     entrylogs = EntryLogs.open(directory / ENTRYLOG_DIR, {k: v[0] for k, v in checkpoint.logs.items()},
                                checkpoint.next_log_id, config.entry_log_bytes)
     try:
         journal = Journal.open(directory / JOURNAL_DIR, from_seq=checkpoint.journal_seq,
-                               segment_bytes=config.journal_segment_bytes)
+                               segment_bytes=config.journal_segment_bytes, checkpointed=checkpointed)
     except BaseException:
         entrylogs.close()
         raise

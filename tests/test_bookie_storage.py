@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -488,6 +489,25 @@ async def test_a_missing_journal_segment_refuses_to_start(tmp_path):
     assert len(segments) >= 3
     segments[1].unlink()
     with pytest.raises(StorageError, match="missing"):
+        await open_storage(tmp_path)
+
+
+@trio_test
+@pytest.mark.parametrize("wipe", ["segments", "directory"])
+async def test_a_wiped_journal_after_a_checkpoint_refuses_to_start(tmp_path, wipe):
+    # The adds after the checkpoint live only in the journal: opening without it would answer
+    # "no such entry" for entries this bookie acknowledged.
+    storage = await open_storage(tmp_path)
+    await add_all(storage, [add_req(1, i) for i in range(5)])
+    await storage.checkpoint()
+    await add_all(storage, [add_req(1, i) for i in range(5, 10)])
+    await storage.close()
+    if wipe == "segments":
+        for segment in _journal_segments(tmp_path):
+            segment.unlink()
+    else:
+        shutil.rmtree(tmp_path / "journal")
+    with pytest.raises(StorageError, match="journal directory wiped"):
         await open_storage(tmp_path)
 
 
