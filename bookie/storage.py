@@ -9,10 +9,9 @@ the crash rules):
   persisted to disk");
 - entries also go to entry log files (no fsync per add) and an in-memory
   index maps (ledger, entry) to their place;
-- a checkpoint fsyncs the entry logs, writes the index image (tmp + fsync +
-  rename) with the journal position it covers, and trims the journal before it.
-  Only its cut (journal roll, index copy, entry log sizes) holds the disk, between
-  two batches; the fsyncs and the image are written while adds go on.
+- a checkpoint fsyncs the entry logs, writes the index image (tmp + fsync + rename) with the
+  journal position it covers, and trims the journal before it. Only its cut (journal roll,
+  index copy, entry log sizes) holds the disk, between two batches; the rest runs beside adds.
 
 Group commit (bookie/storage_commit.py): callers put records in the open batch; one write and
 one fsync per batch in a worker thread. The service joins adds synchronously (`join_adds`) and
@@ -88,19 +87,20 @@ class BookieStorage:
 
     @classmethod
     async def open(cls, directory: Path, bookie_id: int, config: BookieStorageConfig | None = None, *,
-                   instance_id: str | None = None, cluster: str | None = None) -> BookieStorage:
-        """Open (creating if fresh) the bookie directory and recover its state.
+                   instance_id: str | None = None, cluster: str | None = None,
+                   journal_directory: Path | None = None) -> BookieStorage:
+        """Open (creating if fresh) the bookie directory and recover its state; the journal in
+        `journal_directory` if given (a device of its own: storage_recovery.place_journal).
 
-        A fresh directory gets a cookie with a new random instance id (see
-        `instance_id`; the service records it in the metastore). Raises
-        CookieMismatch if the directory belongs to another bookie id, cluster
-        or instance, or has no cookie while `instance_id` (what the metastore
-        recorded) is given; StorageError if the journal, checkpoint or entry
-        logs are damaged beyond a torn tail.
-        """
+        A fresh directory gets a cookie with a new random instance id (see `instance_id`; the
+        service records it in the metastore). Raises CookieMismatch if the directory or the
+        journal belongs to another bookie id, cluster or instance, or has no cookie while
+        `instance_id` (what the metastore recorded) is given; StorageError if the journal,
+        checkpoint or entry logs are damaged beyond a torn tail."""
         config = config or BookieStorageConfig()
         directory = Path(directory)
-        recovered = await trio.to_thread.run_sync(recover, directory, bookie_id, config, instance_id, cluster)
+        recovered = await trio.to_thread.run_sync(recover, directory, bookie_id, config, instance_id, cluster,
+                                                  journal_directory)
         storage = cls(directory, config, recovered)
         storage._journal_bytes_at_checkpoint = 0
         await storage.check_disk()

@@ -5,7 +5,8 @@ directory (docs/bookie_storage.md):
 
     cookie          the directory's identity (bookie/cookie.py)
     checkpoint      the index image and the journal position it covers (bookie/checkpoint.py)
-    journal/        journal.<seq>: adds, keys, fences, LACs, deletions since then
+    journal/        journal.<seq>: adds, keys, fences, LACs, deletions since then, and a copy
+                    of the cookie; a directory, or a link to one elsewhere (place_journal)
     entrylogs/      entrylog.<id>: the entries themselves
 """
 
@@ -21,12 +22,12 @@ from bookie.checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
 from bookie.cookie import Cookie, check_cookie, decode_cookie, encode_cookie
 from bookie.entry import parse_header
 from bookie.entrylog import EntryLogs
-from bookie.errors import StorageError
+from bookie.errors import CookieMismatch, StorageError
 from bookie.index import Index, record_size
 from bookie.journal import Journal
 from bookie.storage_codec import JournalRecord, Kind
 from bookie.storage_config import BookieStorageConfig
-from zab.snapshot import ensure_directory, write_atomically
+from zab.snapshot import ensure_directory, fsync_directory, write_atomically
 
 _log = logging.getLogger("quire.bookie.storage")
 COOKIE = "cookie"
@@ -46,10 +47,14 @@ class Recovered:
 
 
 def recover(directory: Path, bookie_id: int, config: BookieStorageConfig, instance_id: str | None,
-            cluster: str | None) -> Recovered:
-    """Check the cookie (creating it on a fresh directory), load the checkpoint, replay the journal."""
+            cluster: str | None, journal_directory: Path | None = None) -> Recovered:
+    """Check the cookie (creating it on a fresh directory), load the checkpoint, replay the journal.
+    With `journal_directory`, the journal lives there (place_journal)."""
     ensure_directory(directory)
     cookie = _open_cookie(directory, bookie_id, instance_id, cluster)
+    if journal_directory is not None:
+        place_journal(directory, journal_directory)
+    _check_journal_cookie(directory, cookie)
     checkpoint = read_checkpoint(directory / CHECKPOINT)
     checkpointed = (directory / CHECKPOINT).exists()
     entrylogs = EntryLogs.open(directory / ENTRYLOG_DIR, {k: v[0] for k, v in checkpoint.logs.items()},
@@ -79,6 +84,54 @@ def _open_cookie(directory: Path, bookie_id: int, instance_id: str | None, clust
     # Written before anything else, so a directory with data and no cookie is never ours.
     write_atomically(path, [encode_cookie(cookie)])
     return cookie
+
+
+def place_journal(directory: Path, journal_directory: Path) -> None:
+    """Make `<directory>/journal` a symbolic link to `journal_directory` (created if need be), so the
+    journal can have a device of its own (BookKeeper's journalDirectories): a bookie writes every
+    entry twice, to the journal and to an entry log. Whatever reads the journal follows the link.
+    Refuses (StorageError) a journal already in place elsewhere: a real `journal` directory that
+    holds files, a link to another directory, or a target with journal files and no cookie."""
+    link, target = directory / JOURNAL_DIR, journal_directory.resolve()
+    if link.is_symlink():
+        if link.resolve() != target:
+            raise StorageError(f"{link} links to {link.resolve()}, not to the configured journal directory "
+                               f"{target}: move the journal there and relink it, or configure {link.resolve()}")
+        return
+    if link.exists():
+        if any(link.iterdir()):
+            raise StorageError(f"{link} holds this bookie's journal, but the journal is configured at {target}: "
+                               f"stop the bookie, move {link}'s files to {target}, remove {link}, and start it")
+        link.rmdir()
+    ensure_directory(target)
+    if not (target / COOKIE).exists() and any(target.iterdir()):
+        raise StorageError(f"{target} is not empty and has no bookie cookie: give the journal an empty directory")
+    link.symlink_to(target, target_is_directory=True)
+    fsync_directory(directory)
+
+
+def _check_journal_cookie(directory: Path, cookie: Cookie) -> None:
+    """The journal directory carries a copy of the bookie's cookie, so a journal that is another
+    bookie's or another instance's (swapped or restored devices) is refused, not replayed; and a
+    linked one without it while the bookie directory holds data was wiped, replaced or not
+    mounted. A journal inside the bookie directory gets its copy on first open (older layouts)."""
+    journal = directory / JOURNAL_DIR
+    path = journal / COOKIE
+    if path.exists():
+        found = decode_cookie(path.read_bytes())
+        if (found.bookie_id, found.instance_id) != (cookie.bookie_id, cookie.instance_id):
+            raise CookieMismatch(f"{journal} holds the journal of bookie {found.bookie_id} instance "
+                                 f"{found.instance_id}, not of bookie {cookie.bookie_id} instance "
+                                 f"{cookie.instance_id}: the journal directories were swapped; point each bookie "
+                                 "at its own")
+        return
+    if journal.is_symlink() and ((directory / CHECKPOINT).exists() or any((directory / ENTRYLOG_DIR).glob("*"))):
+        raise CookieMismatch(f"{journal} (linked to {journal.resolve()}) has no cookie while {directory} holds "
+                             "bookie data: the journal's device was wiped, replaced or is not mounted, and adds "
+                             "this bookie acknowledged may be gone. Mount the right device, or decommission the "
+                             "bookie's identity and wipe both directories")
+    ensure_directory(journal.resolve())
+    write_atomically(path, [encode_cookie(cookie)])
 
 
 def read_checkpoint(path: Path) -> Checkpoint:
@@ -152,6 +205,10 @@ def _replay_adds(records: list[JournalRecord], index: Index, entrylogs: EntryLog
 
 
 def disk_usage_fraction(directory: Path) -> float:
-    """The fraction of the filesystem holding `directory` that is in use (shutil.disk_usage)."""
-    usage = shutil.disk_usage(directory)
-    return usage.used / usage.total if usage.total else 1.0
+    """The fraction in use of the fuller of the filesystems holding the bookie directory and its
+    journal (the same one unless the journal is linked elsewhere), by shutil.disk_usage."""
+    fractions = []
+    for place in (directory, directory / JOURNAL_DIR):
+        usage = shutil.disk_usage(place if place.exists() else directory)
+        fractions.append(usage.used / usage.total if usage.total else 1.0)
+    return max(fractions)

@@ -147,7 +147,8 @@ class BookieNode:
                     recorded = await read_cookie(meta, node.id)
                     try:
                         storage = await BookieStorage.open(directory, node.id, storage_config(self.config),
-                                                           instance_id=recorded, cluster=self.config.name)
+                                                           instance_id=recorded, cluster=self.config.name,
+                                                           journal_directory=node.bookie_journal_dir)
                     except CookieMismatch as e:
                         raise BookieStartupError(f"bookie {node.id}: {e}") from None
                     except StorageError as e:

@@ -38,7 +38,8 @@ ROLES = (VOTER, OBSERVER, BOOKIE)
 MAX_NODE_ID = 255  # ids are packed into session ids (see clusterd.kvservice)
 PORT_KEYS = ("peer_port", "client_port", "admin_port")
 BOOKIE_PORT = "bookie_port"  # required on, and only on, nodes with the bookie role
-NODE_KEYS = ("id", "host", *PORT_KEYS, BOOKIE_PORT, "roles", "data_dir")
+BOOKIE_JOURNAL_DIR = "bookie_journal_dir"  # optional, only on nodes with the bookie role
+NODE_KEYS = ("id", "host", *PORT_KEYS, BOOKIE_PORT, "roles", "data_dir")  # the required ones
 
 
 class ConfigError(Exception):
@@ -57,6 +58,8 @@ class NodeConfig:
     roles: frozenset[str]
     data_dir: Path  # always absolute
     bookie_port: int | None = None  # set exactly when the node has the bookie role
+    # The bookie journal's own directory (absolute), for a device of its own; None: in data_dir/bookie.
+    bookie_journal_dir: Path | None = None
 
     @property
     def is_voter(self) -> bool:
@@ -245,12 +248,25 @@ def _parse_node(raw: Any, index: int, path: Path) -> NodeConfig:
         bookie_port = table.take_int(BOOKIE_PORT, minimum=1, maximum=65535)
     elif BOOKIE_PORT in raw:
         table.fail(BOOKIE_PORT, "only a node with the 'bookie' role has a bookie port")
-    data_dir = Path(table.take_str("data_dir"))
+    data_dir = _absolute(Path(table.take_str("data_dir")), path)
+    journal_dir = table.take(BOOKIE_JOURNAL_DIR, str, None)
+    if journal_dir is not None:
+        if BOOKIE not in roles:
+            table.fail(BOOKIE_JOURNAL_DIR, "only a node with the 'bookie' role has a bookie journal")
+        if not journal_dir.strip():
+            table.fail(BOOKIE_JOURNAL_DIR, "must not be empty")
+        journal_dir = _absolute(Path(journal_dir), path)
+        if journal_dir.is_relative_to(data_dir / "bookie"):
+            table.fail(BOOKIE_JOURNAL_DIR, f"{journal_dir} is inside the bookie's own directory {data_dir / 'bookie'}; "
+                       "give the journal a directory elsewhere (on a device of its own), or leave the key out")
     table.finish()
-    if not data_dir.is_absolute():
-        data_dir = path.parent / data_dir
-    return NodeConfig(id=node_id, host=host, roles=roles, data_dir=Path(os.path.normpath(data_dir)),
-                      bookie_port=bookie_port, **ports)
+    return NodeConfig(id=node_id, host=host, roles=roles, data_dir=data_dir, bookie_port=bookie_port,
+                      bookie_journal_dir=journal_dir, **ports)
+
+
+def _absolute(directory: Path, path: Path) -> Path:
+    """A directory of the config file: a relative one resolves against the file's folder."""
+    return Path(os.path.normpath(directory if directory.is_absolute() else path.parent / directory))
 
 
 def _take_roles(table: _Table) -> frozenset[str]:
@@ -271,6 +287,8 @@ def _check_cluster(config: ClusterConfig) -> None:
     path = config.path
     _check_unique(path, "id", [(n.id, f"node {n.id}") for n in config.nodes])
     _check_unique(path, "data_dir", [(n.data_dir, f"node {n.id}") for n in config.nodes])
+    _check_unique(path, BOOKIE_JOURNAL_DIR, [(n.bookie_journal_dir, f"node {n.id}") for n in config.nodes
+                                             if n.bookie_journal_dir is not None])
     _check_unique(path, "address", [((n.host, port), f"node {n.id} {key}")
                                     for n in config.nodes for key, port in n.ports.items()])
     if config.client_protocol not in CLIENT_PROTOCOLS:
@@ -388,6 +406,10 @@ def to_toml(config: ClusterConfig, folder: Path) -> str:
         lines += ["", "[[node]]", f"id = {n.id}", f"host = {_toml_value(n.host)}"]
         lines += [f"{key} = {port}" for key, port in n.ports.items()]
         lines += [f"roles = {_toml_value(sorted(n.roles))}", f"data_dir = {_toml_value(data_dir.as_posix())}"]
+        if n.bookie_journal_dir is not None:
+            journal = n.bookie_journal_dir
+            journal = journal.relative_to(folder) if journal.is_relative_to(folder) else journal
+            lines.append(f"{BOOKIE_JOURNAL_DIR} = {_toml_value(journal.as_posix())}")
     return "\n".join(lines) + "\n"
 
 

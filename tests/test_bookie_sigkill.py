@@ -32,6 +32,7 @@ from bookie.entry import Digester, DigestType, master_key
 from bookie.storage import AddRequest, BookieStorage, BookieStorageConfig
 
 DIRECTORY, FIRST = Path(sys.argv[1]), int(sys.argv[2])
+JOURNAL = Path(sys.argv[3]) if len(sys.argv) > 3 else None  # the journal in a directory of its own
 KEY = master_key(b"pw")
 DIGESTER = Digester(DigestType.CRC32C, b"pw")
 CONFIG = BookieStorageConfig(journal_segment_bytes=16384, entry_log_bytes=32768, checkpoint_every_bytes=65536,
@@ -50,7 +51,7 @@ async def adder(storage, ledger):
         entry += 1
 
 async def main():
-    storage = await BookieStorage.open(DIRECTORY, 1, CONFIG)
+    storage = await BookieStorage.open(DIRECTORY, 1, CONFIG, journal_directory=JOURNAL)
     async with trio.open_nursery() as nursery:
         await nursery.start(storage.run)
         for ledger in range(1, 9):
@@ -64,9 +65,11 @@ def _payload(ledger: int, entry: int) -> bytes:
     return (f"{ledger}:{entry}:".encode() * 200)[: (entry * 7919 + ledger) % 900 + 1]
 
 
-def _run_and_kill(directory: Path, first: int, rng: random.Random) -> list[tuple[int, int]]:
+def _run_and_kill(directory: Path, first: int, rng: random.Random,
+                  journal: Path | None = None) -> list[tuple[int, int]]:
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(directory), str(first)], cwd=REPO, env=env,
+    args = [str(directory), str(first)] + ([str(journal)] if journal else [])
+    child = subprocess.Popen([sys.executable, "-c", CHILD, *args], cwd=REPO, env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         # Wait until it acknowledges something, then let it run a random while.
@@ -82,11 +85,11 @@ def _run_and_kill(directory: Path, first: int, rng: random.Random) -> list[tuple
     return [(int(ledger), int(entry)) for ledger, entry in (line.split() for line in lines)]
 
 
-async def _check(directory: Path, acked: list[tuple[int, int]]) -> None:
+async def _check(directory: Path, acked: list[tuple[int, int]], journal: Path | None = None) -> None:
     from bookie.entry import Digester, DigestType
 
     digester = Digester(DigestType.CRC32C, b"pw")
-    storage = await BookieStorage.open(directory, 1, BookieStorageConfig())
+    storage = await BookieStorage.open(directory, 1, BookieStorageConfig(), journal_directory=journal)
     for ledger, entry in acked:
         assert digester.verify(storage.read(ledger, entry)).payload == _payload(ledger, entry), (ledger, entry)
     await storage.close(checkpoint=False)
@@ -102,3 +105,16 @@ def test_every_acknowledged_add_survives_sigkill(tmp_path, seed):
     # Recovery after recovery: kill it again on the directory the first crash left.
     acked += _run_and_kill(tmp_path, 1_000_000, rng)
     trio.run(_check, tmp_path, acked)
+
+
+def test_every_acknowledged_add_survives_sigkill_with_the_journal_in_a_directory_of_its_own(tmp_path):
+    # What an operator does to give the journal its own device (docs/bookie_storage.md, "Directory").
+    rng = random.Random(4)
+    directory, journal = tmp_path / "bookie", tmp_path / "journal-device" / "journal"
+    acked = _run_and_kill(directory, 0, rng, journal)
+    assert len(acked) > 10, "the child acknowledged too little to test anything"
+    assert (directory / "journal").is_symlink() and list(journal.glob("journal.*"))
+    assert (directory / "checkpoint").exists(), "the child should have checkpointed while adding"
+    trio.run(_check, directory, acked, journal)
+    acked += _run_and_kill(directory, 1_000_000, rng, journal)
+    trio.run(_check, directory, acked)  # the link alone finds the journal

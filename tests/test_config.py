@@ -152,6 +152,27 @@ def test_every_node_key_is_required(tmp_path: Path, missing: str) -> None:
     refuse(tmp_path, text, "[[node]] #2", f"missing required key {missing!r}")
 
 
+def test_a_bookie_journal_dir_is_optional_resolves_like_data_dir_and_round_trips(tmp_path: Path) -> None:
+    text = node(1, '["voter", "bookie"]', bookie_journal_dir='"disk2/journal1"') + node(2, '["voter", "bookie"]')
+    config = cfg.load(write(tmp_path, text + node(3)))
+    assert config.node(1).bookie_journal_dir == tmp_path / "disk2" / "journal1"
+    assert config.node(2).bookie_journal_dir is None
+    assert cfg.parse(cfg.to_toml(config, tmp_path), config.path) == config
+
+
+@pytest.mark.parametrize("text, problem", [
+    (node(1, bookie_journal_dir='"j"') + node(2) + node(3), "only a node with the 'bookie' role has a bookie journal"),
+    (node(1, '["voter", "bookie"]', bookie_journal_dir='"data/node1/bookie/j"') + node(2) + node(3),
+     "inside the bookie's own directory"),
+    (node(1, '["voter", "bookie"]', bookie_journal_dir='"j"')
+     + node(2, '["voter", "bookie"]', bookie_journal_dir='"j"') + node(3), "duplicate bookie_journal_dir"),
+    (node(1, '["voter", "bookie"]', bookie_journal_dir='" "') + node(2) + node(3), "must not be empty"),
+    (node(1, '["voter", "bookie"]', bookie_journal_dir="3") + node(2) + node(3), "expected a string"),
+])
+def test_bad_bookie_journal_dirs(tmp_path: Path, text: str, problem: str) -> None:
+    refuse(tmp_path, text, "bookie_journal_dir" if "duplicate" in problem else "[[node]] #", problem)
+
+
 def test_only_bookies_have_a_bookie_port(tmp_path: Path) -> None:
     refuse(tmp_path, node(1) + node(2, bookie_port="4000") + node(3), "[[node]] #2", "only a node with the 'bookie' role")
     config = cfg.load(write(tmp_path, node(1, '["voter", "bookie"]') + node(2) + node(3)))
