@@ -33,6 +33,13 @@ async def _fill(storage: BookieStorage, ledger: int, count: int) -> None:
         await storage.add(AddRequest(ledger, entry, KEY, data))
 
 
+async def _bookie_with_its_journal_inside(directory: Path) -> None:
+    """Five adds, closed without a checkpoint: they are in the journal under `directory` only."""
+    storage = await _open(directory, None)
+    await _fill(storage, 1, 5)
+    await storage.close(checkpoint=False)
+
+
 @trio_test
 async def test_the_journal_lives_in_the_configured_directory_and_survives_a_restart(tmp_path):
     directory, journal = tmp_path / "bookie", tmp_path / "disk2" / "journal"
@@ -49,9 +56,7 @@ async def test_the_journal_lives_in_the_configured_directory_and_survives_a_rest
 @trio_test
 async def test_a_journal_already_inside_the_bookie_directory_is_not_left_behind(tmp_path):
     directory = tmp_path / "bookie"
-    storage = await _open(directory, None)
-    await _fill(storage, 1, 5)
-    await storage.close(checkpoint=False)
+    await _bookie_with_its_journal_inside(directory)
     with pytest.raises(StorageError, match="move .* files to"):
         await _open(directory, tmp_path / "disk2")
     assert not (directory / "journal").is_symlink()  # nothing changed: it still opens where it was
@@ -105,9 +110,7 @@ async def test_a_wiped_or_unmounted_journal_device_is_refused(tmp_path, checkpoi
 @trio_test
 async def test_a_journal_of_an_older_layout_gets_its_cookie_copy(tmp_path):
     directory = tmp_path / "bookie"
-    storage = await _open(directory, None)
-    await _fill(storage, 1, 5)
-    await storage.close(checkpoint=False)
+    await _bookie_with_its_journal_inside(directory)
     (directory / "journal" / "cookie").unlink()  # written by a version without journal cookies
     storage = await _open(directory, None)
     assert (directory / "journal" / "cookie").read_bytes() == (directory / "cookie").read_bytes()
