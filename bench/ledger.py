@@ -331,10 +331,14 @@ class LedgerBench:
                     self.progress(f"  p50 {run.latency_ms(50):.2f} ms, p99 {run.latency_ms(99):.2f} ms {run.error}")
             await self._tail_and_reads(ledgers, hosts, log)
 
+    def _large_row(self) -> tuple[int, int, int]:
+        """(entry bytes, in flight, refill) of the 64 KB append row, the one profiled and floored."""
+        return next(row for row in self.sizes.entry_sizes if row[0] == PROFILE_ENTRY_BYTES)
+
     async def _floor(self) -> list[write_floor.FloorRun] | str:
         """bench/write_floor.py in a process of its own (it spawns its bookies; this one runs trio), with
         the 64 KB row's entry size and window, on the data dirs' filesystem."""
-        size, window, _ = next(row for row in self.sizes.entry_sizes if row[0] == PROFILE_ENTRY_BYTES)
+        size, window, _ = self._large_row()
         args = [sys.executable, "-m", "bench.write_floor", "--folder", str(self.folder), "--seconds",
                 f"{self.sizes.window_s:g}", "--size", str(size), "--window", str(window), "--json"]
         done = await trio.to_thread.run_sync(lambda: subprocess.run(args, cwd=REPO, capture_output=True, text=True,
@@ -350,7 +354,7 @@ class LedgerBench:
         why = await trio.to_thread.run_sync(cpu_profile.unavailable)
         if why is not None:
             return why
-        size, window, refill = next(row for row in self.sizes.entry_sizes if row[0] == PROFILE_ENTRY_BYTES)
+        size, window, refill = self._large_row()
         seconds = PROFILE_S
         out = self.folder / "perf-64k.data"
         recorded: list[subprocess.CompletedProcess[str]] = []

@@ -52,11 +52,11 @@ def recover(directory: Path, bookie_id: int, config: BookieStorageConfig, instan
     With `journal_directory`, the journal lives there (place_journal)."""
     ensure_directory(directory)
     cookie = _open_cookie(directory, bookie_id, instance_id, cluster)
+    checkpointed = (directory / CHECKPOINT).exists()
     if journal_directory is not None:
         place_journal(directory, journal_directory)
-    _check_journal_cookie(directory, cookie)
+    _check_journal_cookie(directory, cookie, holds_data=checkpointed or any((directory / ENTRYLOG_DIR).glob("*")))
     checkpoint = read_checkpoint(directory / CHECKPOINT)
-    checkpointed = (directory / CHECKPOINT).exists()
     entrylogs = EntryLogs.open(directory / ENTRYLOG_DIR, {k: v[0] for k, v in checkpoint.logs.items()},
                                checkpoint.next_log_id, config.entry_log_bytes)
     try:
@@ -110,7 +110,7 @@ def place_journal(directory: Path, journal_directory: Path) -> None:
     fsync_directory(directory)
 
 
-def _check_journal_cookie(directory: Path, cookie: Cookie) -> None:
+def _check_journal_cookie(directory: Path, cookie: Cookie, *, holds_data: bool) -> None:
     """The journal directory carries a copy of the bookie's cookie, so a journal that is another
     bookie's or another instance's (swapped or restored devices) is refused, not replayed; and a
     linked one without it while the bookie directory holds data was wiped, replaced or not
@@ -125,7 +125,7 @@ def _check_journal_cookie(directory: Path, cookie: Cookie) -> None:
                                  f"{cookie.instance_id}: the journal directories were swapped; point each bookie "
                                  "at its own")
         return
-    if journal.is_symlink() and ((directory / CHECKPOINT).exists() or any((directory / ENTRYLOG_DIR).glob("*"))):
+    if journal.is_symlink() and holds_data:
         raise CookieMismatch(f"{journal} (linked to {journal.resolve()}) has no cookie while {directory} holds "
                              "bookie data: the journal's device was wiped, replaced or is not mounted, and adds "
                              "this bookie acknowledged may be gone. Mount the right device, or decommission the "
@@ -207,8 +207,9 @@ def _replay_adds(records: list[JournalRecord], index: Index, entrylogs: EntryLog
 def disk_usage_fraction(directory: Path) -> float:
     """The fraction in use of the fuller of the filesystems holding the bookie directory and its
     journal (the same one unless the journal is linked elsewhere), by shutil.disk_usage."""
+    journal = directory / JOURNAL_DIR
     fractions = []
-    for place in (directory, directory / JOURNAL_DIR):
-        usage = shutil.disk_usage(place if place.exists() else directory)
+    for place in (directory, journal) if journal.is_symlink() and journal.exists() else (directory,):
+        usage = shutil.disk_usage(place)
         fractions.append(usage.used / usage.total if usage.total else 1.0)
     return max(fractions)

@@ -394,23 +394,23 @@ def _suggest(word: Any, choices: Any) -> str:
 def to_toml(config: ClusterConfig, folder: Path) -> str:
     """Render `config` as cluster.toml text for a file in `folder`.
 
-    Data dirs inside `folder` are written relative to it, so the file stays valid
+    Data and journal dirs inside `folder` are written relative to it, so the file stays valid
     when the folder moves. `load` of the result gives back an equal config.
     """
     lines = ["[cluster]"]
     lines += [f"{key} = {_toml_value(getattr(config, key))}" for key in CLUSTER_DEFAULTS]
     for n in config.nodes:
-        data_dir = n.data_dir
-        if data_dir.is_relative_to(folder):
-            data_dir = data_dir.relative_to(folder)
         lines += ["", "[[node]]", f"id = {n.id}", f"host = {_toml_value(n.host)}"]
         lines += [f"{key} = {port}" for key, port in n.ports.items()]
-        lines += [f"roles = {_toml_value(sorted(n.roles))}", f"data_dir = {_toml_value(data_dir.as_posix())}"]
+        lines += [f"roles = {_toml_value(sorted(n.roles))}", f"data_dir = {_toml_dir(n.data_dir, folder)}"]
         if n.bookie_journal_dir is not None:
-            journal = n.bookie_journal_dir
-            journal = journal.relative_to(folder) if journal.is_relative_to(folder) else journal
-            lines.append(f"{BOOKIE_JOURNAL_DIR} = {_toml_value(journal.as_posix())}")
+            lines.append(f"{BOOKIE_JOURNAL_DIR} = {_toml_dir(n.bookie_journal_dir, folder)}")
     return "\n".join(lines) + "\n"
+
+
+def _toml_dir(directory: Path, folder: Path) -> str:
+    """A directory as to_toml writes it: relative to `folder` when inside it."""
+    return _toml_value((directory.relative_to(folder) if directory.is_relative_to(folder) else directory).as_posix())
 
 
 def _toml_value(value: Any) -> str:
