@@ -29,6 +29,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from clusterd.tls_config import TlsConfig, TlsConfigError, parse_tls
 from zab.config import ZabConfig, ZabConfigError
 
 VOTER = "voter"
@@ -130,6 +131,7 @@ class ClusterConfig:
     audit_interval_ms: int = 300_000  # full ledger rescans and the replica check, this often
     audit_check_reads_per_s: int = 2_000  # the replica check's read rate
     autorecovery_session_timeout_ms: int = 10_000  # the auditor's and workers' metastore sessions
+    tls: TlsConfig | None = None  # the [tls] table (clusterd/tls_config.py); None: plain TCP everywhere
 
     @property
     def four_letter_word_set(self) -> frozenset[str]:
@@ -191,7 +193,7 @@ class ClusterConfig:
 
 # Cluster-wide keys and their defaults, taken from the dataclass so there is one list.
 CLUSTER_DEFAULTS: dict[str, Any] = {
-    f.name: f.default for f in fields(ClusterConfig) if f.name not in ("path", "nodes")}
+    f.name: f.default for f in fields(ClusterConfig) if f.name not in ("path", "nodes", "tls")}
 
 
 CLIENT_PROTOCOLS = ("kv", "zookeeper")
@@ -218,11 +220,16 @@ def parse(text: str, path: Path) -> ClusterConfig:
     top = _Table(doc, path, "top level")
     cluster = _Table(top.take("cluster", dict, default={}), path, "[cluster]")
     raw_nodes = top.take("node", list, required_hint="at least one [[node]] table")
+    raw_tls = top.take("tls", dict, default=None)
     top.finish()
     settings = {key: _take_setting(cluster, key, default) for key, default in CLUSTER_DEFAULTS.items()}
     cluster.finish()
     nodes = tuple(_parse_node(raw, i, path) for i, raw in enumerate(raw_nodes, start=1))
-    config = ClusterConfig(path=path, nodes=nodes, **settings)
+    try:
+        tls = None if raw_tls is None else parse_tls(raw_tls, path)
+    except TlsConfigError as e:
+        raise ConfigError(f"{path}: [tls]: {e}") from None
+    config = ClusterConfig(path=path, nodes=nodes, tls=tls, **settings)
     _check_cluster(config)
     return config
 
@@ -405,6 +412,8 @@ def to_toml(config: ClusterConfig, folder: Path) -> str:
         lines += [f"roles = {_toml_value(sorted(n.roles))}", f"data_dir = {_toml_dir(n.data_dir, folder)}"]
         if n.bookie_journal_dir is not None:
             lines.append(f"{BOOKIE_JOURNAL_DIR} = {_toml_dir(n.bookie_journal_dir, folder)}")
+    if config.tls is not None:
+        lines += ["", *config.tls.to_toml(folder)]
     return "\n".join(lines) + "\n"
 
 

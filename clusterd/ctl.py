@@ -17,7 +17,7 @@ from typing import Any
 
 import trio
 
-from clusterd import bookiectl, demo, ledgerctl, localcluster, recoveryctl, verifyctl, zkctl
+from clusterd import bookiectl, demo, ledgerctl, localcluster, recoveryctl, tlsctl, verifyctl, zkctl
 from clusterd.config import ClusterConfig, ConfigError, NodeConfig, load
 from clusterd.kvclient import KVError, SyncKVClient
 from clusterd.localcluster import ClusterError
@@ -76,6 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     ledgerctl.add_commands(command)
     recoveryctl.add_commands(command)
     verifyctl.add_commands(command)
+    tlsctl.add_commands(command)
     demo = command("demo", cmd_demo, "a fresh cluster under load, its leader SIGKILLed, every write checked")
     demo.add_argument("--writes", type=int, default=2000, help="acknowledged writes to aim for (default 2000)")
     demo.add_argument("--clients", type=int, default=4, help="concurrent clients (default 4)")
