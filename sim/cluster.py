@@ -123,6 +123,8 @@ class SimCluster:
                 self._break(i, j)
 
     def _break(self, a: int, b: int) -> None:
+        if a not in self.nodes or b not in self.nodes:
+            return  # a stranger's id (forge): it has no link to break
         self.net.break_link(a, b)
         for x, y in ((a, b), (b, a)):
             if self.nodes[x].alive:
@@ -163,6 +165,14 @@ class SimCluster:
         n = self.nodes[node]
         if n.alive:
             self._at(self.now, "event", node, n.incarnation, event)
+
+    def forge(self, node: int, frm: int, msg) -> None:
+        """A hostile peer's message: `node` receives `msg` as if from `frm` (any id, member
+        or not, up or down), outside every link of the simulated network."""
+        n = self.nodes[node]
+        if n.alive:
+            self._log(f"forged {type(msg).__name__} {frm} -> {node}")
+            self._at(self.now, "event", node, n.incarnation, Received(frm, msg))
 
     # -- running --------------------------------------------------------------------
     def run(self, ms: int) -> None:
@@ -276,8 +286,8 @@ class SimCluster:
         if a.to == node.id:
             self._at(self.now, "local", node.id, node.incarnation, a.msg)
             return
-        target = self.nodes[a.to]
-        if not target.alive:
+        target = self.nodes.get(a.to)
+        if target is None or not target.alive:
             return
         slot = self.net.schedule(node.id, a.to, self.now)
         if slot is not None:

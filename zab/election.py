@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from zab import zxid as Z
 from zab.config import ZabConfig
 from zab.messages import Notification, ServerState
 
@@ -98,10 +99,19 @@ class FastLeaderElection:
             return [(frm, self._notification())] if n.state == ServerState.LOOKING else []
         if frm in self.cfg.observers:
             return []  # an observer's vote never counts; it learns from voters' replies
+        if not self._valid(n):
+            return []
         seen = _Seen(Vote(n.peer_epoch, n.zxid, n.leader), n.election_epoch, n.state)
         if n.state == ServerState.LOOKING:
             return self._on_looking(frm, seen, now)
         return self._on_established(frm, seen)
+
+    def _valid(self, n: Notification) -> bool:
+        """A vote a voter could have sent: for a voter, with an epoch, zxid and round that
+        leave room to go on. Anything else (a bug, or a stranger before TLS) is ignored:
+        a vote for a non-member would make every voter follow nobody."""
+        return (n.leader in self.cfg.voters and Z.epoch_ok(n.peer_epoch) and Z.zxid_ok(n.zxid)
+                and 0 <= n.election_epoch < Z.ELECTION_ROUND_LIMIT)
 
     def _on_looking(self, frm: int, seen: _Seen, now: int) -> list[tuple[int, Notification]]:
         out: list[tuple[int, Notification]] = []

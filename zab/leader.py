@@ -87,13 +87,21 @@ class LeaderRole:
     def _maybe_choose_epoch(self) -> list[Action]:
         if self.epoch is not None or not self.cfg.is_quorum(set(self.connecting)):
             return []
-        self.epoch = max(self.connecting.values()) + 1
+        epoch = max(self.connecting.values()) + 1
+        if not Z.epoch_ok(epoch):
+            # Only our own acceptedEpoch can be this high (learners' are refused below the
+            # limit): the epoch space is spent; lead nobody, and init_limit_ticks ends the attempt.
+            return []
+        self.epoch = epoch
         out: list[Action] = [self.peer.set_accepted_epoch(self.epoch)]
         out += [Send(f, LeaderInfo(self.epoch)) for f in self.learners]
         self.epoch_acked.add(self.id)
         return out + self._maybe_epoch_quorum()
 
     def _on_follower_info(self, frm: int, fi: FollowerInfo) -> list[Action]:
+        if not Z.epoch_ok(fi.accepted_epoch + 1) or not Z.zxid_ok(fi.last_zxid):
+            # Never persisted, never a reason to abdicate: a new epoch above it would not fit.
+            return self._refuse(frm, f"FOLLOWERINFO epoch {fi.accepted_epoch} or zxid {fi.last_zxid:#x} out of range")
         h = self.learners.get(frm)
         if h is not None and h.attempt == fi.attempt:  # a resend crossing our answer
             if self.epoch is not None and h.state is LearnerState.INFO:
@@ -116,6 +124,10 @@ class LeaderRole:
         h = self.learners.get(frm)
         if h is None or h.state is not LearnerState.INFO or self.epoch is None:
             return []
+        # A learner has accepted our epoch, so neither its currentEpoch nor its history can be newer.
+        if not (0 <= ae.current_epoch <= self.epoch and Z.zxid_ok(ae.last_zxid)
+                and Z.epoch_of(ae.last_zxid) <= self.epoch):
+            return self._refuse(frm, f"ACKEPOCH epoch {ae.current_epoch} or zxid {ae.last_zxid:#x} out of range")
         if not self.epoch_quorum and (ae.current_epoch, ae.last_zxid) > self.prior:
             return self.peer.look()  # the learner's history is newer than ours: we must not lead
         h.state, h.last_zxid = LearnerState.EPOCH_ACKED, ae.last_zxid
@@ -227,6 +239,9 @@ class LeaderRole:
     def _on_ack(self, frm: int, a: Ack) -> list[Action]:
         if frm != self.id and (frm not in self.forwarding or frm in self.cfg.observers):
             return []
+        if not 0 <= a.zxid <= self.peer.last_zxid:
+            # A learner logs only what we sent it: this ACK must never count toward a quorum.
+            return self._refuse(frm, f"ACK of {a.zxid:#x}, which this leader never proposed")
         self.acked_through[frm] = max(self.acked_through.get(frm, 0), a.zxid)
         target = min(self._quorum_acked(), self.peer.last_zxid)
         if not self.established or target <= self.peer.last_committed:
@@ -271,12 +286,20 @@ class LeaderRole:
                 self._drop(f)
                 out.append(Disconnect(f, "did not finish synchronization within init_limit_ticks"))
         if now % self.cfg.ping_interval_ticks == 0:
-            out += [Send(f, Ping()) for f in self.learners]
+            # Only learners we synchronize: anyone else's PING is refused (on_message).
+            out += [Send(f, Ping()) for f in self.forwarding]
         return out
 
     def on_disconnected(self, peer_id: int) -> list[Action]:
         self._drop(peer_id)
         return []
+
+    def _refuse(self, frm: int, reason: str) -> list[Action]:
+        """A peer broke the protocol (a bug, or a stranger before TLS): forget it, drop its links."""
+        if frm == self.id:
+            raise AssertionError(f"leader {self.id} refused its own message: {reason}")
+        self._drop(frm)
+        return [Disconnect(frm, reason)]
 
     def _drop(self, f: int) -> None:
         self.learners.pop(f, None)
@@ -292,6 +315,10 @@ class LeaderRole:
         h = self.learners.get(frm)
         if h is not None:
             h.last_heard = self.peer.now
+        if isinstance(msg, _FROM_SYNCED) and frm != self.id and frm not in self.forwarding:
+            # ACK, REQUEST, PING and SYNCREQUEST come only from learners we synchronize
+            # (issue 17: a forged REQUEST would be proposed, a forged ACK counted).
+            return self._refuse(frm, f"{type(msg).__name__} from a peer this leader does not synchronize")
         if isinstance(msg, Ack):
             return self._on_ack(frm, msg)
         if isinstance(msg, Request):
@@ -311,6 +338,9 @@ class LeaderRole:
                 return [Send(frm, Reject(msg.session_id, msg.cxid))]
             return [Send(frm, SyncReply(msg.session_id, msg.cxid, self.peer.last_committed))]
         return [Disconnect(frm, f"a leader does not expect {type(msg).__name__}")] if frm != self.id else []
+
+
+_FROM_SYNCED = (Ack, Request, Ping, SyncRequest)
 
 
 def _chunks(txns: list[Txn]) -> list[tuple[Txn, ...]]:

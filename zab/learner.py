@@ -101,6 +101,8 @@ class LearnerRole:
         p = self.peer
         if p.phase is not Phase.DISCOVERY:
             return []  # a duplicate answer to a resent FOLLOWERINFO
+        if not Z.epoch_ok(m.new_epoch):
+            return self._fail(f"leader epoch {m.new_epoch} is at or beyond the limit {Z.EPOCH_LIMIT}")
         if m.new_epoch < p.accepted_epoch:
             return self._fail(f"leader epoch {m.new_epoch} is below our accepted epoch {p.accepted_epoch}")
         out: list[Action] = []

@@ -151,6 +151,7 @@ class Peer:
 
     # -- shared steps used by the roles ----------------------------------------
     def set_accepted_epoch(self, epoch: int) -> PersistEpoch:
+        assert Z.epoch_ok(epoch), f"epoch {epoch} is at or beyond the limit {Z.EPOCH_LIMIT}"
         self.accepted_epoch = epoch
         return PersistEpoch(accepted=epoch)
 

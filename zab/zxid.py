@@ -16,6 +16,26 @@ COUNTER_MAX = COUNTER_MASK
 
 ZERO = 0
 
+# Defence against a peer with a bug (or a stranger before TLS): no epoch at or above
+# EPOCH_LIMIT is taken from a message, chosen or persisted, so an epoch never reaches a
+# value that a zxid or the next epoch (+1) cannot hold. FOLLOWERINFO's accepted epoch
+# must leave room for the leader's +1, so it must be below EPOCH_LIMIT - 1.
+EPOCH_LIMIT = EPOCH_MAX
+# Election rounds (logical clocks) are u64 on the wire and each new round adds one; a
+# round from a message at or above this is ignored, leaving 2**62 rounds of headroom.
+ELECTION_ROUND_LIMIT = 1 << 62
+ZXID_MAX = (1 << 64) - 1
+
+
+def epoch_ok(epoch: int) -> bool:
+    """True when `epoch`, taken from a message, may be used (0 <= epoch < EPOCH_LIMIT)."""
+    return 0 <= epoch < EPOCH_LIMIT
+
+
+def zxid_ok(zxid: int) -> bool:
+    """True when `zxid`, taken from a message, is a u64 whose epoch may be used."""
+    return 0 <= zxid <= ZXID_MAX and epoch_of(zxid) < EPOCH_LIMIT
+
 
 def make(epoch: int, counter: int) -> int:
     """The zxid of the `counter`-th proposal of `epoch`."""
