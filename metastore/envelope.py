@@ -40,12 +40,21 @@ class Envelope:
     payload: bytes  # jute RequestHeader + request body
 
 
+MAX_FIELD = 0xFFFF  # u16: the auth count and each id's length; the client port keeps far below (edge_guard)
+
+
 def _s(text: str) -> bytes:
     b = text.encode()
+    if len(b) > MAX_FIELD:
+        raise EnvelopeError(f"auth id of {len(b)} bytes does not fit the envelope: the client-port guard "
+                            "(metastore.edge_guard) must refuse it first")
     return _LEN.pack(len(b)) + b
 
 
 def encode_envelope(e: Envelope) -> bytes:
+    if len(e.auth) > MAX_FIELD:
+        raise EnvelopeError(f"{len(e.auth)} auth ids do not fit the envelope: the client-port guard "
+                            "(metastore.edge_guard) must refuse them first")
     parts = [_HEAD.pack(VERSION, e.kind, e.origin, e.time_ms, len(e.auth))]
     for scheme, ident in e.auth:
         parts += [_s(scheme), _s(ident)]

@@ -28,6 +28,7 @@ import trio
 
 from metastore import envelope as E
 from metastore import jute
+from metastore.edge_guard import CLIENT_FAULTS, ClientRefused, check_auth, check_connect
 from metastore.acl import Id, digest_auth_id
 from metastore.four_letter import answer_four_letter_word
 from metastore.jute_defs import Err, EventType, JuteError, KeeperState, OpCode, UnknownOpcode, Xid
@@ -62,6 +63,7 @@ class MetastoreConfig:
     session_secret: bytes = b"quire"
     four_letter_words: frozenset[str] = frozenset({"ruok", "srvr", "stat", "mntr", "conf", "envi", "isro"})
     tick_ms: int = 50
+    tls: object = None  # TLS only when set, as ZooKeeper's secureClientPort (clusterd/tls_streams.py ServerTls)
 
 
 @dataclass(eq=False)
@@ -157,7 +159,8 @@ class MetastoreService:
 
     # -- sessions ---------------------------------------------------------------------
     def _password(self, session_id: int) -> bytes:
-        return hmac.new(self.cfg.session_secret, struct.pack(">q", session_id), hashlib.sha256).digest()[:16]
+        key = (session_id & 0xFFFF_FFFF_FFFF_FFFF).to_bytes(8, "big")
+        return hmac.new(self.cfg.session_secret, key, hashlib.sha256).digest()[:16]
 
     def _negotiate(self, requested_ms: int) -> int:
         return max(self.cfg.min_session_timeout_ms, min(self.cfg.max_session_timeout_ms, requested_ms))
@@ -198,10 +201,16 @@ class MetastoreService:
 
     # -- connections ---------------------------------------------------------------------
     async def _handle(self, stream: trio.SocketStream) -> None:
+        if self.cfg.tls is not None:
+            stream = await self.cfg.tls.accept(stream)  # None: refused, closed and logged by the TLS layer
+            if stream is None:
+                return
         send, recv = trio.open_memory_channel(OUTGOING_MAX)
         conn = Connection(next(self._conn_ids), stream, _peer_of(stream), send, recv)
         # As in ZooKeeper, every connection is authenticated by its address (the ip scheme).
         conn.auth.append(Id("ip", conn.peer.rsplit(":", 1)[0]))
+        if self.cfg.tls is not None:  # and by its certificate, as ZooKeeper's x509 scheme
+            conn.auth.extend(self.cfg.tls.identities(stream))
         self.connections[conn.id] = conn
         self.stats["connections"] += 1
         try:
@@ -261,8 +270,11 @@ class MetastoreService:
                     frames = reader.feed(data)
             if not await self._connect(conn, frames.pop(0)):
                 return
-        except (JuteError, trio.TooSlowError) as e:
+        except trio.TooSlowError as e:
             log.info("event=client_dropped conn=%s peer=%s error=%r", conn.id, conn.peer, e)
+            return
+        except CLIENT_FAULTS as e:
+            self._refused(conn, e, None, handshake=True)
             return
         with conn.scope:
             await self._read_requests(conn, reader, frames)
@@ -293,8 +305,8 @@ class MetastoreService:
                 if not data:
                     return
                 frames = reader.feed(data)
-        except JuteError as e:
-            log.info("event=client_dropped conn=%s peer=%s error=%r", conn.id, conn.peer, e)
+        except CLIENT_FAULTS as e:
+            self._refused(conn, e, None)
 
     def _advance(self, conn: Connection) -> None:
         """Answer the requests at the head of the queue whose outcome is known, in order;
@@ -316,8 +328,23 @@ class MetastoreService:
     async def _wait_advanced(self, conn: Connection) -> None:
         await conn.advanced.wait()
 
+    def _refused(self, conn: Connection, e: Exception, xid: int | None, *, handshake: bool = False) -> None:
+        """The client-port edge's one answer to input the core must not see (edge_guard):
+        the refusal's reply, if it has one, then the connection ends."""
+        log.info("event=client_refused conn=%s peer=%s error=%r", conn.id, conn.peer, e)
+        code = getattr(e, "code", None)
+        if code == Err.SESSION_EXPIRED and handshake:
+            conn.send(jute.encode_connect_response(jute.ConnectResponse(0, 0, 0, b"\0" * 16, False)))
+        elif code == Err.AUTH_FAILED:
+            conn.send(jute.encode_reply(jute.ReplyHeader(Xid.AUTH, self.sm.last_zxid, Err.AUTH_FAILED)))
+            conn.send(jute.encode_notification(jute.WatcherEvent(-1, KeeperState.AUTH_FAILED, None)))
+        elif code is not None and xid is not None:
+            self._reply(conn, xid, code)
+        conn.close()
+
     async def _connect(self, conn: Connection, payload: bytes) -> bool:
         req = jute.decode_connect_request(payload)
+        check_connect(req)
         peer = self.driver.peer
         if peer is None or peer.phase is not Phase.BROADCAST:
             return False  # no quorum here: the client tries another server
@@ -469,6 +496,7 @@ class MetastoreService:
             conn.send(jute.encode_notification(jute.WatcherEvent(-1, KeeperState.AUTH_FAILED, None)))
             return False
         ident = digest_auth_id(body.auth)
+        check_auth(conn.auth, ident)
         if ident not in conn.auth:
             conn.auth.append(ident)
         conn.send(jute.encode_reply(jute.ReplyHeader(Xid.AUTH, self.sm.last_zxid, 0)))
@@ -522,7 +550,7 @@ def _now_ms() -> int:
 
 def _peer_of(stream: trio.SocketStream) -> str:
     try:
-        host, port = stream.socket.getpeername()[:2]
+        host, port = getattr(stream, "transport_stream", stream).socket.getpeername()[:2]  # TLS: the TCP stream's
         return f"{host}:{port}"
     except OSError:
         return "?"
