@@ -46,6 +46,16 @@ log = logging.getLogger("quire.zab.driver")
 
 _LOG_ACTIONS = (LogAppend, LogSync, LogTruncate, InstallSnapshot, TakeSnapshot)
 
+# The identity a request carries through Zab (its Txn's, REQUEST's and answers' cxid): the
+# origin node's id in the top byte, then a per-driver counter from a random start. Every node
+# delivers every transaction, and a session may move between nodes whose callers number
+# their requests independently, so (session, caller's cxid) would answer one node's client
+# with another's result (issue 17); the random start keeps a restarted node's new requests
+# apart from its old ones still in flight.
+REQUEST_NODE_BITS = 8
+_REQUEST_SEQ_BITS = 64 - REQUEST_NODE_BITS
+_REQUEST_SEQ_MASK = (1 << _REQUEST_SEQ_BITS) - 1
+
 
 @dataclass(slots=True, unsafe_hash=True)
 class _Resume:
@@ -129,7 +139,10 @@ class PeerDriver:
         self._started = False
         self._persisting: PersistEpoch | None = None
         self._persist_wakeup = trio.Event()
-        self._waiters: dict[tuple[int, int], _Waiter] = {}
+        self._waiters: dict[tuple[int, int], _Waiter] = {}  # by (session, request identity)
+        if not 0 < config.my_id < 1 << REQUEST_NODE_BITS:
+            raise ValueError(f"node id {config.my_id} must be in 1..{(1 << REQUEST_NODE_BITS) - 1}")
+        self._request_seq = int.from_bytes(os.urandom(8), "big") & _REQUEST_SEQ_MASK
         self._listener: DriverListener | None = None
         self._running = False
 
@@ -327,7 +340,7 @@ class PeerDriver:
 
     async def start_sync(self, session_id: int, cxid: int) -> "Pending":
         """Hand a `sync` to the peer now; await `.result()` later (see start_submit)."""
-        return await self._start(session_id, cxid, ClientSync(session_id, cxid))
+        return await self._start(session_id, cxid, lambda rid: ClientSync(session_id, rid))
 
     def touch(self, session_ids: tuple[int, ...]) -> None:
         """Report client sessions active on this node (the leader decides expiry)."""
@@ -349,17 +362,18 @@ class PeerDriver:
         a client connection can pipeline many writes and still see ZooKeeper's FIFO
         order; await `.result()` of each for its outcome.
         """
-        return await self._start(session_id, cxid, ClientRequest(session_id, cxid, request))
+        return await self._start(session_id, cxid, lambda rid: ClientRequest(session_id, rid, request))
 
-    async def _start(self, session_id: int, cxid: int, event: Event) -> "Pending":
+    async def _start(self, session_id: int, cxid: int, make: Callable[[int], Event]) -> "Pending":
+        """`cxid` is the caller's number for the request; Zab carries a unique identity instead."""
         if not self._running:
             raise NoLeader(f"node {self.cfg.my_id} is not running")
-        key = (session_id, cxid)
-        if key in self._waiters:
-            raise ValueError(f"request {key} is already in flight")
+        self._request_seq = (self._request_seq + 1) & _REQUEST_SEQ_MASK
+        key = (session_id, self.cfg.my_id << _REQUEST_SEQ_BITS | self._request_seq)
+        assert key not in self._waiters, f"request identity {key} reused while in flight (caller's cxid {cxid})"
         waiter = self._waiters[key] = _Waiter()
         try:
-            self._feed((event,))  # stepped here and now: proposed before this returns
+            self._feed((make(key[1]),))  # stepped here and now: proposed before this returns
         except BaseException:
             self._waiters.pop(key, None)
             raise
