@@ -164,7 +164,8 @@ class BookieClient:
 
     def __init__(self, host: str, port: int, *, timeout_s: float = DEFAULT_TIMEOUT_S,
                  connect_timeout_s: float = CONNECT_TIMEOUT_S, max_frame_bytes: int = (64 << 20),
-                 bookie_id: int | None = None, request_ids: Iterator[int] | None = None) -> None:
+                 bookie_id: int | None = None, request_ids: Iterator[int] | None = None, tls: Any = None) -> None:
+        self.tls = tls  # TLS when set: `async wrap(stream, host)` (clusterd.tls_streams.ClientTls); refused: OSError
         self.host, self.port = host, port
         self.bookie_id = bookie_id
         self.timeout_s = timeout_s
@@ -374,6 +375,8 @@ class BookieClient:
         try:
             with trio.fail_after(self.connect_timeout_s):
                 stream = await trio.open_tcp_stream(self.host, self.port)
+                if self.tls is not None:
+                    stream = await self.tls.wrap(stream, self.host)
         except (OSError, trio.TooSlowError) as e:
             self._connecting = False
             self._retry_at = trio.current_time() + self._backoff_s

@@ -209,8 +209,12 @@ class BookieService:
     The storage's own background work (checkpoints, disk checks, compaction) is the
     caller's to run (clusterd starts `storage.run`)."""
 
-    def __init__(self, storage: BookieStorage, host: str, port: int, config: BookieServiceConfig | None = None) -> None:
+    def __init__(self, storage: BookieStorage, host: str, port: int, config: BookieServiceConfig | None = None,
+                 *, tls: Any = None) -> None:
         self.storage = storage
+        # TLS with client certificates when set: `async accept(stream)` does the handshake, None
+        # when it refused (clusterd/tls_streams.py ServerTls).
+        self.tls = tls
         self.host = host
         self.port = port
         self.cfg = config or BookieServiceConfig()
@@ -255,6 +259,10 @@ class BookieService:
 
     # -- connections --------------------------------------------------------------------
     async def _handle(self, stream: trio.SocketStream) -> None:
+        if self.tls is not None:
+            stream = await self.tls.accept(stream)  # None: refused, closed and logged by the TLS layer
+            if stream is None:
+                return
         conn = _Connection(next(self._ids), stream, self.cfg.max_outgoing_bytes)
         self.connections[conn.id] = conn
         self.stats["connections"] += 1

@@ -22,11 +22,12 @@ from typing import Any, NoReturn
 
 import trio
 
-from clusterd import localcluster
+from clusterd import localcluster, tls_node
 from clusterd.admin import AdminServer
 from clusterd.bookie_node import BookieNode, BookieStartupError
 from clusterd.config import ClusterConfig, ConfigError, NodeConfig, load
 from clusterd.kvservice import INCARNATION_BITS, KVService
+from clusterd.tls_context import TlsSetupError
 from metastore.service import MetastoreConfig, MetastoreService
 from metastore.state_machine import MetastoreStateMachine
 from zab.driver import PeerDriver
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
         _die(EXIT_STARTUP_FAILED, str(e))
     try:
         trio.run(run_node, config, node)
-    except* (StartupError, BookieStartupError) as group:
+    except* (StartupError, BookieStartupError, TlsSetupError) as group:
         _die(EXIT_STARTUP_FAILED, "; ".join(str(e) for e in group.exceptions))
     finally:
         localcluster.remove_pid_file(node, os.getpid())
@@ -102,6 +103,7 @@ async def run_node(config: ClusterConfig, node: NodeConfig) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_cancel_on_signal, signals, nursery.cancel_scope)
+            tls_node.warn_if_plaintext(config, node)
             await _start_services(nursery, config, node)
             # Lifecycle events are warnings so that the quiet default still records them.
             log.warning("node started", extra={"pid": os.getpid(), "roles": ",".join(sorted(node.roles)),
@@ -153,10 +155,12 @@ async def _start_ensemble_services(nursery: trio.Nursery, config: ClusterConfig,
     driver = PeerDriver(config.zab_config(node.id), config.peer_addresses(), node.data_dir, sm,
                         max_frame_bytes=config.max_frame_bytes, send_queue_max=config.send_queue_max,
                         snapshots_retained=config.snapshots_retained, cluster_name=config.name)
+    driver.transport.tls = tls_node.peer_tls(config, node)  # None: plain TCP ([tls] peer)
     if zookeeper:
         service = MetastoreService(driver, sm, MetastoreConfig(
             node.id, node.host, node.client_port, config.min_session_timeout_ms, config.max_session_timeout_ms,
-            config.session_secret.encode(), config.four_letter_word_set, tick_ms=config.tick_ms))
+            config.session_secret.encode(), config.four_letter_word_set, tick_ms=config.tick_ms,
+            tls=tls_node.client_port_tls(config, node)))
     await nursery.start(driver.run)
     if zookeeper:
         try:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ssl
 from pathlib import Path
+from typing import Any
 
 from cryptography import x509
 
@@ -75,9 +76,10 @@ def _load_ca(context: ssl.SSLContext, ca: Path) -> None:
                             "(or check [tls] ca in cluster.toml)") from None
 
 
-def certificate_node_ids(ssl_object: ssl.SSLObject) -> set[int]:
-    """The node ids a verified peer certificate names (URI SANs quire:node:<id>); empty if none."""
-    cert = ssl_object.getpeercert()
+def certificate_node_ids(connection: Any) -> set[int]:
+    """The node ids a verified peer certificate names (URI SANs quire:node:<id>); empty if none.
+    `connection`: anything with ssl's getpeercert (an SSLObject, a trio.SSLStream)."""
+    cert = connection.getpeercert()
     ids = set()
     for kind, value in (cert or {}).get("subjectAltName", ()):
         if kind == "URI" and value.startswith(NODE_URI_PREFIX) and value[len(NODE_URI_PREFIX):].isdigit():
@@ -85,10 +87,10 @@ def certificate_node_ids(ssl_object: ssl.SSLObject) -> set[int]:
     return ids
 
 
-def certificate_subject(ssl_object: ssl.SSLObject) -> str | None:
+def certificate_subject(connection: Any) -> str | None:
     """The verified peer certificate's subject DN as RFC 2253/4514 text (e.g. "CN=alice"), the id
     ZooKeeper's X509AuthenticationProvider gives a client; None without a certificate."""
-    der = ssl_object.getpeercert(binary_form=True)
+    der = connection.getpeercert(binary_form=True)
     if not der:
         return None
     return x509.load_der_x509_certificate(der).subject.rfc4514_string()

@@ -18,7 +18,7 @@ from collections import Counter, deque
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from typing import Self
+from typing import Any, Self
 
 import trio
 
@@ -120,7 +120,10 @@ class SessionDriver:
                  auth: Sequence[tuple[str, bytes | str]] = (), start_timeout_s: float = 30.0,
                  reconnect_wait_s: float | None = None, max_in_flight: int = 1024,
                  backoff_s: tuple[float, float] = (0.05, 1.0), max_data_bytes: int = DEFAULT_MAX_BUFFER_BYTES,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, tls: Any = None) -> None:
+        # tls: TLS on every connection when set, an object with `async wrap(stream, host)` that does
+        # the handshake (clusterd.tls_streams.ClientTls); a refusal is an OSError, tried as a failed connect.
+        self._tls = tls
         self._rng = rng or random.Random()
         self._hosts = HostRing(hosts, self._rng)
         self._requested_timeout_ms = session_timeout_ms
@@ -348,6 +351,8 @@ class SessionDriver:
         try:
             with trio.fail_after(self._attempt_timeout_s()):
                 stream = await trio.open_tcp_stream(*host)
+                if self._tls is not None:
+                    stream = await self._tls.wrap(stream, host[0])
                 try:
                     await stream.send_all(jute.frame(jute.encode_connect_request(request)))
                     received: list[bytes] = []

@@ -22,7 +22,10 @@ import trio
 def write_now(stream: trio.SocketStream, data: bytes) -> bytes | memoryview:
     """Write `data` without waiting; returns the part the socket did not take (empty: all sent).
     An error leaves everything unsent: the writer task's send_all meets it again and ends the
-    connection the usual way."""
+    connection the usual way. A TLS stream (no `socket`) takes nothing here: its bytes must be
+    encrypted, so they always go through the writer task's send_all."""
+    if not isinstance(stream, trio.SocketStream):
+        return data
     try:
         sent = os.write(stream.socket.fileno(), data)
     except OSError:  # BlockingIOError (the send buffer is full), or a broken connection

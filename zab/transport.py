@@ -95,6 +95,8 @@ class PeerTransport:
         self._unflushed: list[_Outgoing] = []  # links with a pending buffer
         self._lost: list[int] = []  # peers whose loss must reach the core
         self._lost_event = trio.Event()
+        # Mutual TLS on every link when set (clusterd/tls_streams.py PeerTls: accept, admit, dial).
+        self.tls = None
 
     # -- running ---------------------------------------------------------------------
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -227,6 +229,8 @@ class PeerTransport:
             generation = out.generation
             try:
                 stream = await trio.open_tcp_stream(host, port)
+                if self.tls is not None:  # refused (TlsRefused is an OSError): retried with backoff
+                    stream = await self.tls.dial(stream, peer)
             except OSError:
                 await trio.sleep(delay)
                 delay = min(delay * 2, RECONNECT_MAX_S)
@@ -316,12 +320,19 @@ class PeerTransport:
     async def _accept(self, stream: trio.SocketStream) -> None:
         # Until a HELLO names a member, a stranger may only make us buffer a small frame.
         decoder = FrameDecoder(HELLO_MAX_BYTES)
+        if self.tls is not None:
+            stream = await self.tls.accept(stream)  # None: refused, closed and logged by the TLS layer
+            if stream is None:
+                return
         try:
             with trio.fail_after(HELLO_TIMEOUT_S):
                 peer, early = await self._read_hello(stream, decoder)
         except (FrameError, trio.TooSlowError, OSError, trio.BrokenResourceError) as e:
             self.stats.bad_frames += 1
             log.warning("event=peer_rejected error=%r", e)
+            await stream.aclose()
+            return
+        if self.tls is not None and not self.tls.admit(stream, peer):  # its certificate is another node's
             await stream.aclose()
             return
         decoder.max_frame_bytes = self.max_frame_bytes
