@@ -33,15 +33,16 @@ import functools
 import inspect
 import itertools
 import logging
+import math
 import threading
 from collections import Counter
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from bookie import protocol as P
 from bookie.errors import BookieError, EntryCorrupt, EntryTooLarge, NoSuchEntry, Overloaded, StorageError
+from bookie.service_config import BookieServiceConfig
 from zab.sockets import write_now
 
 if TYPE_CHECKING:
@@ -50,33 +51,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("quire.bookie.service")
 
 FLUSH_BEFORE_CLOSE_S = 1.0  # how long a BAD_REQUEST answer may take to leave before the connection closes
-
-
-@dataclass(frozen=True)
-class BookieServiceConfig:
-    """Limits of the bookie's client port.
-
-    - max_entry_bytes: the largest packaged entry accepted (frames may be this plus
-      protocol.FRAME_OVERHEAD_BYTES); keep it equal to the storage's.
-    - max_in_flight: requests of one connection being served at once; beyond it, OVERLOADED.
-    - max_outgoing_bytes: answers queued for one connection before it is cut off.
-    - max_long_poll_ms: a long poll's timeout is capped at this.
-    """
-
-    max_entry_bytes: int = 5 << 20
-    max_in_flight: int = 10_000
-    max_outgoing_bytes: int = 64 << 20
-    max_long_poll_ms: int = 60_000
-    receive_bytes: int = 1 << 18
-
-    def __post_init__(self) -> None:
-        for name in ("max_entry_bytes", "max_in_flight", "max_outgoing_bytes", "max_long_poll_ms", "receive_bytes"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"BookieServiceConfig.{name} must be positive, got {getattr(self, name)}")
-
-    @property
-    def max_frame_bytes(self) -> int:
-        return self.max_entry_bytes + P.FRAME_OVERHEAD_BYTES
 
 
 class _Connection:
@@ -102,6 +76,8 @@ class _Connection:
         self.drained = trio.Event()  # set once nothing is queued after closing began
         self.scope: trio.CancelScope | None = None  # the connection's nursery
         self.splitter: P.FrameSplitter | None = None
+        self.in_flight_bytes = 0  # of adds waiting for their journal fsync
+        self.cut_off = False  # closed for not reading its answers
 
     def send(self, frame: bytes) -> None:
         if self.closing and self.scope is None:
@@ -119,6 +95,7 @@ class _Connection:
         self.wake.set()
         if self.out_bytes > self.max_outgoing_bytes and self.scope is not None:
             log.warning("event=slow_reader_cut_off conn=%s queued_bytes=%s", self.id, self.out_bytes)
+            self.cut_off = True
             self.scope.cancel()  # a client that does not read its answers is cut off, never waited for
 
     def _take_leftover(self) -> None:  # under the lock
@@ -223,6 +200,13 @@ class BookieService:
         self.stats: Counter[str] = Counter()
         self._fatal: StorageError | None = None  # a batch of adds failed to reach the disk: stop serving
         self._fatal_event = trio.Event()
+        self._closed = trio.Event()  # set and replaced whenever a connection closes
+        self._open_per_address: Counter[str] = Counter()
+
+    async def wait_connections_at_most(self, count: int) -> None:
+        """Return once at most `count` client connections are open."""
+        while len(self.connections) > count:
+            await self._closed.wait()
 
     async def listen(self) -> list[trio.SocketListener]:
         """Bind the port (OSError if it is in use); pass the result to run()."""
@@ -259,10 +243,47 @@ class BookieService:
 
     # -- connections --------------------------------------------------------------------
     async def _handle(self, stream: trio.SocketStream) -> None:
-        if self.tls is not None:
-            stream = await self.tls.accept(stream)  # None: refused, closed and logged by the TLS layer
-            if stream is None:
-                return
+        """Admit a new connection (or close it at once, over a connection limit) and serve it.
+        The handshake deadline starts here: a stream wrapper (TLS) goes between admission and
+        _serve_connection, bounded by the same deadline."""
+        try:
+            address = _peer_host(stream)
+        except OSError:  # reset before it was served
+            await stream.aclose()
+            return
+        if not self._admit_connection(address):
+            await stream.aclose()
+            return
+        self._open_per_address[address] += 1
+        try:
+            deadline = trio.current_time() + self.cfg.handshake_timeout_ms / 1000
+            if self.tls is not None:
+                accepted = None
+                with trio.move_on_at(deadline):  # the TLS handshake counts against the same deadline
+                    accepted = await self.tls.accept(stream)  # None: refused, closed and logged by the TLS layer
+                if accepted is None:
+                    await trio.aclose_forcefully(stream)
+                    return
+                stream = accepted
+            await self._serve_connection(stream, deadline)
+        finally:
+            self._open_per_address[address] -= 1
+            if not self._open_per_address[address]:
+                del self._open_per_address[address]
+
+    def _admit_connection(self, address: str) -> bool:
+        cfg = self.cfg
+        if sum(self._open_per_address.values()) >= cfg.max_connections:
+            why = f"{cfg.max_connections} connections open (max_connections)"
+        elif self._open_per_address[address] >= cfg.max_connections_per_address:
+            why = f"{cfg.max_connections_per_address} connections open from {address} (max_connections_per_address)"
+        else:
+            return True
+        self.stats["connections_refused"] += 1
+        log.info("event=connection_refused address=%s reason=%r", address, why)
+        return False
+
+    async def _serve_connection(self, stream: trio.SocketStream, handshake_deadline: float) -> None:
         conn = _Connection(next(self._ids), stream, self.cfg.max_outgoing_bytes)
         self.connections[conn.id] = conn
         self.stats["connections"] += 1
@@ -270,7 +291,7 @@ class BookieService:
             async with trio.open_nursery() as nursery:
                 conn.scope = nursery.cancel_scope
                 nursery.start_soon(conn.write_loop)
-                await self._read_loop(conn, nursery)
+                await self._read_loop(conn, nursery, handshake_deadline)
                 if conn.closing and conn.out:  # a bad frame: let its BAD_REQUEST answer leave first
                     with trio.move_on_after(FLUSH_BEFORE_CLOSE_S):
                         await conn.drained.wait()
@@ -283,26 +304,39 @@ class BookieService:
             with conn.lock:  # the worker thread never writes to a closed (or reused) descriptor
                 conn.closing, conn.scope = True, None
             del self.connections[conn.id]
+            self._closed.set()
+            self._closed = trio.Event()
             if conn.splitter is not None:
                 self.stats["frame_bytes_copied"] += conn.splitter.bytes_copied
+            self.stats["slow_readers_cut_off"] += conn.cut_off
             await stream.aclose()
 
-    async def _read_loop(self, conn: _Connection, nursery: trio.Nursery) -> None:
+    async def _read_loop(self, conn: _Connection, nursery: trio.Nursery, handshake_deadline: float) -> None:
+        """Read and dispatch frames until the peer closes, sends a bad frame or times out: until its
+        first whole frame, by the handshake deadline; after it, only while a frame is incomplete."""
         splitter = conn.splitter = P.FrameSplitter(self.cfg.max_frame_bytes)
-        while True:
-            data = await conn.stream.receive_some(self.cfg.receive_bytes)
-            if not data:
-                return
-            try:
-                bodies = splitter.feed(data)
-            except P.DecodeError as e:
-                self._bad_request(conn, e)
-                return
-            if not self._dispatch(conn, nursery, bodies):
-                return
-            if splitter.error is not None:  # after good frames of the same read, served above
-                self._bad_request(conn, splitter.error)
-                return
+        read_timeout_s, shaken = self.cfg.read_timeout_ms / 1000, False
+        with trio.CancelScope(deadline=handshake_deadline) as timer:
+            while True:
+                data = await conn.stream.receive_some(self.cfg.receive_bytes)
+                if not data:
+                    return
+                try:
+                    bodies = splitter.feed(data)
+                except P.DecodeError as e:
+                    self._bad_request(conn, e)
+                    return
+                if not self._dispatch(conn, nursery, bodies):
+                    return
+                if splitter.error is not None:  # after good frames of the same read, served above
+                    self._bad_request(conn, splitter.error)
+                    return
+                shaken = shaken or bool(bodies)
+                if shaken:
+                    timer.deadline = trio.current_time() + read_timeout_s if splitter.pending_bytes else math.inf
+        self.stats["timeouts"] += 1
+        log.warning("event=connection_timeout conn=%s phase=%s pending_bytes=%s action=close", conn.id,
+                    "frame" if shaken else "handshake", splitter.pending_bytes)
 
     def _bad_request(self, conn: _Connection, e: P.DecodeError) -> None:
         self.stats["bad_frames"] += 1
@@ -328,6 +362,7 @@ class BookieService:
                     adds.append((ledger, entry, key, data, recovery))
                     add_ids.append(rid)
                     conn.in_flight += 1
+                    conn.in_flight_bytes += len(data)
                     continue
                 req = P.decode_request(body)
             except P.DecodeError as e:
@@ -364,6 +399,12 @@ class BookieService:
             conn.fail_ids(rid, ledger_id, P.Kind.ADD, Overloaded(
                 f"{conn.in_flight} requests in flight on this connection (max_in_flight); retry later"))
             return False
+        if conn.in_flight_bytes and conn.in_flight_bytes + size > self.cfg.max_in_flight_bytes:
+            self.stats["overloaded"] += 1
+            conn.fail_ids(rid, ledger_id, P.Kind.ADD, Overloaded(
+                f"{conn.in_flight_bytes} bytes of adds in flight on this connection (max_in_flight_bytes); "
+                "retry later"))
+            return False
         if size > self.cfg.max_entry_bytes:
             conn.fail_ids(rid, ledger_id, P.Kind.ADD, EntryTooLarge(
                 f"entry of {size} bytes exceeds max_entry_bytes={self.cfg.max_entry_bytes}"))
@@ -375,26 +416,29 @@ class BookieService:
         """Admit the adds of one socket read and put them in the storage's open batch (its write starts
         at once if the disk is free); they are answered when that batch is durable, by its callback."""
         self.stats["adds"] += len(adds)
+        nbytes = sum(len(add[3]) for add in adds)
         try:
             outcomes, batch = self.storage.join_adds(adds)
         except BookieError as e:  # the whole batch refused (e.g. read-only)
             outcomes, batch = [e] * len(adds), None
         except BaseException:
             conn.in_flight -= len(adds)
+            conn.in_flight_bytes -= nbytes
             raise
         if batch is None:
-            self._answer_adds(conn, add_ids, adds, outcomes, None)
+            self._answer_adds(conn, add_ids, adds, nbytes, outcomes, None)
         elif outcomes.count(None) == len(outcomes):  # every add accepted: answered from the worker thread
             ok = P.encode_add_ok
             answer = _ThreadAnswer(conn, b"".join([ok(rid, add[0], add[1]) for rid, add in zip(add_ids, adds)]))
             batch.after_sync.append(answer.send_from_thread)
-            batch.on_done(functools.partial(self._answered_adds, conn, len(adds), answer))
+            batch.on_done(functools.partial(self._answered_adds, conn, len(adds), nbytes, answer))
         else:
-            batch.on_done(functools.partial(self._answer_adds, conn, add_ids, adds, outcomes))
+            batch.on_done(functools.partial(self._answer_adds, conn, add_ids, adds, nbytes, outcomes))
 
-    def _answered_adds(self, conn: _Connection, count: int, answer: _ThreadAnswer,
+    def _answered_adds(self, conn: _Connection, count: int, nbytes: int, answer: _ThreadAnswer,
                        error: StorageError | None) -> None:
         conn.in_flight -= count
+        conn.in_flight_bytes -= nbytes
         if error is not None:
             self._storage_failed(error)
         elif answer.claim_for_loop():
@@ -402,9 +446,10 @@ class BookieService:
         else:
             conn.kick()
 
-    def _answer_adds(self, conn: _Connection, add_ids: list[int], adds: list[tuple],
+    def _answer_adds(self, conn: _Connection, add_ids: list[int], adds: list[tuple], nbytes: int,
                      outcomes: list[BookieError | None], error: StorageError | None) -> None:
         conn.in_flight -= len(adds)
+        conn.in_flight_bytes -= nbytes
         if error is not None:
             self._storage_failed(error)
             return
@@ -526,6 +571,12 @@ class BookieService:
             conn.answer(P.Response(req.request_id, P.Kind.LONG_POLL, P.Status.OK, req.ledger_id, lac=lac, data=data))
         except BookieError as e:
             conn.fail(req, P.Kind.LONG_POLL, e)
+
+
+def _peer_host(stream: trio.SocketStream) -> str:
+    """The client's IP address, the unit of max_connections_per_address."""
+    peer = stream.socket.getpeername()
+    return peer[0] if isinstance(peer, tuple) else str(peer)
 
 
 _ADD_CODE = bytes((P.Kind.ADD,))

@@ -58,7 +58,13 @@ def autorecovery_config(config: ClusterConfig) -> AutoRecoveryConfig:
 
 def service_config(config: ClusterConfig) -> BookieServiceConfig:
     return BookieServiceConfig(max_entry_bytes=config.bookie_max_entry_bytes,
-                               max_in_flight=config.bookie_max_in_flight)
+                               max_in_flight=config.bookie_max_in_flight,
+                               max_in_flight_bytes=config.bookie_max_in_flight_bytes,
+                               max_outgoing_bytes=config.bookie_max_outgoing_bytes,
+                               handshake_timeout_ms=config.bookie_handshake_timeout_ms,
+                               read_timeout_ms=config.bookie_read_timeout_ms,
+                               max_connections=config.bookie_max_connections,
+                               max_connections_per_address=config.bookie_max_connections_per_address)
 
 
 class BookieNode:

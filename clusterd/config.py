@@ -122,6 +122,13 @@ class ClusterConfig:
     # Bookies (nodes with the bookie role; they run only when client_protocol is "zookeeper").
     bookie_max_entry_bytes: int = 5 << 20  # the largest packaged entry a bookie stores
     bookie_max_in_flight: int = 10_000  # requests served at once per bookie connection; more: OVERLOADED
+    # The bookie port's limits (bookie/service_config.py): per connection, then per address and in total.
+    bookie_max_in_flight_bytes: int = 256 << 20  # adds of one connection awaiting their fsync; more: OVERLOADED
+    bookie_max_outgoing_bytes: int = 64 << 20  # answers queued for a client that does not read; more: cut off
+    bookie_handshake_timeout_ms: int = 10_000  # a new connection must send a whole frame (and TLS handshake) by then
+    bookie_read_timeout_ms: int = 30_000  # a connection stopped this long in the middle of a frame is closed
+    bookie_max_connections: int = 1024  # connections to the bookie port at once; more are closed at once
+    bookie_max_connections_per_address: int = 60  # from one client address (ZooKeeper's maxClientCnxns)
     bookie_disk_usage_percent: int = 95  # above this much of its filesystem used, a bookie turns read-only
     bookie_entry_log_bytes: int = 128 << 20  # entry logs rotate at this size; compaction reclaims whole logs
     bookie_gc_interval_ms: int = 60_000  # how often a bookie looks for deleted ledgers (two misses needed)

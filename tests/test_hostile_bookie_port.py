@@ -7,12 +7,21 @@ checks the bookie still serves a good client afterwards.
 
 from __future__ import annotations
 
+import socket
+import struct
+import threading
+
+import pytest
 import trio
 import trio.testing
 
 from bookie import protocol as P
 from bookie.client import BookieClient
 from bookie.entry import Digester, DigestType, master_key
+from bookie.errors import Overloaded
+from bookie.service import BookieServiceConfig
+from clusterd import config as cluster_config
+from clusterd.bookie_node import service_config
 from bookie_fixtures import serving_bookie, trio_test
 
 KEY = master_key(b"secret")
@@ -71,3 +80,189 @@ async def test_the_bookie_port_assembles_a_trickled_5_mib_add_in_linear_work(tmp
             assert service.statistics()["frame_bytes_copied"] <= 3 * len(frame)
             async with BookieClient("127.0.0.1", service.port) as good:
                 assert await good.read(7, 0) == data
+
+
+# -- 2. timeouts, connection limits, bytes held per connection --------------------------------
+
+async def _closed_by_bookie(stream: trio.SocketStream) -> bool:
+    """Whether the bookie closed the connection (EOF or reset), reading whatever it sent first."""
+    try:
+        while await stream.receive_some(1 << 16):
+            pass
+    except trio.BrokenResourceError:
+        pass
+    return True
+
+
+async def _served(service) -> None:
+    """A good client is still served: an add, then reading it back."""
+    async with BookieClient("127.0.0.1", service.port) as good:
+        await good.add(99, 0, KEY, entry(99, 0))
+        assert DIGESTER.verify(await good.read(99, 0)).payload == b"entry 0"
+
+
+@trio_test
+async def test_a_connection_that_sends_nothing_is_closed_after_the_handshake_timeout(tmp_path):
+    config = BookieServiceConfig(handshake_timeout_ms=300)
+    with trio.fail_after(20):
+        async with serving_bookie(tmp_path, config) as service:
+            silent = await trio.open_tcp_stream("127.0.0.1", service.port)
+            async with silent:
+                start = trio.current_time()
+                assert await _closed_by_bookie(silent)
+                assert trio.current_time() - start >= 0.25
+            assert service.statistics()["timeouts"] == 1
+            await _served(service)
+
+
+@trio_test
+async def test_a_connection_that_stops_mid_frame_is_closed_after_the_read_timeout(tmp_path):
+    config = BookieServiceConfig(read_timeout_ms=300)
+    frame = P.encode_add(2, 7, 1, KEY, entry(7, 1, b"z" * 100_000))
+    with trio.fail_after(20):
+        async with serving_bookie(tmp_path, config) as service:
+            stalled = await trio.open_tcp_stream("127.0.0.1", service.port)
+            async with stalled:
+                await stalled.send_all(P.encode_add(1, 7, 0, KEY, entry(7, 0)) + frame[:50_000])
+                assert await _closed_by_bookie(stalled)  # after the answer to the complete add
+            assert service.statistics()["timeouts"] == 1
+            assert service.statistics()["connections_open"] == 0
+            await _served(service)
+
+
+@trio_test
+async def test_a_connection_idle_between_frames_stays_open(tmp_path):
+    """Pooled clients keep connections open between requests: only a stalled frame times out."""
+    config = BookieServiceConfig(handshake_timeout_ms=200, read_timeout_ms=200)
+    with trio.fail_after(20):
+        async with serving_bookie(tmp_path, config) as service:
+            async with BookieClient("127.0.0.1", service.port) as pooled:
+                await pooled.add(7, 0, KEY, entry(7, 0))
+                await trio.sleep(0.6)
+                await pooled.add(7, 1, KEY, entry(7, 1))
+                assert service.statistics()["connections"] == 1
+            assert service.statistics().get("timeouts", 0) == 0
+
+
+@trio_test
+async def test_connections_beyond_the_per_address_limit_are_refused_and_other_addresses_served(tmp_path):
+    config = BookieServiceConfig(max_connections_per_address=3)
+    with trio.fail_after(20):
+        async with serving_bookie(tmp_path, config) as service:
+            held = [await trio.open_tcp_stream("127.0.0.1", service.port, local_address="127.0.0.1")
+                    for _ in range(3)]
+            for s in held:  # each accepted and served
+                await s.send_all(P.encode_request(P.ReadLac(1, 5)))
+                assert await s.receive_some(1 << 16)
+            extra = await trio.open_tcp_stream("127.0.0.1", service.port, local_address="127.0.0.1")
+            async with extra:
+                assert await _closed_by_bookie(extra)
+            assert service.statistics()["connections_refused"] == 1
+            other = await trio.open_tcp_stream("127.0.0.1", service.port, local_address="127.0.0.2")
+            async with other:
+                await other.send_all(P.encode_request(P.ReadLac(1, 5)))
+                assert await other.receive_some(1 << 16)
+            await held.pop().aclose()
+            await service.wait_connections_at_most(2)
+            async with BookieClient("127.0.0.1", service.port) as good:  # a slot from 127.0.0.1 again
+                await good.add(99, 0, KEY, entry(99, 0))
+            for s in held:
+                await s.aclose()
+
+
+@trio_test
+async def test_connections_beyond_the_total_limit_are_refused(tmp_path):
+    config = BookieServiceConfig(max_connections=4)
+    with trio.fail_after(20):
+        async with serving_bookie(tmp_path, config) as service:
+            held = []
+            for i in range(4):
+                s = await trio.open_tcp_stream("127.0.0.1", service.port, local_address=f"127.0.0.{i + 1}")
+                await s.send_all(P.encode_request(P.ReadLac(1, 5)))
+                assert await s.receive_some(1 << 16)
+                held.append(s)
+            extra = await trio.open_tcp_stream("127.0.0.1", service.port, local_address="127.0.0.9")
+            async with extra:
+                assert await _closed_by_bookie(extra)
+            assert service.statistics()["connections_refused"] == 1
+            for s in held:
+                await s.aclose()
+            await service.wait_connections_at_most(0)
+            await _served(service)
+
+
+@trio_test
+async def test_a_client_that_never_reads_its_answers_is_cut_off(tmp_path):
+    config = BookieServiceConfig(max_outgoing_bytes=1 * MIB)
+    data = entry(7, 0, b"r" * 300_000)
+    with trio.fail_after(30):
+        async with serving_bookie(tmp_path, config) as service:
+            async with BookieClient("127.0.0.1", service.port) as good:
+                await good.add(7, 0, KEY, data)
+            greedy = await trio.open_tcp_stream("127.0.0.1", service.port)
+            async with greedy:
+                greedy.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the kernel takes little for it
+                reads = b"".join(P.encode_request(P.ReadEntry(i, 7, 0)) for i in range(200))  # 60 MB of answers
+                await greedy.send_all(reads)
+                await service.wait_connections_at_most(0)
+            assert service.statistics()["slow_readers_cut_off"] == 1
+            await _served(service)
+
+
+@trio_test
+async def test_adds_beyond_max_in_flight_bytes_are_overloaded_until_the_journal_catches_up(tmp_path):
+    """Adds a connection has in flight (held until their journal fsync) are bounded in bytes: past the
+    limit they are answered OVERLOADED, which the writer retries (ledger/writer.py)."""
+    config = BookieServiceConfig(max_in_flight_bytes=1_000_000)
+    with trio.fail_after(30):
+        async with serving_bookie(tmp_path, config) as service:
+            journal = service.storage._journal
+            real_sync, release = journal.sync, threading.Event()
+
+            def held_sync() -> None:
+                release.wait(20)
+                real_sync()
+
+            journal.sync = held_sync
+            async with BookieClient("127.0.0.1", service.port) as c:
+                adds = [c.start_add(7, i, KEY, entry(7, i, b"a" * 300_000)) for i in range(4)]
+                with pytest.raises(Overloaded):
+                    await adds[3].result()
+                release.set()
+                for p in adds[:3]:
+                    assert await p.result() is None
+                journal.sync = real_sync
+                await c.add(7, 3, KEY, entry(7, 3, b"a" * 300_000))
+                assert DIGESTER.verify(await c.read(7, 3)).entry_id == 3
+
+
+@trio_test
+async def test_a_frame_announcing_more_than_the_maximum_is_refused_before_it_is_buffered(tmp_path):
+    """BookKeeper's nettyMaxFrameSizeBytes: a header claiming 2 GiB is answered BAD_REQUEST and
+    closed at once, without waiting for (or holding) its body."""
+    with trio.fail_after(20):
+        async with serving_bookie(tmp_path) as service:
+            huge = await trio.open_tcp_stream("127.0.0.1", service.port)
+            async with huge:
+                head = struct.pack(">BBQQQB32s", P.VERSION, P.Kind.ADD, 77, 7, 0, 0, KEY)
+                await huge.send_all(struct.pack(">II", 2**31, 0) + head)
+                splitter, answers = P.FrameSplitter(MIB), []
+                while chunk := await huge.receive_some(1 << 16):
+                    answers += [P.decode_response(b) for b in splitter.feed(chunk)]
+                assert [(a.request_id, a.status) for a in answers] == [(77, P.Status.BAD_REQUEST)]
+            await _served(service)
+
+
+def test_the_bookie_port_limits_come_from_cluster_toml(tmp_path):
+    text = ("[cluster]\nbookie_handshake_timeout_ms = 1500\nbookie_read_timeout_ms = 2500\n"
+            "bookie_max_connections = 40\nbookie_max_connections_per_address = 4\n"
+            "bookie_max_in_flight_bytes = 9000000\nbookie_max_outgoing_bytes = 8000000\n\n")
+    for i in (1, 2, 3):
+        text += (f'[[node]]\nid = {i}\nhost = "127.0.0.1"\npeer_port = {30000 + i}\nclient_port = {31000 + i}\n'
+                 f'admin_port = {32000 + i}\nbookie_port = {33000 + i}\nroles = ["voter", "bookie"]\n'
+                 f'data_dir = "data/node{i}"\n\n')
+    (tmp_path / "cluster.toml").write_text(text)
+    config = service_config(cluster_config.load(tmp_path / "cluster.toml"))
+    assert (config.handshake_timeout_ms, config.read_timeout_ms) == (1500, 2500)
+    assert (config.max_connections, config.max_connections_per_address) == (40, 4)
+    assert (config.max_in_flight_bytes, config.max_outgoing_bytes) == (9_000_000, 8_000_000)
