@@ -26,6 +26,7 @@ from bookie.registration import BookieInfo, BookieRegistrar, read_cookie, record
 from bookie.service import BookieService, BookieServiceConfig
 from bookie.storage import BookieStorage
 from bookie.storage_config import BookieStorageConfig
+from clusterd import tls_node
 from clusterd.autorecovery import DECOMMISSIONED, AutoRecoveryConfig
 from clusterd.autorecovery_node import AutoRecovery
 from clusterd.bookie_gc import BookieGarbageCollector
@@ -116,7 +117,8 @@ class BookieNode:
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.storage.run)
-                self.service = BookieService(self.storage, node.host, node.bookie_port, service_config(self.config))
+                self.service = BookieService(self.storage, node.host, node.bookie_port, service_config(self.config),
+                                             tls=tls_node.bookie_port_tls(self.config, node))  # None: plain TCP
                 await nursery.start(self.service.run, listeners)
                 self.phase = "registering"
                 await nursery.start(self.registrar.run)

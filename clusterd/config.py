@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterd.tls_config import TlsConfig, TlsConfigError, parse_tls
+from metastore.acl import parse_super_digest
 from zab.config import ZabConfig, ZabConfigError
 
 VOTER = "voter"
@@ -117,6 +118,9 @@ class ClusterConfig:
     max_session_timeout_ms: int = 60_000
     # Keys session passwords (HMAC): set it to a private value on a real cluster.
     session_secret: str = "quire-change-me"
+    # ZooKeeper's DigestAuthenticationProvider.superDigest: "user:base64(sha1(user:password))"
+    # (metastore.acl.generate_digest); addAuth("digest", "user:password") then passes every ACL.
+    super_digest: str = ""
     # Four-letter words answered on the client port (comma-separated allow-list).
     four_letter_words: str = "ruok,srvr,stat,mntr,conf,envi,isro"
     # Bookies (nodes with the bookie role; they run only when client_protocol is "zookeeper").
@@ -204,6 +208,7 @@ CLUSTER_DEFAULTS: dict[str, Any] = {
 
 
 CLIENT_PROTOCOLS = ("kv", "zookeeper")
+_MAY_BE_EMPTY = frozenset({"super_digest"})  # empty: the setting is off
 BOOKIE_MAX_ENTRY_BYTES_LIMIT = 64 << 20  # the storage engine's ceiling (bookie/storage_config.py)
 KNOWN_FOUR_LETTER_WORDS = frozenset({"ruok", "srvr", "stat", "mntr", "conf", "envi", "isro"})
 
@@ -242,6 +247,8 @@ def parse(text: str, path: Path) -> ClusterConfig:
 
 
 def _take_setting(table: _Table, key: str, default: Any) -> Any:
+    if key in _MAY_BE_EMPTY:
+        return table.take(key, str, default)
     if isinstance(default, str):
         return table.take_str(key, default=default)
     # Every numeric setting is a count, a size or a duration: zero or less is never meaningful.
@@ -321,6 +328,11 @@ def _check_cluster(config: ClusterConfig) -> None:
     if config.bookie_max_entry_bytes > BOOKIE_MAX_ENTRY_BYTES_LIMIT:
         raise ConfigError(f"{path}: [cluster]: key 'bookie_max_entry_bytes': at most {BOOKIE_MAX_ENTRY_BYTES_LIMIT} "
                           f"(64 MiB), got {config.bookie_max_entry_bytes}")
+    if config.super_digest:
+        try:
+            parse_super_digest(config.super_digest)
+        except ValueError as e:
+            raise ConfigError(f"{path}: [cluster]: key 'super_digest': {e}") from None
     if config.min_session_timeout_ms > config.max_session_timeout_ms:
         raise ConfigError(f"{path}: [cluster]: min_session_timeout_ms exceeds max_session_timeout_ms")
     voters = sorted(config.voters)

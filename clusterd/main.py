@@ -104,6 +104,7 @@ async def run_node(config: ClusterConfig, node: NodeConfig) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_cancel_on_signal, signals, nursery.cancel_scope)
             tls_node.warn_if_plaintext(config, node)
+            tls_node.use_node_certificate(config, node)  # the node's own clients (bookie, AutoRecovery)
             await _start_services(nursery, config, node)
             # Lifecycle events are warnings so that the quiet default still records them.
             log.warning("node started", extra={"pid": os.getpid(), "roles": ",".join(sorted(node.roles)),

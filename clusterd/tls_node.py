@@ -12,6 +12,7 @@ import logging
 from clusterd.config import ClusterConfig, NodeConfig
 from clusterd.tls_context import node_client_context, server_context
 from clusterd.tls_streams import ClientTls, PeerTls, ServerTls
+from zab.sockets import BOOKIE_CLIENT_TLS, METASTORE_CLIENT_TLS
 
 log = logging.getLogger("clusterd")
 
@@ -60,6 +61,14 @@ def bookie_client_tls(config: ClusterConfig, node: NodeConfig) -> ClientTls | No
     if tls is None or not tls.bookie:
         return None
     return ClientTls(node_client_context(tls, node.id, check_hostname=True), _timeout_s(config))
+
+
+def use_node_certificate(config: ClusterConfig, node: NodeConfig) -> None:
+    """Make the node's own metastore and bookie clients, in the calling task and every task it
+    starts from now on, dial with TLS and the node's certificate where [tls] says so
+    (zab/sockets.py METASTORE_CLIENT_TLS, BOOKIE_CLIENT_TLS). Call it at the root of the node."""
+    METASTORE_CLIENT_TLS.set(metastore_client_tls(config, node))
+    BOOKIE_CLIENT_TLS.set(bookie_client_tls(config, node))
 
 
 def plaintext_ports(config: ClusterConfig, node: NodeConfig) -> list[str]:

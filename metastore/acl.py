@@ -13,10 +13,22 @@ to an `Id` (scheme, id). Schemes:
 - ip: id "address" or "address/prefix-bits", IPv4 or IPv6; it matches the client's
   address (every connection carries its address as an ("ip", host) id, which is
   not an "authenticated" id, so "auth" never expands to it).
+- x509: id the subject distinguished name of a client certificate, in RFC 2253 form
+  ("CN=alice,O=Quire", as Java's X500Principal.getName() and cryptography's
+  Name.rfc4514_string() write it); the TLS edge gives a connection that id when its
+  certificate checks out (X509AuthenticationProvider). It matches exactly.
 
 `check` follows ZooKeeperServer.checkACL: an empty ACL allows everything, a
 "super" id allows everything, and otherwise some entry must grant the permission
 to world:anyone or to an id of the client with a matching scheme.
+
+The super id. A session holds SUPER_ID only when the node serving its connection
+gave it: `digest_auth_ids` adds it when addAuth("digest", "user:password") digests
+to the cluster's `super_digest` (DigestAuthenticationProvider's superDigest). It
+bypasses every check on that node; on the leader it counts only where the envelope
+edge accepts the origin node's word for it (metastore/envelope.py, the service):
+an identity "super" that arrives from the network unvouched for must be dropped
+there, never passed to `check`.
 
 Records here are slots dataclasses with a field hash but not frozen: a frozen
 dataclass's __init__ sets every field through object.__setattr__, about three
@@ -26,8 +38,10 @@ times the cost, and these are built for every write. Never change one once built
 from __future__ import annotations
 
 import base64
+import binascii
 import enum
 import hashlib
+import hmac
 import re
 import struct
 from collections.abc import Iterable, Sequence
@@ -60,6 +74,7 @@ class ACL:
 ANYONE_ID = Id("world", "anyone")
 AUTH_IDS = Id("auth", "")
 SUPER_SCHEME = "super"
+SUPER_ID = Id(SUPER_SCHEME, "")  # what DigestAuthenticationProvider adds for the superDigest
 OPEN_ACL_UNSAFE: tuple[ACL, ...] = (ACL(Perm.ALL, ANYONE_ID),)
 CREATOR_ALL_ACL: tuple[ACL, ...] = (ACL(Perm.ALL, AUTH_IDS),)
 READ_ACL_UNSAFE: tuple[ACL, ...] = (ACL(Perm.READ, ANYONE_ID),)
@@ -99,6 +114,35 @@ def generate_digest(id_password: str) -> str:
 def digest_auth_id(auth_data: bytes) -> Id:
     """The id that addAuth("digest", auth_data) gives a session."""
     return Id("digest", generate_digest(auth_data.decode("utf-8", "replace")))
+
+
+def digest_auth_ids(auth_data: bytes, super_digest: str | None) -> list[Id]:
+    """The ids addAuth("digest", auth_data) gives a session: its digest id, preceded by
+    SUPER_ID when the digest is the configured `super_digest` (as ZooKeeper's provider)."""
+    ident = digest_auth_id(auth_data)
+    if super_digest is not None and hmac.compare_digest(ident.id.encode(), super_digest.encode()):
+        return [SUPER_ID, ident]
+    return [ident]
+
+
+_SUPER_DIGEST_HELP = ('give "user:" + base64(sha1("user:password")), the output of '
+                      'metastore.acl.generate_digest("user:password") (ZooKeeper\'s '
+                      'DigestAuthenticationProvider.superDigest)')
+
+
+def parse_super_digest(text: str) -> str:
+    """Validate a configured superDigest ("user:base64-of-20-bytes"); ValueError says how to make one."""
+    user, colon, encoded = text.partition(":")
+    if not colon or not user or ":" in encoded:
+        raise ValueError(f"super_digest {text!r} is not user:digest; {_SUPER_DIGEST_HELP}")
+    try:
+        raw = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError(f"super_digest {text!r}: the digest is not base64; {_SUPER_DIGEST_HELP}") from None
+    if len(raw) != hashlib.sha1().digest_size:
+        raise ValueError(f"super_digest {text!r}: the digest is {len(raw)} bytes, not a SHA-1's 20; "
+                         f"{_SUPER_DIGEST_HELP}")
+    return text
 
 
 def _java_split(text: str, sep: str) -> list[str]:
@@ -204,6 +248,24 @@ def ip_matches(client_address: str, acl_expr: str) -> bool:
     return _masked(client, bits) == _masked(acl_addr, bits)
 
 
+# -- x509 ----------------------------------------------------------------------
+
+# RFC 4514 (and the leniencies of Java's X500Principal that X509AuthenticationProvider.isValid
+# relies on: ";" between RDNs, spaces around separators, "OID." before a dotted type).
+_PAIR = r'\\(?:[,=+<>#;\\" ]|[0-9A-Fa-f]{2})'
+_CHAR = r'[^,+;<>"\\\s]'
+# Possessive and atomic throughout: ids come from clients, so matching must stay linear
+# (a backtracking pattern here would let one setACL stall the leader).
+_AVA = (r'(?>\s*+(?:[A-Za-z][A-Za-z0-9-]*+|(?:OID\.|oid\.)?[0-9]++(?:\.[0-9]++)*+)\s*+=\s*+'
+        r'(?:"(?:[^"\\]|\\.)*+"|#(?:[0-9A-Fa-f]{2})++|(?:(?!#)' + _CHAR + '|' + _PAIR + ')(?:' + _CHAR + '|' + _PAIR
+        + r'|\s++(?=' + _CHAR + '|' + _PAIR + r'))*+|)\s*+)')
+_DN = re.compile(f"(?:{_AVA}(?:[,;+]{_AVA})*+)?")
+
+
+def _x509_id_valid(ident: str) -> bool:
+    return _DN.fullmatch(ident) is not None
+
+
 # -- validation and checks -----------------------------------------------------
 
 def is_valid_id(ident: Id) -> bool:
@@ -214,6 +276,8 @@ def is_valid_id(ident: Id) -> bool:
         return _digest_id_valid(ident.id)
     if ident.scheme == "ip":
         return _ip_parse(ident.id) is not None
+    if ident.scheme == "x509":
+        return _x509_id_valid(ident.id)
     return False
 
 
@@ -256,7 +320,7 @@ def validate_acl(path: str, acl: Sequence[ACL]) -> None:
 def _id_matches(acl_id: Id, client_id: Id) -> bool:
     if client_id.scheme != acl_id.scheme:
         return False
-    if acl_id.scheme == "digest":
+    if acl_id.scheme in ("digest", "x509"):
         return client_id.id == acl_id.id
     if acl_id.scheme == "ip":
         return ip_matches(client_id.id, acl_id.id)
@@ -284,3 +348,14 @@ def require(acl: Iterable[ACL], perm: int, auth_ids: Sequence[Id], path: str | N
     """NoAuth unless `check` allows it."""
     if not check(acl, perm, auth_ids):
         raise NoAuth(path, f"{Perm(perm & Perm.ALL)!r} denied")
+
+
+def obfuscated(acl: Iterable[ACL]) -> tuple[ACL, ...]:
+    """`acl` as getACL shows it to a client without ADMIN: each digest id's hash becomes
+    "x" ("alice:x"), as FinalRequestProcessor does since ZooKeeper's CVE-2019-0201 fix, so
+    a reader cannot take the hashes away and guess the passwords offline."""
+    return tuple(ACL(e.perms, Id(e.id.scheme, _DIGEST_SECRET.sub(":x", e.id.id))) if e.id.scheme == "digest" else e
+                 for e in acl)
+
+
+_DIGEST_SECRET = re.compile(r":.*")  # Java's replaceAll(":.*", ":x"): "." stops at a line end there too

@@ -30,6 +30,7 @@ from metastore.client_watches import PersistentWatch, Watch
 from metastore.errors import AuthFailed, ConnectionLoss, SessionExpired, ZooKeeperError, error_for_code
 from metastore.jute_defs import (DEFAULT_MAX_BUFFER_BYTES, DEFAULT_MAX_FRAME_BYTES, PASSWORD_BYTES, Err, EventType,
                                  JuteError, KeeperState, OpCode, Xid)
+from zab.sockets import METASTORE_CLIENT_TLS
 
 log = logging.getLogger("quire.metastore.client")
 
@@ -123,7 +124,7 @@ class SessionDriver:
                  rng: random.Random | None = None, tls: Any = None) -> None:
         # tls: TLS on every connection when set, an object with `async wrap(stream, host)` that does
         # the handshake (clusterd.tls_streams.ClientTls); a refusal is an OSError, tried as a failed connect.
-        self._tls = tls
+        self._tls = tls if tls is not None else METASTORE_CLIENT_TLS.get()
         self._rng = rng or random.Random()
         self._hosts = HostRing(hosts, self._rng)
         self._requested_timeout_ms = session_timeout_ms

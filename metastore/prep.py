@@ -112,6 +112,7 @@ class Preparer:
             return self._set_acl(view, auth, body)
         if opcode == OpCode.CHECK:
             node = _existing(view, body.path)
+            A.require(node.acl, A.Perm.READ, auth, body.path)  # a version is data: PrepRequestProcessor's check
             _check_version(body.path, node.version, body.version)
             return Check(body.path, node.version)
         if opcode == OpCode.CREATE_SESSION:

@@ -83,6 +83,9 @@ def _node(tree: DataTree, path: str) -> Node:
 
 
 def _exists(tree, req: J.ExistsRequest, session_id, auth) -> Reply:
+    node = tree.node(req.path)
+    if node is not None:  # READ on a node that exists; a refusal sets no watch (FinalRequestProcessor)
+        A.require(node.acl, A.Perm.READ, auth, req.path)
     stat = tree.exists(req.path)
     watch = (req.path, WatchKind.DATA) if req.watch else None
     if stat is None:
@@ -108,9 +111,12 @@ def _children(tree, req, session_id, auth) -> Reply:
 
 
 def _get_acl(tree, req: J.GetACLRequest, session_id, auth) -> Reply:
-    _node(tree, req.path)
+    # READ or ADMIN, and digest hashes only for ADMIN: ZooKeeper's CVE-2019-0201 fix.
+    node = _node(tree, req.path)
+    A.require(node.acl, A.Perm.READ | A.Perm.ADMIN, auth, req.path)
     acl, stat = tree.acl(req.path)
-    return Reply(0, J.GetACLResponse(tuple(acl), stat))
+    shown = tuple(acl) if A.check(acl, A.Perm.ADMIN, auth) else A.obfuscated(acl)
+    return Reply(0, J.GetACLResponse(shown, stat))
 
 
 def _ephemerals(tree, req: J.GetEphemeralsRequest, session_id, auth) -> Reply:
@@ -118,7 +124,7 @@ def _ephemerals(tree, req: J.GetEphemeralsRequest, session_id, auth) -> Reply:
 
 
 def _all_children(tree, req: J.GetAllChildrenNumberRequest, session_id, auth) -> Reply:
-    _node(tree, req.path)
+    A.require(_node(tree, req.path).acl, A.Perm.READ, auth, req.path)
     return Reply(0, J.GetAllChildrenNumberResponse(tree.all_children_number(req.path)))
 
 

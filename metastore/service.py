@@ -29,7 +29,7 @@ import trio
 from metastore import envelope as E
 from metastore import jute
 from metastore.edge_guard import CLIENT_FAULTS, ClientRefused, check_auth, check_connect
-from metastore.acl import Id, digest_auth_id
+from metastore.acl import Id, digest_auth_ids
 from metastore.four_letter import answer_four_letter_word
 from metastore.jute_defs import Err, EventType, JuteError, KeeperState, OpCode, UnknownOpcode, Xid
 from metastore.prep import HOUSEKEEPING
@@ -64,6 +64,7 @@ class MetastoreConfig:
     four_letter_words: frozenset[str] = frozenset({"ruok", "srvr", "stat", "mntr", "conf", "envi", "isro"})
     tick_ms: int = 50
     tls: object = None  # TLS only when set, as ZooKeeper's secureClientPort (clusterd/tls_streams.py ServerTls)
+    super_digest: str | None = None  # "user:base64(sha1)": addAuth of its password gives the super id (acl.py)
 
 
 @dataclass(eq=False)
@@ -109,7 +110,8 @@ class MetastoreService:
         self.driver = driver
         self.sm = sm
         self.cfg = config
-        self.watches = WatchManager()
+        # A connection's ids as they are when an event is delivered (addAuth may have added some).
+        self.watches = WatchManager(auth_of=lambda c: self.connections[c].auth if c in self.connections else ())
         self.tracker = SessionTracker()
         self._tracking = False
         self.connections: dict[int, Connection] = {}
@@ -134,8 +136,8 @@ class MetastoreService:
         change before its watch events are queued on the connections."""
         if not isinstance(applied, Applied):
             return
-        for path, event_type in applied.events:
-            for conn_id, ev, at in self.watches.trigger(path, event_type):
+        for event in applied.events:
+            for conn_id, ev, at in self.watches.trigger(event.path, event.type, event.acl, event.parent_acl):
                 conn = self.connections.get(conn_id)
                 if conn is not None:
                     self.stats["notifications"] += 1
@@ -495,10 +497,10 @@ class MetastoreService:
             conn.send(jute.encode_reply(jute.ReplyHeader(Xid.AUTH, self.sm.last_zxid, Err.AUTH_FAILED)))
             conn.send(jute.encode_notification(jute.WatcherEvent(-1, KeeperState.AUTH_FAILED, None)))
             return False
-        ident = digest_auth_id(body.auth)
-        check_auth(conn.auth, ident)
-        if ident not in conn.auth:
-            conn.auth.append(ident)
+        for ident in digest_auth_ids(body.auth, self.cfg.super_digest):
+            check_auth(conn.auth, ident)
+            if ident not in conn.auth:
+                conn.auth.append(ident)
         conn.send(jute.encode_reply(jute.ReplyHeader(Xid.AUTH, self.sm.last_zxid, 0)))
         return True
 

@@ -21,9 +21,9 @@ from metastore.jute import decode_request
 from metastore.jute_defs import JuteError, OpCode
 from metastore.prep import CLAIM_SESSION, DEFAULT_MAX_DATA_BYTES, Preparer
 from metastore.tree import DataTree, FrozenTree
-from metastore.txn import (CloseSession, Create, Delete, Error, Multi, MultiResult, Result, SessionClosed, SetData,
-                           Transaction, apply, apply_refusal, decode_txn, encode_txn, failed)
-from metastore.watches import EventType
+from metastore.txn import (AlreadyApplied, Error, ErrorResult, MultiResult, Result, Transaction, apply, apply_refusal,
+                           decode_txn, encode_txn, failed)
+from metastore.watches import WatchEvent, watch_events
 from zab.statemachine import Refusal
 
 
@@ -32,7 +32,7 @@ class Applied:
     zxid: int
     txn: Transaction
     result: Result
-    events: tuple[tuple[str, EventType], ...]
+    events: tuple[WatchEvent, ...]
 
 
 class MetastoreStateMachine:
@@ -66,9 +66,10 @@ class MetastoreStateMachine:
 
     def apply(self, zxid: int, txn: bytes) -> Applied:
         t = decode_txn(txn)
+        events = watch_events(self.tree, t.body)  # before apply: a deleted znode's ACL goes with it
         result = apply(self.tree, zxid, t)
         self.prep.settled(zxid)
-        return Applied(zxid, t, result, _events(t, result))
+        return Applied(zxid, t, result, _events(result, events))
 
     def freeze(self) -> FrozenTree:
         return self.tree.freeze()
@@ -99,22 +100,8 @@ def _decode(env: E.Envelope) -> tuple[int, object]:
     return header.type, body
 
 
-def _events(t: Transaction, result: Result) -> tuple[tuple[str, EventType], ...]:
-    body = t.body
-    if isinstance(body, Multi):
-        if isinstance(result, MultiResult) and result.code:
-            return ()
-        return tuple(e for op in body.ops for e in _op_events(op))
-    if isinstance(body, CloseSession) and isinstance(result, SessionClosed):
-        return tuple((p, EventType.NODE_DELETED) for p in result.deleted)
-    return _op_events(body)
-
-
-def _op_events(op: object) -> tuple[tuple[str, EventType], ...]:
-    if isinstance(op, Create):
-        return ((op.path, EventType.NODE_CREATED),)
-    if isinstance(op, Delete):
-        return ((op.path, EventType.NODE_DELETED),)
-    if isinstance(op, SetData):
-        return ((op.path, EventType.NODE_DATA_CHANGED),)
-    return ()
+def _events(result: Result, events: tuple[WatchEvent, ...]) -> tuple[WatchEvent, ...]:
+    """The body's events if it changed the tree: none for a failed multi or a replayed txn."""
+    if isinstance(result, (AlreadyApplied, ErrorResult)) or (isinstance(result, MultiResult) and result.code):
+        return ()
+    return events

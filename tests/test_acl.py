@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from metastore.acl import (ACL, ANYONE_ID, CREATOR_ALL_ACL, OPEN_ACL_UNSAFE, READ_ACL_UNSAFE, Id, Perm, check,
-                           digest_auth_id, encode_acl, fixup_acl, generate_digest, ip_matches, is_valid_id, require,
-                           validate_acl)
+from metastore.acl import (ACL, ANYONE_ID, CREATOR_ALL_ACL, OPEN_ACL_UNSAFE, READ_ACL_UNSAFE, SUPER_ID, Id, Perm,
+                           check, digest_auth_id, digest_auth_ids, encode_acl, fixup_acl, generate_digest, ip_matches,
+                           is_valid_id, obfuscated, parse_super_digest, require, validate_acl)
 from metastore.errors import InvalidACL, NoAuth
 
 ALICE = digest_auth_id(b"alice:secret")
 CLIENT_IP = Id("ip", "10.1.2.3")
+SUPER_DIGEST = "super:D/InIHSb7yEEbrWz8b9l71RjZJU="  # generate_digest("super:test")
 
 
 def test_digest_is_computed_as_zookeeper_does():
@@ -99,3 +100,63 @@ def test_check_follows_zookeepers_rules():
 def test_acl_encoding_is_canonical():
     assert encode_acl(OPEN_ACL_UNSAFE) == (
         b"\x00\x00\x00\x01" + b"\x00\x00\x00\x1f" + b"\x00\x00\x00\x05world" + b"\x00\x00\x00\x06anyone")
+
+
+def test_get_acl_without_admin_shows_digest_ids_without_their_hash():
+    assert obfuscated((ACL(1, Id("digest", "u:abc:def")),)) == (ACL(1, Id("digest", "u:x")),)
+    assert obfuscated((ACL(1, Id("digest", "u:a\nb:c")),)) == (ACL(1, Id("digest", "u:x\nb:x")),)  # as Java's
+    assert obfuscated(OPEN_ACL_UNSAFE) == OPEN_ACL_UNSAFE
+    assert obfuscated((ACL(31, CLIENT_IP),)) == (ACL(31, CLIENT_IP),)
+
+
+def test_the_super_digest_gives_the_super_id_beside_the_digest_id():
+    assert digest_auth_ids(b"super:test", SUPER_DIGEST) == [SUPER_ID, digest_auth_id(b"super:test")]
+    assert digest_auth_ids(b"super:wrong", SUPER_DIGEST) == [digest_auth_id(b"super:wrong")]
+    assert digest_auth_ids(b"super:test", None) == [digest_auth_id(b"super:test")]
+    assert check(((ACL(Perm.READ, ALICE)),), Perm.ALL, [SUPER_ID])
+    # Holding the super digest as a digest id is not being super.
+    assert not check(((ACL(Perm.READ, ALICE)),), Perm.READ, [Id("digest", SUPER_DIGEST)])
+    with pytest.raises(InvalidACL):
+        fixup_acl("/p", [ACL(Perm.ALL, SUPER_ID)], [])  # no provider names "super" in a stored ACL
+
+
+@pytest.mark.parametrize("text", ["", "super", "super:", ":abc", "super:not base64!", "super:YWJj",
+                                  SUPER_DIGEST + ":more"])
+def test_a_malformed_super_digest_is_refused_with_what_to_do(text):
+    with pytest.raises(ValueError, match="generate_digest"):
+        parse_super_digest(text)
+
+
+def test_parse_super_digest_takes_zookeepers_format():
+    assert parse_super_digest(SUPER_DIGEST) == SUPER_DIGEST
+    assert parse_super_digest("admin:" + SUPER_DIGEST.split(":")[1]).startswith("admin:")
+
+
+@pytest.mark.parametrize("dn, valid", [
+    ("CN=alice,OU=apps,O=Quire", True),
+    ("CN=a\\,b+UID=7", True),                      # an escaped comma; a multi-valued RDN
+    ("1.2.840.113549.1.9.1=#160b61406578616d706c652e6f7267", True),  # an OID type, a BER value
+    ('CN="x,y", O = b ; C=US', True),               # quoted; X500Principal's spaces and ";"
+    ("", True),                                     # the empty DN, as X500Principal("")
+    ("alice", False), ("CN", False), ("=alice", False), ("CN=alice,", False), ('CN="open', False),
+    ("CN=#abc", False), ("CN=a\\", False),
+])
+def test_x509_ids_are_distinguished_names(dn, valid):
+    assert is_valid_id(Id("x509", dn)) is valid
+
+
+def test_x509_validation_is_linear_in_hostile_ids():
+    # Ids come from clients' setACL: a backtracking pattern would stall the leader for minutes.
+    for hostile in ("CN=a" + " " * 200_000 + '"', "CN=a" + " b" * 100_000 + '"', ",CN=a" * 100_000,
+                    'CN="' + '\\"' * 100_000, "CN=a," * 100_000 + '"'):
+        assert not is_valid_id(Id("x509", hostile))
+
+
+def test_x509_ids_match_exactly_and_auth_expands_to_them():
+    dn = Id("x509", "CN=alice,OU=apps,O=Quire")
+    acl = fixup_acl("/p", [ACL(Perm.ALL, dn)], [])
+    assert acl == (ACL(Perm.ALL, dn),)
+    assert check(acl, Perm.WRITE, [CLIENT_IP, Id("x509", "CN=alice,OU=apps,O=Quire")])
+    assert not check(acl, Perm.WRITE, [Id("x509", "CN=alice")])
+    assert not check(acl, Perm.WRITE, [Id("digest", dn.id)])
+    assert fixup_acl("/p", CREATOR_ALL_ACL, [CLIENT_IP, dn]) == (ACL(Perm.ALL, dn),)  # x509 is authenticated
