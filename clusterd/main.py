@@ -161,7 +161,7 @@ async def _start_ensemble_services(nursery: trio.Nursery, config: ClusterConfig,
         service = MetastoreService(driver, sm, MetastoreConfig(
             node.id, node.host, node.client_port, config.min_session_timeout_ms, config.max_session_timeout_ms,
             config.session_secret.encode(), config.four_letter_word_set, tick_ms=config.tick_ms,
-            tls=tls_node.client_port_tls(config, node)))
+            tls=tls_node.client_port_tls(config, node), super_digest=config.super_digest or None))
     await nursery.start(driver.run)
     if zookeeper:
         try:
