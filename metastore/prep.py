@@ -177,9 +177,11 @@ class Preparer:
         paths.validate_path(req.path)
         if paths.is_special(req.path):
             raise BadArguments(req.path, "a system znode cannot be deleted")
-        node = _existing(view, req.path)
+        # The parent's DELETE before the node's existence, as PrepRequestProcessor: a client
+        # without it must not learn from NoNode which children exist.
         parent_path = paths.parent_of(req.path)
-        A.require(view.node(parent_path).acl, A.Perm.DELETE, auth, parent_path)
+        A.require(_existing(view, parent_path).acl, A.Perm.DELETE, auth, parent_path)
+        node = _existing(view, req.path)
         _check_version(req.path, node.version, req.version)
         if node.children:
             raise NotEmpty(req.path)

@@ -126,6 +126,15 @@ def test_a_multis_check_needs_read(tree: Tree):
     assert not isinstance(applied.result.results[0], ErrorResult)
 
 
+def test_delete_checks_the_parents_acl_before_telling_whether_the_child_exists(tree: Tree):
+    # PrepRequestProcessor: the parent's DELETE first, so NoNode cannot reveal an unreadable child.
+    applied = tree.request(OpCode.DELETE, jute.DeleteRequest("/secret/none", -1))
+    assert applied.result == ErrorResult(NoAuth.code)
+    applied = tree.request(OpCode.DELETE, jute.DeleteRequest("/secret/none", -1), (ALICE,))
+    assert applied.result == ErrorResult(NoNode.code)
+    assert tree.request(OpCode.DELETE, jute.DeleteRequest("/nowhere/none", -1)).result == ErrorResult(NoNode.code)
+
+
 def test_super_passes_every_check_and_comes_only_from_the_configured_digest():
     assert A.digest_auth_ids(b"super:test", SUPER_DIGEST) == [A.SUPER_ID, A.digest_auth_id(b"super:test")]
     assert A.digest_auth_ids(b"super:wrong", SUPER_DIGEST) == [A.digest_auth_id(b"super:wrong")]
