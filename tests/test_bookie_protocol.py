@@ -182,3 +182,66 @@ def test_random_streams_split_or_raise_decode_error(chunks, max_frame):
                 assert len(body) <= max_frame
     except P.DecodeError:
         pass
+
+
+# --- extreme values: every value in range round-trips, every one out of range is refused --------
+
+IDS = st.one_of(st.integers(0, 3), st.sampled_from([MAX_ID - 1, MAX_ID]), st.integers(0, MAX_ID))
+LACS = st.one_of(st.integers(-1, 3), st.sampled_from([MAX_ID - 1, MAX_ID]), st.integers(-1, MAX_ID))
+U64 = st.integers(0, 2**64 - 1)
+KEY32 = st.binary(min_size=32, max_size=32)
+
+
+@st.composite
+def extreme_requests(draw):
+    rid, ledger = draw(U64), draw(IDS)
+    match draw(st.sampled_from(list(P.Kind))):
+        case P.Kind.ADD:
+            entry = draw(IDS)
+            data = Digester(DigestType.CRC32C, b"pw").package(ledger, entry, min(draw(LACS), entry - 1),
+                                                              draw(U64), draw(st.binary(max_size=16)))
+            return P.AddEntry(rid, ledger, entry, draw(KEY32), data, draw(st.booleans()))
+        case P.Kind.READ:
+            fence = draw(st.booleans())
+            return P.ReadEntry(rid, ledger, draw(IDS), fence, draw(KEY32) if fence else None)
+        case P.Kind.READ_LAC:
+            return P.ReadLac(rid, ledger)
+        case P.Kind.LONG_POLL:
+            return P.LongPoll(rid, ledger, draw(LACS), draw(st.integers(0, 2**32 - 1)))
+        case P.Kind.WRITE_LAC:
+            return P.WriteLac(rid, ledger, draw(LACS), draw(KEY32))
+        case P.Kind.FENCE:
+            return P.Fence(rid, ledger, draw(KEY32))
+
+
+@settings(max_examples=400, deadline=None)
+@given(extreme_requests())
+def test_requests_with_extreme_values_in_range_round_trip(req):
+    assert P.decode_request(body_of(P.encode_request(req))) == req
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from([P.Kind.ADD, P.Kind.READ, P.Kind.READ_LAC, P.Kind.LONG_POLL, P.Kind.WRITE_LAC,
+                        P.Kind.FENCE]), st.integers(MAX_ID + 1, 2**64 - 1), U64)
+def test_a_ledger_id_beyond_a_java_long_is_refused_with_its_request_id(kind, ledger, rid):
+    """Java's negative ledger ids arrive as u64 above 2**63 - 1: refused, never stored."""
+    fields = {P.Kind.ADD: struct.pack(">QB", 0, 0) + KEY + struct.pack(">QQqQB", ledger, 0, -1, 0, 1) + bytes(4),
+              P.Kind.READ: struct.pack(">QB", 0, 0), P.Kind.READ_LAC: b"", P.Kind.LONG_POLL: struct.pack(">qI", -1, 0),
+              P.Kind.WRITE_LAC: struct.pack(">q", -1) + KEY, P.Kind.FENCE: KEY}[kind]
+    with pytest.raises(P.DecodeError) as e:
+        P.decode_request(struct.pack(">BBQQ", P.VERSION, kind, rid, ledger) + fields)
+    assert e.value.request_id == rid
+
+
+@settings(max_examples=300, deadline=None)
+@given(U64, IDS, IDS, LACS, st.one_of(st.none(), st.binary(max_size=16)), st.sampled_from(list(P.Status)))
+def test_responses_with_extreme_values_round_trip(rid, ledger, entry, lac, data, status):
+    kind_fields = [(P.Kind.ADD, {"entry_id": entry}), (P.Kind.READ, {"entry_id": entry, "data": data or b""}),
+                   (P.Kind.READ_LAC, {"lac": lac}), (P.Kind.FENCE, {"lac": lac}),
+                   (P.Kind.LONG_POLL, {"lac": lac, "data": data}), (P.Kind.WRITE_LAC, {})]
+    for kind, fields in kind_fields:
+        if status is P.Status.OK:
+            resp = P.Response(rid, kind, status, ledger, **fields)
+        else:
+            resp = P.Response(rid, kind, status, message="x" * (len(data or b"") * 64))  # up to the 1024-byte cap
+        assert P.decode_response(body_of(P.encode_response(resp))) == resp

@@ -13,6 +13,8 @@ import threading
 
 import pytest
 import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 import trio.testing
 
 from bookie import protocol as P
@@ -266,3 +268,121 @@ def test_the_bookie_port_limits_come_from_cluster_toml(tmp_path):
     assert (config.handshake_timeout_ms, config.read_timeout_ms) == (1500, 2500)
     assert (config.max_connections, config.max_connections_per_address) == (40, 4)
     assert (config.max_in_flight_bytes, config.max_outgoing_bytes) == (9_000_000, 8_000_000)
+
+
+# -- 3. fuzz after decoding: well-formed requests with extreme values -------------------------
+
+GOOD_LEDGER = 4242  # the good client's; the fuzz never names it
+OTHER_KEY = master_key(b"another password")
+def mostly(valid, invalid):
+    """`valid` fifteen times in sixteen: most requests pass the decoder and reach the storage."""
+    return st.integers(0, 15).flatmap(lambda r: invalid if r == 0 else valid)
+
+
+# Values at the edges of the range the decoder accepts, sometimes ones it refuses (Java's negative
+# longs sent as u64, LACs below -1).
+U64_IDS = mostly(st.one_of(st.integers(0, 3), st.sampled_from([P.MAX_ID - 1, P.MAX_ID])),
+                 st.sampled_from([2**63, 2**64 - 1]))
+I64_LACS = mostly(st.one_of(st.integers(-1, 4), st.sampled_from([P.MAX_ID - 1, P.MAX_ID])),
+                  st.sampled_from([-2**63, -2]))
+KEYS = st.one_of(st.sampled_from([KEY, OTHER_KEY]), st.binary(min_size=32, max_size=32))
+KEY_SIZES = mostly(st.just(32), st.sampled_from([0, 1, 31, 33, 64]))  # odd sizes: the body's length is wrong
+
+
+def _frame(body: bytes) -> bytes:
+    return struct.pack(">II", len(body), P.crc32c(body)) + body
+
+
+def _key(key: bytes, size: int) -> bytes:
+    return (key * 3)[:size]
+
+
+@st.composite
+def packaged_entries(draw, ledger: int, entry_id: int) -> bytes:
+    """A packaged entry with extreme fields: a LAC at or beyond the entry, huge lengths, another
+    entry's ids, unknown digest types (the storage parses the header, never the digest)."""
+    ids = draw(mostly(st.just((ledger, entry_id)), st.tuples(U64_IDS, U64_IDS)))
+    lac = draw(mostly(st.sampled_from([-1, min(entry_id - 1, P.MAX_ID), min(max(-1, entry_id - 2), P.MAX_ID)]), I64_LACS))
+    length = draw(st.sampled_from([0, 1, 2**63, 2**64 - 1]))
+    digest_type = draw(mostly(st.sampled_from([1, 2]), st.sampled_from([0, 3, 255])))
+    return struct.pack(">QQqQB", *ids, lac, length, digest_type) + draw(mostly(st.binary(min_size=32, max_size=64), st.binary(max_size=31)))
+
+
+@st.composite
+def hostile_requests(draw, rid: int) -> bytes:
+    """The body of one well-framed request whose fields take extreme values."""
+    kind = draw(st.sampled_from(list(P.Kind)))
+    ledger = draw(U64_IDS)
+    key = _key(draw(KEYS), draw(KEY_SIZES))
+    head = struct.pack(">BBQQ", P.VERSION, kind, rid, ledger)
+    if kind is P.Kind.ADD:
+        entry_id = draw(U64_IDS)
+        flags = draw(mostly(st.sampled_from([0, 0, P.FLAG_RECOVERY_ADD]), st.just(0x80)))
+        return head + struct.pack(">QB", entry_id, flags) + key + draw(packaged_entries(ledger, entry_id))
+    if kind is P.Kind.READ:
+        flags = draw(mostly(st.sampled_from([0, P.FLAG_FENCE]), st.just(0x02)))
+        return head + struct.pack(">QB", draw(U64_IDS), flags) + (key if flags else b"")
+    if kind is P.Kind.LONG_POLL:
+        return head + struct.pack(">qI", draw(I64_LACS), draw(st.sampled_from([0, 1, 30, 2**32 - 1])))
+    if kind is P.Kind.WRITE_LAC:
+        return head + struct.pack(">q", draw(I64_LACS)) + key
+    if kind is P.Kind.FENCE:
+        return head + key
+    return head  # READ_LAC
+
+
+@st.composite
+def hostile_sessions(draw) -> list[bytes]:
+    return [draw(hostile_requests(rid)) for rid in range(draw(st.integers(1, 12)))]
+
+
+async def _answers_until_done_or_closed(stream: trio.SocketStream, expected: int) -> list[P.Response]:
+    """The bookie's answers, until there is one per request or it closes the connection."""
+    splitter, answers = P.FrameSplitter(8 * MIB), []
+    while len(answers) < expected:
+        try:
+            chunk = await stream.receive_some(1 << 16)
+        except trio.BrokenResourceError:
+            break
+        if not chunk:
+            break
+        answers += [P.decode_response(b) for b in splitter.feed(chunk)]  # the bookie never sends a bad frame
+    return answers
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(hostile_sessions())
+def test_well_formed_requests_with_extreme_values_get_a_declared_answer_and_lose_nothing(tmp_path_factory, bodies):
+    """Each request is answered with a declared status, or its connection is closed (BAD_REQUEST first
+    when its id is readable); the bookie keeps serving a good client; every add it acknowledged, the
+    fuzz's own included, reads back after a restart of the storage (its journal replayed)."""
+    tmp_path = tmp_path_factory.mktemp("extreme")
+    config = BookieServiceConfig(max_long_poll_ms=30, max_entry_bytes=4096)
+    acked: dict[tuple[int, int], set[bytes]] = {}
+
+    async def main():
+        with trio.fail_after(30):
+            async with serving_bookie(tmp_path, config) as service:
+                async with BookieClient("127.0.0.1", service.port) as good:
+                    await good.add(GOOD_LEDGER, 0, KEY, entry(GOOD_LEDGER, 0))
+                    stream = await trio.open_tcp_stream("127.0.0.1", service.port)
+                    async with stream:
+                        await stream.send_all(b"".join(_frame(b) for b in bodies))
+                        answers = await _answers_until_done_or_closed(stream, len(bodies))
+                    rids = [a.request_id for a in answers]
+                    assert len(set(rids)) == len(rids) and set(rids) <= set(range(len(bodies)))
+                    for a in answers:
+                        assert a.status in P.Status
+                        if a.kind is P.Kind.ADD and a.status is P.Status.OK:
+                            add = P.decode_request(bodies[a.request_id])
+                            acked.setdefault((add.ledger_id, add.entry_id), set()).add(add.data)
+                    await good.add(GOOD_LEDGER, 1, KEY, entry(GOOD_LEDGER, 1))
+                    assert await good.read_lac(GOOD_LEDGER) == 0
+            async with serving_bookie(tmp_path, config) as service:  # the storage reopened from its files
+                async with BookieClient("127.0.0.1", service.port) as good:
+                    for i in (0, 1):
+                        assert await good.read(GOOD_LEDGER, i) == entry(GOOD_LEDGER, i)
+                    for (ledger, entry_id), datas in acked.items():
+                        assert await good.read(ledger, entry_id) in datas
+                    await good.add(GOOD_LEDGER, 2, KEY, entry(GOOD_LEDGER, 2))
+    trio.run(main)
