@@ -4,6 +4,10 @@ setACL requests, and permission checks (ZooKeeperServer.checkACL)."""
 from __future__ import annotations
 
 import pytest
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from metastore.acl import (ACL, ANYONE_ID, CREATOR_ALL_ACL, OPEN_ACL_UNSAFE, READ_ACL_UNSAFE, SUPER_ID, Id, Perm,
                            check, digest_auth_id, digest_auth_ids, encode_acl, fixup_acl, generate_digest, ip_matches,
@@ -160,3 +164,21 @@ def test_x509_ids_match_exactly_and_auth_expands_to_them():
     assert not check(acl, Perm.WRITE, [Id("x509", "CN=alice")])
     assert not check(acl, Perm.WRITE, [Id("digest", dn.id)])
     assert fixup_acl("/p", CREATOR_ALL_ACL, [CLIENT_IP, dn]) == (ACL(Perm.ALL, dn),)  # x509 is authenticated
+
+
+_OIDS = [NameOID.COMMON_NAME, NameOID.ORGANIZATION_NAME, NameOID.ORGANIZATIONAL_UNIT_NAME, NameOID.COUNTRY_NAME,
+         NameOID.EMAIL_ADDRESS, NameOID.SERIAL_NUMBER, NameOID.DOMAIN_COMPONENT, NameOID.USER_ID]
+_values = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=12)
+_rdns = st.lists(st.lists(st.tuples(st.sampled_from(_OIDS), _values), min_size=1, max_size=2), max_size=4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_rdns)
+def test_every_subject_a_certificate_can_name_is_a_valid_x509_id(rdns):
+    """The TLS edge gives a client Name.rfc4514_string() (clusterd/tls_context.py): each must be
+    storable in an ACL, or its owner could never be granted anything."""
+    try:
+        name = x509.Name([x509.RelativeDistinguishedName([x509.NameAttribute(o, v) for o, v in rdn]) for rdn in rdns])
+    except ValueError:
+        return  # e.g. a country name that is not two letters, or an attribute twice in an RDN
+    assert is_valid_id(Id("x509", name.rfc4514_string()))
