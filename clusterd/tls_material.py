@@ -119,6 +119,11 @@ def write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
     _write_new(path, data, 0o600)
 
 
+def write_secret(path: Path, data: bytes) -> None:
+    """Write bytes that contain a private key, created 0600."""
+    _write_new(path, data, 0o600)
+
+
 def write_cert(path: Path, cert: x509.Certificate) -> None:
     _write_new(path, cert.public_bytes(serialization.Encoding.PEM), 0o644)
 

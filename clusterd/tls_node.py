@@ -10,7 +10,7 @@ import ipaddress
 import logging
 
 from clusterd.config import ClusterConfig, NodeConfig
-from clusterd.tls_context import node_client_context, server_context
+from clusterd.tls_context import client_context, node_client_context, server_context
 from clusterd.tls_streams import ClientTls, PeerTls, ServerTls
 from zab.sockets import BOOKIE_CLIENT_TLS, METASTORE_CLIENT_TLS
 
@@ -61,6 +61,16 @@ def bookie_client_tls(config: ClusterConfig, node: NodeConfig) -> ClientTls | No
     if tls is None or not tls.bookie:
         return None
     return ClientTls(node_client_context(tls, node.id, check_hostname=True), _timeout_s(config))
+
+
+def operator_tls(config: ClusterConfig) -> ClientTls | None:
+    """What clusterctl's znode commands dial a TLS client port with: the certificate `tls init`
+    made for it (client-clusterctl.pem, ACL identity x509:CN=clusterctl)."""
+    tls = config.tls
+    if tls is None or not tls.client:
+        return None
+    return ClientTls(client_context(tls.ca, tls.client_cert("clusterctl"), tls.client_key("clusterctl")),
+                     _timeout_s(config))
 
 
 def use_node_certificate(config: ClusterConfig, node: NodeConfig) -> None:

@@ -15,9 +15,11 @@ from typing import Any
 from clusterd.config import ClusterConfig
 from clusterd.tls_config import TlsConfig, parse_tls
 from clusterd.tls_material import (CLIENT_NAME, TlsMaterialError, issue, load_authority, make_private_dir,
-                                   new_authority, node_common_name, node_uri, write_cert, write_key, write_pair)
+                                   new_authority, node_common_name, node_uri, write_cert, write_key, write_pair,
+                                   write_secret)
 
 EXIT_FAILED = 1
+OPERATOR = "clusterctl"  # the client certificate `tls init` makes for clusterctl itself
 EXIT_USAGE = 2
 
 
@@ -81,6 +83,8 @@ def init(config: ClusterConfig, tls: TlsConfig) -> None:
         write_pair(key_path, cert_path, key, cert)
         print(f"node {node.id}: created {cert_path} (CN={node_common_name(node.id)}, {node_uri(node.id)}, "
               f"host {node.host})")
+    if not tls.client_cert(OPERATOR).exists():  # clusterctl's own znode commands on a TLS client port
+        client(tls, OPERATOR)
 
 
 def _sans(host: str) -> tuple[str, ...]:
@@ -94,6 +98,12 @@ def client(tls: TlsConfig, name: str) -> None:
     cert_path, key_path = tls.client_cert(name), tls.client_key(name)
     if cert_path.exists() or key_path.exists():
         raise TlsMaterialError(f"{cert_path} or {key_path} exists already: pick another NAME or remove them")
+    if (tls.dir / f"client-{name}.keystore.pem").exists():
+        raise TlsMaterialError(f"{tls.dir / f'client-{name}.keystore.pem'} exists already: remove it first")
     key, cert = issue(authority, name)
     write_pair(key_path, cert_path, key, cert)
-    print(f"created {cert_path} and {key_path} (ACL identity x509:CN={name}); CA certificate: {tls.ca}")
+    # Java clients (zkCli.sh) read key and certificate from one PEM "key store" (zookeeper.ssl.keyStore.type=PEM).
+    keystore = tls.dir / f"client-{name}.keystore.pem"
+    write_secret(keystore, key_path.read_bytes() + cert_path.read_bytes())
+    print(f"created {cert_path} and {key_path} (ACL identity x509:CN={name}), {keystore} for Java clients; "
+          f"CA certificate: {tls.ca}")

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import ssl
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -259,3 +261,41 @@ def test_kazoo_over_tls_keeps_working_through_a_leader_sigkill(tls_cluster: Clus
         zk.close()
         up = tls_cluster.ctl("up")  # the killed node back, for whatever runs next
         assert up.returncode == 0, up.stdout + up.stderr
+
+
+ZKCLI = Path("/usr/share/zookeeper/bin/zkCli.sh")
+
+
+@pytest.mark.skipif(not ZKCLI.exists() or not shutil.which("java"),
+                    reason="Debian's zookeeper package (zkCli.sh) is not installed; .ci/run installs it")
+def test_zkcli_over_tls(tls_cluster: Cluster):
+    """ZooKeeper's own CLI with its Netty client socket and PEM key and trust stores (ZooKeeper 3.5.5+)."""
+    tls = tls_dir(tls_cluster)
+    node = tls_cluster.config.nodes[0]
+    # Debian's zookeeper.jar (3.8) lists some of Netty's jars in its manifest but not netty-resolver and
+    # netty-codec, which the Netty client socket needs: the last -cp wins over zkCli.sh's own.
+    flags = ["-cp", ":".join(["/etc/zookeeper/conf", "/usr/share/java/zookeeper.jar",
+                              "/usr/share/java/netty-resolver.jar", "/usr/share/java/netty-codec.jar"]),
+             "-Dzookeeper.clientCnxnSocket=org.apache.zookeeper.ClientCnxnSocketNetty",
+             "-Dzookeeper.client.secure=true",
+             f"-Dzookeeper.ssl.keyStore.location={tls / 'client-alice.keystore.pem'}",
+             "-Dzookeeper.ssl.keyStore.type=PEM",
+             f"-Dzookeeper.ssl.trustStore.location={tls / 'ca.pem'}",
+             "-Dzookeeper.ssl.trustStore.type=PEM"]
+    env = {**os.environ, "CLIENT_JVMFLAGS": " ".join(flags)}
+
+    def zkcli(*command: str) -> str:
+        done = subprocess.run([str(ZKCLI), "-server", f"{node.host}:{node.client_port}", *command],
+                              capture_output=True, text=True, timeout=60, env=env)
+        return done.stdout + done.stderr
+
+    assert "Created /zkcli-tls" in zkcli("create", "/zkcli-tls", "hello")
+    assert "hello" in zkcli("get", "/zkcli-tls")
+
+
+def test_clusterctl_znode_commands_on_a_tls_client_port(tls_cluster: Cluster):
+    """`tls init` made clusterctl a certificate of its own; its znode commands use it."""
+    done = tls_cluster.ctl("create", "/from-clusterctl", "over tls")
+    assert done.returncode == 0, done.stdout + done.stderr
+    done = tls_cluster.ctl("get", "/from-clusterctl")
+    assert done.returncode == 0 and done.stdout.strip() == "over tls", done.stdout + done.stderr

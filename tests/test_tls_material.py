@@ -80,6 +80,7 @@ def test_client_certificate_and_a_handshake_that_names_the_node(folder: Path):
     assert done.returncode == 0, done.stderr
     tls = folder / "tls"
     assert mode(tls / "client-alice.key") == 0o600
+    assert mode(tls / "client-alice.keystore.pem") == 0o600  # key and certificate, for Java clients
     assert clusterctl(folder, "tls", "client", "alice").returncode == 1  # never overwritten
     assert clusterctl(folder, "tls", "client", "../evil").returncode == 2
     config = cfg.load(folder / "cluster.toml")
