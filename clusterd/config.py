@@ -116,8 +116,16 @@ class ClusterConfig:
     client_protocol: str = "kv"
     min_session_timeout_ms: int = 2_000
     max_session_timeout_ms: int = 60_000
-    # Keys session passwords (HMAC): set it to a private value on a real cluster.
-    session_secret: str = "quire-change-me"
+    # Optional: mixed into the session-password key, which derives from the cluster secret the
+    # first leader draws and commits through Zab (metastore/cluster_secret.py). No shipped default.
+    session_secret: str = ""
+    # The client port's limits (metastore/edge_guard.py ClientLimits), ZooKeeper's names in docs/operations.md.
+    jute_max_buffer_bytes: int = 0xFFFFF  # jute.maxbuffer: the largest buffer in a request or reply
+    client_outgoing_max_bytes: int = 32 << 20  # replies queued for a client that does not read; more: cut off
+    max_client_connections: int = 60  # maxClientCnxns: connections from one client address
+    max_client_connections_total: int = 4096  # maxCnxns: client connections to one node
+    client_handshake_timeout_ms: int = 10_000  # accept to a whole ConnectRequest, idle time included
+    global_outstanding_limit: int = 1000  # globalOutstandingLimit: requests in flight before reading pauses
     # ZooKeeper's DigestAuthenticationProvider.superDigest: "user:base64(sha1(user:password))"
     # (metastore.acl.generate_digest); addAuth("digest", "user:password") then passes every ACL.
     super_digest: str = ""
@@ -208,7 +216,9 @@ CLUSTER_DEFAULTS: dict[str, Any] = {
 
 
 CLIENT_PROTOCOLS = ("kv", "zookeeper")
-_MAY_BE_EMPTY = frozenset({"super_digest"})  # empty: the setting is off
+_MAY_BE_EMPTY = frozenset({"super_digest", "session_secret"})  # empty: the setting is off
+# Secrets once shipped as defaults: everyone knows them (issue 17).
+_KNOWN_SECRETS = frozenset({"quire-change-me", "quire"})
 BOOKIE_MAX_ENTRY_BYTES_LIMIT = 64 << 20  # the storage engine's ceiling (bookie/storage_config.py)
 KNOWN_FOUR_LETTER_WORDS = frozenset({"ruok", "srvr", "stat", "mntr", "conf", "envi", "isro"})
 
@@ -333,6 +343,10 @@ def _check_cluster(config: ClusterConfig) -> None:
             parse_super_digest(config.super_digest)
         except ValueError as e:
             raise ConfigError(f"{path}: [cluster]: key 'super_digest': {e}") from None
+    if config.session_secret in _KNOWN_SECRETS:
+        raise ConfigError(f"{path}: [cluster]: key 'session_secret': {config.session_secret!r} was a shipped "
+                          "default that anyone knows; remove the key (session passwords derive from a secret "
+                          "the cluster draws itself) or set a private value")
     if config.min_session_timeout_ms > config.max_session_timeout_ms:
         raise ConfigError(f"{path}: [cluster]: min_session_timeout_ms exceeds max_session_timeout_ms")
     voters = sorted(config.voters)

@@ -28,6 +28,7 @@ from clusterd.bookie_node import BookieNode, BookieStartupError
 from clusterd.config import ClusterConfig, ConfigError, NodeConfig, load
 from clusterd.kvservice import INCARNATION_BITS, KVService
 from clusterd.tls_context import TlsSetupError
+from metastore.edge_guard import ClientLimits
 from metastore.service import MetastoreConfig, MetastoreService
 from metastore.state_machine import MetastoreStateMachine
 from zab.driver import PeerDriver
@@ -161,7 +162,8 @@ async def _start_ensemble_services(nursery: trio.Nursery, config: ClusterConfig,
         service = MetastoreService(driver, sm, MetastoreConfig(
             node.id, node.host, node.client_port, config.min_session_timeout_ms, config.max_session_timeout_ms,
             config.session_secret.encode(), config.four_letter_word_set, tick_ms=config.tick_ms,
-            tls=tls_node.client_port_tls(config, node), super_digest=config.super_digest or None))
+            tls=tls_node.client_port_tls(config, node), super_digest=config.super_digest or None,
+            limits=client_limits(config)))
     await nursery.start(driver.run)
     if zookeeper:
         try:
@@ -175,6 +177,13 @@ async def _start_ensemble_services(nursery: trio.Nursery, config: ClusterConfig,
                             await _listen(node.host, node.client_port, "clients"))
         client_stats = kv.statistics
     return {"status": driver.status, "clients": client_stats}
+
+
+def client_limits(config: ClusterConfig) -> ClientLimits:
+    """The client port's limits (metastore.edge_guard) from cluster.toml."""
+    return ClientLimits(config.jute_max_buffer_bytes, config.client_outgoing_max_bytes,
+                        config.max_client_connections, config.max_client_connections_total,
+                        config.client_handshake_timeout_ms, config.global_outstanding_limit)
 
 
 async def _listen(host: str, port: int, what: str) -> list[trio.SocketListener]:

@@ -9,7 +9,10 @@ id count, then per id two u16-length UTF-8 strings (scheme, id), then the payloa
 for CLIENT, the jute request (RequestHeader + body) as the client sent it; for
 CREATE_SESSION, the negotiated timeout as i32 ms; for CLOSE_SESSION, nothing; for
 DELETE_CONTAINER (the leader's cleanup of empty containers and expired TTL nodes),
-the path as UTF-8; for CLAIM_SESSION (a client reconnected here), nothing.
+the path as UTF-8; for CLAIM_SESSION (a client reconnected here), nothing; for
+INIT_SECRET (the first leader's cluster secret, metastore.cluster_secret), its bytes.
+An auth id ("super", token) stands for a super identity its origin node granted;
+the preparer honours it only with the token derived from the cluster secret.
 
 Records here are slots dataclasses with a field hash but not frozen: a frozen
 dataclass's __init__ sets every field through object.__setattr__, about three
@@ -22,7 +25,7 @@ import struct
 from dataclasses import dataclass
 
 VERSION = 1
-CLIENT, CREATE_SESSION, CLOSE_SESSION, DELETE_CONTAINER, CLAIM_SESSION = 0, 1, 2, 3, 4
+CLIENT, CREATE_SESSION, CLOSE_SESSION, DELETE_CONTAINER, CLAIM_SESSION, INIT_SECRET = 0, 1, 2, 3, 4, 5
 _HEAD = struct.Struct(">BBBqH")
 _LEN = struct.Struct(">H")
 
@@ -68,7 +71,7 @@ def decode_envelope(buf: bytes) -> Envelope:
     version, kind, origin, time_ms, n = _HEAD.unpack_from(buf)
     if version != VERSION:
         raise EnvelopeError(f"envelope version {version}, expected {VERSION}")
-    if kind not in (CLIENT, CREATE_SESSION, CLOSE_SESSION, DELETE_CONTAINER, CLAIM_SESSION):
+    if kind not in (CLIENT, CREATE_SESSION, CLOSE_SESSION, DELETE_CONTAINER, CLAIM_SESSION, INIT_SECRET):
         raise EnvelopeError(f"unknown envelope kind {kind}")
     pos = _HEAD.size
     auth = []

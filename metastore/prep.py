@@ -13,9 +13,11 @@ answer after every transaction prepared before it (statemachine.Refusal).
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Sequence
 
 from metastore import acl as A
+from metastore import cluster_secret as CS
 from metastore import jute_records as J
 from metastore import paths
 from metastore.envelope import Envelope
@@ -29,19 +31,27 @@ from metastore.txn import (Check, CloseSession, Create, CreateSession, Delete, E
 
 ANY_VERSION = -1  # on the wire; compared explicitly below
 DEFAULT_MAX_DATA_BYTES = 1 << 20
+# A request's jute bytes, and the transaction made of it, at most (a client's frame
+# cannot be larger; a bigger one was forged on the peer port): a transaction must fit
+# the peer frames that carry it (PROPOSAL, SYNCTXNS) with room to spare.
+DEFAULT_MAX_REQUEST_BYTES = DEFAULT_MAX_DATA_BYTES + (64 << 10)
+TXN_BYTES_PER_REQUEST_BYTE = 2  # "auth" ACLs expand to the session's ids: allow some growth
 _SEQUENTIAL = {CreateMode.PERSISTENT_SEQUENTIAL, CreateMode.EPHEMERAL_SEQUENTIAL,
                CreateMode.PERSISTENT_SEQUENTIAL_WITH_TTL}
 _EPHEMERAL = {CreateMode.EPHEMERAL, CreateMode.EPHEMERAL_SEQUENTIAL}
 _TTL = {CreateMode.PERSISTENT_WITH_TTL, CreateMode.PERSISTENT_SEQUENTIAL_WITH_TTL}
 CLAIM_SESSION = -1000  # internal: a client reconnected to the envelope's origin node
+INIT_SECRET = -1001  # internal: the first leader commits the cluster secret (metastore.cluster_secret)
 HOUSEKEEPING = 0  # the origin of requests the leader makes itself (node ids start at 1)
 _CREATE_OPS = {OpCode.CREATE, OpCode.CREATE2, OpCode.CREATE_CONTAINER, OpCode.CREATE_TTL}
 
 
 class Preparer:
-    def __init__(self, tree: DataTree, *, max_data_bytes: int = DEFAULT_MAX_DATA_BYTES) -> None:
+    def __init__(self, tree: DataTree, *, max_data_bytes: int = DEFAULT_MAX_DATA_BYTES,
+                 max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> None:
         self.tree = tree
         self.max_data_bytes = max_data_bytes
+        self.max_request_bytes = max_request_bytes
         self._future: DataTree | None = None
         self._pending: list[tuple[int, Transaction]] = []
         self._time_ms = 0
@@ -70,18 +80,23 @@ class Preparer:
         future view untouched: it is answered, not proposed, and `zxid` goes to the next."""
         self._time_ms = max(self._time_ms, env.time_ms)
         view = self._view()
-        auth = [A.Id(s, i) for s, i in env.auth]
+        auth = envelope_auth(env, CS.read_secret(view))
         moved = self._check_owner(session_id, env.origin, opcode)
         if moved is not None:
             return Transaction(self._time_ms, moved)
+        if len(env.payload) > self.max_request_bytes:
+            return Transaction(self._time_ms, Error(BadArguments.code))
         if opcode == OpCode.MULTI:
             txn = Transaction(self._time_ms, self._multi(view, zxid, session_id, auth, body))
             if failed(txn):
                 return txn  # _multi rolled the view back
             view.last_zxid = zxid  # its ops were applied one by one while checking them
+        elif opcode == OpCode.CHECK:  # only inside a multi: a lone Check is no transaction record
+            return Transaction(self._time_ms, Error(Unimplemented.code))
         else:
             try:
                 op = self._op(view, session_id, auth, opcode, body)
+                self._check_txn_bytes(_op_bytes(op))
             except ZooKeeperError as e:
                 return Transaction(self._time_ms, Error(e.code))
             txn = Transaction(self._time_ms, op)
@@ -121,6 +136,8 @@ class Preparer:
             return CreateSession(session_id, body)
         if opcode == OpCode.DELETE_CONTAINER:
             return self._delete_container(view, body)
+        if opcode == INIT_SECRET:
+            return self._init_secret(view, body)
         if opcode == OpCode.CLOSE_SESSION:
             if view.session_timeout(session_id) is None:
                 raise SessionExpired(None, f"session {session_id:#x} is not open")
@@ -130,11 +147,14 @@ class Preparer:
     def _multi(self, view: DataTree, zxid: int, session_id: int, auth: Sequence[A.Id], body: J.MultiRequest):
         ops = []
         savepoint = view.savepoint()
+        size = 0
         for i, (opcode, record) in enumerate(body.ops):
             try:
                 if opcode not in _CREATE_OPS | {OpCode.DELETE, OpCode.SET_DATA, OpCode.CHECK}:
                     raise BadArguments(None, f"opcode {opcode} is not allowed in a multi")
                 op = self._op(view, session_id, auth, opcode, record)
+                size += _op_bytes(op)
+                self._check_txn_bytes(size)
                 apply_op(view, zxid, self._time_ms, op)  # later ops see this one
             except ZooKeeperError as e:
                 view.rollback(savepoint)  # all or nothing, in the future view too
@@ -152,6 +172,8 @@ class Preparer:
         paths.validate_path(req.path, sequential=mode in _SEQUENTIAL)
         self._check_size(req.path, req.data)
         parent_path = paths.parent_of(req.path)
+        _check_writable(parent_path, req.path)
+        _check_writable(req.path)
         parent = view.node(parent_path)
         if parent is None:
             raise NoNode(parent_path)
@@ -175,7 +197,7 @@ class Preparer:
 
     def _delete(self, view: DataTree, auth: Sequence[A.Id], req: J.DeleteRequest) -> Delete:
         paths.validate_path(req.path)
-        if paths.is_special(req.path):
+        if paths.is_special(req.path) or CS.is_protected(req.path):
             raise BadArguments(req.path, "a system znode cannot be deleted")
         # The parent's DELETE before the node's existence, as PrepRequestProcessor: a client
         # without it must not learn from NoNode which children exist.
@@ -200,6 +222,7 @@ class Preparer:
     def _set_data(self, view: DataTree, auth: Sequence[A.Id], req: J.SetDataRequest) -> SetData:
         paths.validate_path(req.path)
         self._check_size(req.path, req.data)
+        _check_writable(req.path)
         node = _existing(view, req.path)
         A.require(node.acl, A.Perm.WRITE, auth, req.path)
         _check_version(req.path, node.version, req.version)
@@ -207,15 +230,61 @@ class Preparer:
 
     def _set_acl(self, view: DataTree, auth: Sequence[A.Id], req: J.SetACLRequest) -> SetACL:
         paths.validate_path(req.path)
+        _check_writable(req.path)
         node = _existing(view, req.path)
         A.require(node.acl, A.Perm.ADMIN, auth, req.path)
         _check_version(req.path, node.aversion, req.version)
         stored_acl = A.fixup_acl(req.path, req.acl, auth)
         return SetACL(req.path, stored_acl, next_version(node.aversion))
 
+    def _init_secret(self, view: DataTree, secret: bytes) -> Create:
+        """The cluster secret, once: the first leader's INIT_SECRET (metastore.cluster_secret)."""
+        if CS.read_secret(view) is not None:
+            raise NodeExists(CS.SECRET_PATH)
+        if len(secret) != CS.SECRET_BYTES:
+            raise BadArguments(CS.SECRET_PATH, f"a cluster secret is {CS.SECRET_BYTES} bytes")
+        parent = view.node(paths.parent_of(CS.SECRET_PATH))
+        return Create(CS.SECRET_PATH, secret, CS.secret_acl(secret), 0, i32(parent.cversion + 1))
+
+    def _check_txn_bytes(self, size: int) -> None:
+        limit = self.max_request_bytes * TXN_BYTES_PER_REQUEST_BYTE
+        if size > limit:
+            raise BadArguments(None, f"the transaction would hold {size} bytes, more than {limit}")
+
     def _check_size(self, path: str, data: bytes | None) -> None:
         if data is not None and len(data) > self.max_data_bytes:
             raise BadArguments(path, f"data of {len(data)} bytes exceeds the {self.max_data_bytes}-byte znode limit")
+
+
+def envelope_auth(env: Envelope, secret: bytes | None) -> list[A.Id]:
+    """The ids a request acts with. A "super" id counts only with the token its origin
+    node derives from the cluster secret (cluster_secret.super_token): super is granted
+    by a node's own authentication, never taken from bytes that came over the network."""
+    token = CS.super_token(secret) if secret is not None else None
+    out = []
+    for scheme, ident in env.auth:
+        if scheme == A.SUPER_SCHEME:
+            if token is not None and hmac.compare_digest(ident.encode(), token.encode()):
+                out.append(A.Id(A.SUPER_SCHEME, ""))
+            continue
+        out.append(A.Id(scheme, ident))
+    return out
+
+
+def _op_bytes(op: object) -> int:
+    """Roughly the encoded size of one op (path, data and ACL bytes)."""
+    size = len(getattr(op, "path", "")) + len(getattr(op, "data", b"") or b"") + 16
+    for entry in getattr(op, "acl", ()):
+        size += len(entry.id.scheme) + len(entry.id.id) + 12
+    return size
+
+
+def _check_writable(path: str, child: str | None = None) -> None:
+    """/zookeeper/config is each node's own configuration (the tree refuses to change
+    it: the leader must refuse first, or its own apply fails); the cluster secret is
+    Quire's. A super client gets BadArguments too."""
+    if path == paths.CONFIG or CS.is_protected(path):
+        raise BadArguments(child or path, f"{path} cannot be changed by a client request")
 
 
 def _existing(view: DataTree, path: str) -> Node:

@@ -13,25 +13,25 @@ before any other task can read the tree.
 
 from __future__ import annotations
 
-import collections
-import hashlib
 import hmac
+import secrets
 import itertools
 import logging
 import struct
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 
 import trio
 
 from metastore import envelope as E
 from metastore import jute
-from metastore.edge_guard import CLIENT_FAULTS, ClientRefused, check_auth, check_connect
-from metastore.acl import Id, digest_auth_ids
+from metastore import cluster_secret as CS
+from metastore.client_conn import AddressCounts, Connection, Job, peer_of, receive_exactly
+from metastore.edge_guard import CLIENT_FAULTS, ClientLimits, ClientRefused, check_auth, check_connect, check_reply
+from metastore.acl import SUPER_SCHEME, Id, digest_auth_ids
 from metastore.four_letter import answer_four_letter_word
-from metastore.jute_defs import Err, EventType, JuteError, KeeperState, OpCode, UnknownOpcode, Xid
+from metastore.jute_defs import Err, EventType, KeeperState, OpCode, UnknownOpcode, Xid
 from metastore.prep import HOUSEKEEPING
 from metastore.responses import READ_OPS, WATCH_KINDS_FOR_TYPE, WRITE_OPS, read_reply, write_reply
 from metastore.sessions import SessionTracker
@@ -41,16 +41,12 @@ from metastore.watches import WatchKind, WatchManager
 from zab.actions import Phase, Role
 from zab.driver import Pending, PeerDriver
 from zab.errors import NoLeader, OutcomeUnknown
-from zab.sockets import write_now
 
 log = logging.getLogger("quire.metastore")
-Job = tuple["Pending | None", Callable[[], bool]]  # (the write it waits for, answer it: False closes)
 
 RECEIVE_BYTES = 1 << 16
-OUTGOING_MAX = 10_000
-PIPELINE_MAX = 1_000
-CONTAINER_CHECK_ROUNDS = 20  # maintenance rounds between container/TTL sweeps  # requests of one connection started but not yet answered
-HANDSHAKE_TIMEOUT_S = 10.0
+PIPELINE_MAX = 1_000  # requests of one connection started but not yet answered
+CONTAINER_CHECK_ROUNDS = 20  # maintenance rounds between container/TTL sweeps
 
 
 @dataclass(frozen=True)
@@ -60,49 +56,12 @@ class MetastoreConfig:
     port: int
     min_session_timeout_ms: int = 2_000
     max_session_timeout_ms: int = 60_000
-    session_secret: bytes = b"quire"
+    session_secret: bytes = b""  # optional, mixed with the cluster secret (metastore.cluster_secret)
     four_letter_words: frozenset[str] = frozenset({"ruok", "srvr", "stat", "mntr", "conf", "envi", "isro"})
     tick_ms: int = 50
+    limits: ClientLimits = ClientLimits()
     tls: object = None  # TLS only when set, as ZooKeeper's secureClientPort (clusterd/tls_streams.py ServerTls)
     super_digest: str | None = None  # "user:base64(sha1)": addAuth of its password gives the super id (acl.py)
-
-
-@dataclass(eq=False)
-class Connection:
-    id: int
-    stream: trio.SocketStream
-    peer: str
-    out_send: trio.MemorySendChannel
-    out_recv: trio.MemoryReceiveChannel
-    session_id: int = 0
-    auth: list[Id] = field(default_factory=list)
-    active: bool = True  # since the last touch round
-    idle: bool = False  # the writer task waits on an empty queue: nothing is in flight
-    replies: collections.deque[Job] = field(default_factory=collections.deque)  # started, not yet answered
-    advanced: trio.Event = field(default_factory=trio.Event)  # set whenever replies were answered
-    scope: trio.CancelScope = field(default_factory=trio.CancelScope)  # reading requests and awaiting replies
-    closed: bool = False
-
-    def send(self, payload: bytes) -> None:
-        if self.closed:
-            return
-        data = jute.frame(payload)
-        if self.idle and not self.replies:
-            # Nothing in flight and no other reply known to be coming: write now, one
-            # task switch sooner. A burst of replies keeps going through the writer,
-            # which sends whatever one loop turn produced in one write.
-            data = write_now(self.stream, data)  # on an error, the writer meets it itself
-            if not data:
-                return
-        try:
-            self.idle = False
-            self.out_send.send_nowait(data)
-        except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
-            self.close()  # a client that does not read its replies is cut off, never waited for
-
-    def close(self) -> None:
-        self.closed = True
-        self.out_send.close()
 
 
 class MetastoreService:
@@ -120,7 +79,14 @@ class MetastoreService:
         self._cxids = itertools.count(1)
         self._next_session = (config.node_id << 48) | ((int(time.time() * 1000) << 8) & 0xFFFF_FFFF_FFFF)
         driver.listen(self)
-        self.stats = {"requests": 0, "notifications": 0, "connections": 0}
+        self.stats = {"requests": 0, "notifications": 0, "connections": 0, "connections_refused": 0,
+                      "outstanding": 0, "outstanding_max": 0, "throttled": 0, "cut_off": 0}
+        self._addresses = AddressCounts(config.limits.max_client_connections, config.limits.max_connections)
+        self._below_limit = trio.Event()  # set when outstanding requests drop below the global limit
+        self._initializing_secret = False
+        # The leader refuses what no client frame can hold (a forged, oversized envelope).
+        sm.prep.max_data_bytes = config.limits.jute_max_buffer_bytes
+        sm.prep.max_request_bytes = config.limits.max_frame_bytes
 
     # -- running -------------------------------------------------------------------
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -161,8 +127,34 @@ class MetastoreService:
 
     # -- sessions ---------------------------------------------------------------------
     def _password(self, session_id: int) -> bytes:
-        key = (session_id & 0xFFFF_FFFF_FFFF_FFFF).to_bytes(8, "big")
-        return hmac.new(self.cfg.session_secret, key, hashlib.sha256).digest()[:16]
+        secret = CS.read_secret(self.sm.tree)
+        assert secret is not None, "sessions are served only once the cluster secret is here (_connect)"
+        return CS.session_password(secret, self.cfg.session_secret, session_id)
+
+    async def _has_secret(self) -> bool:
+        """Whether the cluster secret is here, after catching up with the leader if needed
+        (the first leader commits it right after it is elected)."""
+        if CS.read_secret(self.sm.tree) is None:
+            try:
+                await self.driver.sync(0, next(self._cxids))
+            except (NoLeader, OutcomeUnknown):
+                return False
+        return CS.read_secret(self.sm.tree) is not None
+
+    async def _init_secret(self) -> None:
+        """The first leader draws the cluster secret and commits it (metastore.cluster_secret)."""
+        self._initializing_secret = True
+        try:
+            await self._submit_internal(E.INIT_SECRET, 0, secrets.token_bytes(CS.SECRET_BYTES))
+        finally:
+            self._initializing_secret = False
+
+    def _envelope_auth(self, conn: Connection) -> tuple[tuple[str, str], ...]:
+        """The ids a request carries to the leader. A super id this node granted travels as
+        the token only nodes of this cluster can derive; the leader ignores any other."""
+        secret = CS.read_secret(self.sm.tree)
+        return tuple((i.scheme, CS.super_token(secret) if i.scheme == SUPER_SCHEME else i.id) for i in conn.auth
+                     if i.scheme != SUPER_SCHEME or secret is not None)
 
     def _negotiate(self, requested_ms: int) -> int:
         return max(self.cfg.min_session_timeout_ms, min(self.cfg.max_session_timeout_ms, requested_ms))
@@ -186,6 +178,8 @@ class MetastoreService:
             if not self._tracking:
                 self.tracker.reset(self.sm.tree.sessions(), _now_ms())
                 self._tracking = True
+            if CS.read_secret(self.sm.tree) is None and not self._initializing_secret:
+                nursery.start_soon(self._init_secret)
             for sid in self.tracker.expired(_now_ms()):
                 nursery.start_soon(self._submit_internal, E.CLOSE_SESSION, sid, b"")
             rounds += 1
@@ -203,68 +197,61 @@ class MetastoreService:
 
     # -- connections ---------------------------------------------------------------------
     async def _handle(self, stream: trio.SocketStream) -> None:
+        host = peer_of(stream).rsplit(":", 1)[0]
+        refused = self._addresses.admit(host)
+        if refused is not None:
+            self.stats["connections_refused"] += 1
+            log.info("event=client_refused peer=%s reason=%r", host, refused)
+            await stream.aclose()  # as ZooKeeper: the connection is closed at once, nothing is read
+            return
+        try:
+            await self._handle_admitted(stream)
+        finally:
+            self._addresses.release(host)
+
+    async def _handle_admitted(self, stream: trio.SocketStream) -> None:
         if self.cfg.tls is not None:
             stream = await self.cfg.tls.accept(stream)  # None: refused, closed and logged by the TLS layer
             if stream is None:
                 return
-        send, recv = trio.open_memory_channel(OUTGOING_MAX)
-        conn = Connection(next(self._conn_ids), stream, _peer_of(stream), send, recv)
+        conn = Connection(next(self._conn_ids), stream, peer_of(stream), self.cfg.limits.outgoing_max_bytes)
         # As in ZooKeeper, every connection is authenticated by its address (the ip scheme).
-        conn.auth.append(Id("ip", conn.peer.rsplit(":", 1)[0]))
+        conn.auth.append(Id("ip", conn.host))
         if self.cfg.tls is not None:  # and by its certificate, as ZooKeeper's x509 scheme
             conn.auth.extend(self.cfg.tls.identities(stream))
         self.connections[conn.id] = conn
         self.stats["connections"] += 1
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._writer, conn, nursery.cancel_scope)
+                nursery.start_soon(conn.run_writer, nursery.cancel_scope)
                 await self._serve(conn)
                 conn.close()
         except* (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the client went away (a reset arrives wrapped in the nursery's group): only it is affected
         finally:
+            self.stats["cut_off"] += conn.cut_off
+            self._finished(len(conn.replies))  # a connection cut off leaves its requests unanswered
+            conn.replies.clear()
             del self.connections[conn.id]
             self.watches.drop_connection(conn.id)
             if self.by_session.get(conn.session_id) is conn:
                 del self.by_session[conn.session_id]
             await stream.aclose()
 
-    async def _writer(self, conn: Connection, scope: trio.CancelScope) -> None:
-        try:
-            while True:
-                try:
-                    data = conn.out_recv.receive_nowait()
-                except trio.WouldBlock:
-                    conn.idle = True  # only while blocked on an empty queue (see Connection.send)
-                    try:
-                        data = await conn.out_recv.receive()
-                    finally:
-                        conn.idle = False
-                # Replies and notifications queued meanwhile leave in one write.
-                chunks = [data]
-                while len(chunks) < 256:
-                    try:
-                        chunks.append(conn.out_recv.receive_nowait())
-                    except (trio.WouldBlock, trio.EndOfChannel):
-                        break
-                await conn.stream.send_all(b"".join(chunks))
-        except (OSError, trio.EndOfChannel, trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        scope.cancel()
-
     async def _serve(self, conn: Connection) -> None:
-        reader = jute.FrameReader()
-        first = await _receive_exactly(conn.stream, 4)
-        if first is None:
-            return
-        word = jute.four_letter_word(first)
-        if word is not None:
-            if word in self.cfg.four_letter_words:
-                conn.out_send.send_nowait(answer_four_letter_word(word, self).encode())
-            return
+        reader = jute.FrameReader(self.cfg.limits.max_frame_bytes)
         try:
-            frames = reader.feed(first)
-            with trio.fail_after(HANDSHAKE_TIMEOUT_S):
+            # From accept to a whole ConnectRequest, the idle time before the first bytes included.
+            with trio.fail_after(self.cfg.limits.handshake_timeout_ms / 1000):
+                first = await receive_exactly(conn.stream, 4)
+                if first is None:
+                    return
+                word = jute.four_letter_word(first)
+                if word is not None:
+                    if word in self.cfg.four_letter_words:
+                        conn.send_raw(answer_four_letter_word(word, self).encode())
+                    return
+                frames = reader.feed(first)
                 while not frames:
                     data = await conn.stream.receive_some(RECEIVE_BYTES)
                     if not data:
@@ -285,30 +272,52 @@ class MetastoreService:
 
     async def _read_requests(self, conn: Connection, reader: jute.FrameReader, frames: list[bytes]) -> None:
         """Decode requests in order and start them; _advance answers them in that order."""
+        limit = self.cfg.limits.global_outstanding_limit
         try:
             while True:
-                closing = False
-                # The requests of one read go to Zab together: one proposal write per peer
-                # and one log hand-off for all of them (_request never waits on anything).
-                with self.driver.holding():
-                    for payload in frames:
-                        job = await self._request(conn, payload)
-                        if job is None:
-                            closing = True
-                            break
-                        if job is not True:
-                            conn.replies.append(job)
-                self._advance(conn)
-                if closing:
-                    return
-                while len(conn.replies) >= PIPELINE_MAX:
-                    await self._wait_advanced(conn)
+                done = 0
+                while done < len(frames):
+                    # The requests of one read go to Zab together: one proposal write per peer
+                    # and one log hand-off for all of them (_request never waits on anything),
+                    # as many as the global outstanding limit lets start.
+                    with self.driver.holding():
+                        while done < len(frames) and self.stats["outstanding"] < limit:
+                            job = await self._request(conn, frames[done])
+                            done += 1
+                            if job is None:
+                                self._advance(conn)
+                                return
+                            if job is not True:
+                                self._started(conn, job)
+                    self._advance(conn)
+                    while len(conn.replies) >= PIPELINE_MAX:
+                        await self._wait_advanced(conn)
+                    await self._wait_below_limit()
                 data = await conn.stream.receive_some(RECEIVE_BYTES)
                 if not data:
                     return
                 frames = reader.feed(data)
         except CLIENT_FAULTS as e:
             self._refused(conn, e, None)
+
+    def _started(self, conn: Connection, job: Job) -> None:
+        conn.replies.append(job)
+        stats = self.stats
+        stats["outstanding"] += 1
+        stats["outstanding_max"] = max(stats["outstanding_max"], stats["outstanding"])
+
+    def _finished(self, n: int) -> None:
+        self.stats["outstanding"] -= n
+        if self.stats["outstanding"] < self.cfg.limits.global_outstanding_limit:
+            self._below_limit.set()
+
+    async def _wait_below_limit(self) -> None:
+        """ZooKeeper's globalOutstandingLimit: stop reading requests while too many are open."""
+        while self.stats["outstanding"] >= self.cfg.limits.global_outstanding_limit:
+            self.stats["throttled"] += 1
+            if self._below_limit.is_set():
+                self._below_limit = trio.Event()
+            await self._below_limit.wait()
 
     def _advance(self, conn: Connection) -> None:
         """Answer the requests at the head of the queue whose outcome is known, in order;
@@ -320,7 +329,9 @@ class MetastoreService:
                 pending.notify(partial(self._advance, conn))
                 break
             replies.popleft()
+            self._finished(1)
             if not answer():
+                self._finished(len(replies))
                 replies.clear()
                 conn.scope.cancel()  # the connection ends here: stop reading requests too
                 break
@@ -345,11 +356,14 @@ class MetastoreService:
         conn.close()
 
     async def _connect(self, conn: Connection, payload: bytes) -> bool:
-        req = jute.decode_connect_request(payload)
+        req = jute.decode_connect_request(payload, self.cfg.limits.jute_max_buffer_bytes)
         check_connect(req)
         peer = self.driver.peer
         if peer is None or peer.phase is not Phase.BROADCAST:
             return False  # no quorum here: the client tries another server
+        if not await self._has_secret():
+            log.info("event=client_deferred conn=%s reason=no_cluster_secret_yet", conn.id)
+            return False
         if req.last_zxid_seen > self.sm.last_zxid:
             log.info("event=client_ahead session=%#x client_zxid=%#x our_zxid=%#x", req.session_id,
                      req.last_zxid_seen, self.sm.last_zxid)
@@ -410,7 +424,7 @@ class MetastoreService:
         a Job is answered in order by _advance. Writes and syncs are handed to Zab
         here, in the order they arrived, so one connection can pipeline them."""
         try:
-            header, body = jute.decode_request(payload)
+            header, body = jute.decode_request(payload, self.cfg.limits.jute_max_buffer_bytes)
         except UnknownOpcode as e:
             log.info("event=unknown_opcode conn=%s error=%r", conn.id, e)
             return None
@@ -444,8 +458,7 @@ class MetastoreService:
                 env = E.Envelope(E.CLOSE_SESSION, self.cfg.node_id, _now_ms(), (), b"")
                 pending = await self.driver.start_submit(conn.session_id, cxid, E.encode_envelope(env))
             else:
-                env = E.Envelope(E.CLIENT, self.cfg.node_id, _now_ms(),
-                                 tuple((i.scheme, i.id) for i in conn.auth), payload)
+                env = E.Envelope(E.CLIENT, self.cfg.node_id, _now_ms(), self._envelope_auth(conn), payload)
                 pending = await self.driver.start_submit(conn.session_id, cxid, E.encode_envelope(env))
         except NoLeader:
             return None  # ConnectionLoss for the client: it reconnects elsewhere
@@ -490,7 +503,13 @@ class MetastoreService:
 
     def _reply(self, conn: Connection, xid: int, err: int, body: object = None, zxid: int | None = None) -> None:
         zxid = self.sm.last_zxid if zxid is None else zxid
-        conn.send(jute.encode_reply(jute.ReplyHeader(xid, zxid, err), body if err == 0 else None))
+        payload = jute.encode_reply(jute.ReplyHeader(xid, zxid, err), body if err == 0 else None)
+        try:
+            check_reply(payload, self.cfg.limits)
+        except ClientRefused as e:  # a read of more than the client may take: an error, as ZooKeeper
+            log.info("event=reply_refused conn=%s peer=%s xid=%s error=%r", conn.id, conn.peer, xid, e)
+            payload = jute.encode_reply(jute.ReplyHeader(xid, zxid, e.code))
+        conn.send(payload)
 
     def _auth(self, conn: Connection, header, body: jute.AuthPacket) -> bool:
         if body.scheme != "digest":
@@ -548,21 +567,3 @@ class MetastoreService:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def _peer_of(stream: trio.SocketStream) -> str:
-    try:
-        host, port = getattr(stream, "transport_stream", stream).socket.getpeername()[:2]  # TLS: the TCP stream's
-        return f"{host}:{port}"
-    except OSError:
-        return "?"
-
-
-async def _receive_exactly(stream: trio.SocketStream, n: int) -> bytes | None:
-    buf = b""
-    while len(buf) < n:
-        data = await stream.receive_some(n - len(buf))
-        if not data:
-            return None
-        buf += data
-    return buf

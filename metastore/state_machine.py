@@ -19,7 +19,7 @@ from metastore import envelope as E
 from metastore.errors import MarshallingError
 from metastore.jute import decode_request
 from metastore.jute_defs import JuteError, OpCode
-from metastore.prep import CLAIM_SESSION, DEFAULT_MAX_DATA_BYTES, Preparer
+from metastore.prep import CLAIM_SESSION, DEFAULT_MAX_DATA_BYTES, INIT_SECRET, Preparer
 from metastore.tree import DataTree, FrozenTree
 from metastore.txn import (AlreadyApplied, Error, ErrorResult, MultiResult, Result, Transaction, apply, apply_refusal,
                            decode_txn, encode_txn, failed)
@@ -94,6 +94,8 @@ def _decode(env: E.Envelope) -> tuple[int, object]:
         return OpCode.CLOSE_SESSION, None
     if env.kind == E.CLAIM_SESSION:
         return CLAIM_SESSION, None
+    if env.kind == E.INIT_SECRET:
+        return INIT_SECRET, env.payload
     if env.kind == E.DELETE_CONTAINER:
         return OpCode.DELETE_CONTAINER, env.payload.decode()
     header, body = decode_request(env.payload)
