@@ -33,12 +33,16 @@ class TlsRefused(ConnectionError):
 
 
 class _RefusalLog:
+    MAX_REMEMBERED = 4096  # causes remembered; past it they are forgotten (and logged again), never hoarded
+
     def __init__(self) -> None:
         self._seen: set[tuple[str, str, str]] = set()
 
     def refused(self, port: str, remote: str, reason: str) -> None:
         key = (port, remote.rsplit(":", 1)[0], reason)
         first = key not in self._seen
+        if len(self._seen) >= self.MAX_REMEMBERED:
+            self._seen.clear()
         self._seen.add(key)
         log.log(logging.WARNING if first else logging.DEBUG,
                 "event=tls_refused port=%s remote=%s reason=%r%s", port, remote, reason,
