@@ -28,7 +28,7 @@ from bookie.index import Location, record_size
 from bookie.storage_batch import Admitted, encode_entry_records
 from bookie.storage_codec import (ENTRY_LOG_MAGIC, FILE_HEADER_BYTES, CorruptRecord, TornRecord, decode_entry_record,
                                   decode_file_header, encode_entry_record, encode_file_header)
-from zab.snapshot import fsync_directory, write_all
+from zab.snapshot import FILE_MODE, ensure_directory, fsync_directory, write_all
 
 _log = logging.getLogger("quire.bookie.entrylog")
 _NAME = re.compile(r"entrylog\.([0-9a-f]{16})")
@@ -75,7 +75,7 @@ class EntryLogs:
     @classmethod
     def open(cls, directory: Path, listed: dict[int, int], next_log_id: int, rotate_bytes: int) -> EntryLogs:
         """Open with the checkpoint's view: `listed` maps each log id to its checkpointed length."""
-        directory.mkdir(parents=True, exist_ok=True)
+        ensure_directory(directory)
         logs: dict[int, _Log] = {}
         removed = False
         for name in sorted(os.listdir(directory)):
@@ -158,7 +158,7 @@ class EntryLogs:
         assert log_id not in self._logs, log_id
         self._next_log_id += 1
         path = self.directory / log_name(log_id)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, FILE_MODE)
         try:
             write_all(fd, encode_file_header(ENTRY_LOG_MAGIC, log_id))
         finally:

@@ -38,7 +38,7 @@ from typing import TypeVar
 from bookie.errors import StorageError
 from bookie.storage_codec import (FILE_HEADER_BYTES, FRAME_BYTES, JOURNAL_MAGIC, CorruptRecord, JournalRecord,
                                   decode_file_header, decode_journal_record, encode_file_header, scan_journal)
-from zab.snapshot import fsync_directory, write_all, write_preallocated
+from zab.snapshot import FILE_MODE, ensure_directory, fsync_directory, write_all, write_preallocated
 
 _log = logging.getLogger("quire.bookie.journal")
 _T = TypeVar("_T")
@@ -94,7 +94,7 @@ class Journal:
         gone: a checkpoint is written only after the segment it names exists
         durably (roll()), so its absence means the journal was wiped or lost.
         """
-        directory.mkdir(parents=True, exist_ok=True)
+        ensure_directory(directory)
         found = sorted((int(m.group(1), 16), directory / m.group(0))
                        for m in (_NAME.fullmatch(name) for name in os.listdir(directory)) if m)
         for seq, path in found:
@@ -183,7 +183,7 @@ class Journal:
         self._close_current()
         seq = self._next_seq
         path = self.directory / segment_name(seq)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
         self._fd, self._allocated = fd, 0
         header = encode_file_header(JOURNAL_MAGIC, seq)
         write_all(fd, header)

@@ -23,6 +23,7 @@ import trio
 import clusterd
 from clusterd.admin import AdminUnavailable, fetch_status
 from clusterd.config import ClusterConfig, NodeConfig
+from zab.snapshot import FILE_MODE, ensure_directory
 from zab.zxid import fmt
 
 PID_FILE = "clusterd.pid"
@@ -48,9 +49,11 @@ def log_path(node: NodeConfig) -> Path:
 
 def write_pid_file(node: NodeConfig, pid: int) -> None:
     """Record `pid` as the node's daemon (tmp + rename, so readers never see half a file)."""
-    node.data_dir.mkdir(parents=True, exist_ok=True)
+    ensure_directory(node.data_dir)
     tmp = pid_path(node).with_suffix(".pid.tmp")
-    tmp.write_text(f"{pid}\n")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+    with os.fdopen(fd, "w") as file:
+        file.write(f"{pid}\n")
     tmp.replace(pid_path(node))
 
 
@@ -93,12 +96,13 @@ def is_clusterd(pid: int) -> bool:
 
 def spawn(config: ClusterConfig, node: NodeConfig, *, log_level: str = "warning") -> subprocess.Popen[bytes]:
     """Start `clusterd --id N` detached from this terminal, output appended to its log file."""
-    node.data_dir.mkdir(parents=True, exist_ok=True)
+    ensure_directory(node.data_dir)  # 0700, as everything under it (zab/snapshot.py)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_SOURCE_ROOT), env.get("PYTHONPATH")]))
     command = [sys.executable, "-m", "clusterd.main", "--id", str(node.id),
                "--config", str(config.path), "--log-level", log_level]
-    with open(log_path(node), "ab") as log:
+    fd = os.open(log_path(node), os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
+    with os.fdopen(fd, "ab") as log:
         # A new session: Ctrl-C in this terminal must not kill the cluster.
         return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 env=env, start_new_session=True)

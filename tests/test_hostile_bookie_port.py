@@ -7,9 +7,13 @@ checks the bookie still serves a good client afterwards.
 
 from __future__ import annotations
 
+import os
+import re
 import socket
+import stat
 import struct
 import threading
+from pathlib import Path
 
 import pytest
 import trio
@@ -18,13 +22,17 @@ from hypothesis import strategies as st
 import trio.testing
 
 from bookie import protocol as P
-from bookie.client import BookieClient
+from bookie.client import BookieClient, BookiePool
 from bookie.entry import Digester, DigestType, master_key
 from bookie.errors import Overloaded
 from bookie.service import BookieServiceConfig
 from clusterd import config as cluster_config
 from clusterd.bookie_node import service_config
 from bookie_fixtures import serving_bookie, trio_test
+from ledger.client import LedgerClient
+from metastore.client import MetaClient
+from test_cluster_processes import REPO, Cluster, copy_config
+from zab.snapshot import ensure_directory
 
 KEY = master_key(b"secret")
 DIGESTER = Digester(DigestType.CRC32C, b"secret")
@@ -386,3 +394,112 @@ def test_well_formed_requests_with_extreme_values_get_a_declared_answer_and_lose
                         assert await good.read(ledger, entry_id) in datas
                     await good.add(GOOD_LEDGER, 2, KEY, entry(GOOD_LEDGER, 2))
     trio.run(main)
+
+
+# -- 4. files: 0600, directories 0700, each directory fsynced into its parent ------------------
+
+DAEMON_PACKAGES = ("bookie", "zab", "metastore", "ledger", "clusterd", "stream", "tablespace")
+# Files written outside any data dir, with modes of their own: TLS material (keys 0600, certificates
+# 0644, in a 0700 directory) and the demo's scratch directory with its cluster.toml.
+OUTSIDE_DATA_DIRS = ("clusterd/tls_material.py", "clusterd/demo.py")
+_CREATES_DIRECTORY = re.compile(r"\.mkdir\(|os\.makedirs\(|os\.mkdir\(")
+_CREATES_FILE = re.compile(r"O_CREAT|\.write_text\(|\.write_bytes\(|\bopen\([^)]*[\"'][wax]b?\+?[\"']")
+
+
+def _creation_sites(pattern: re.Pattern[str]) -> list[str]:
+    sites = []
+    for package in DAEMON_PACKAGES:
+        for path in sorted((REPO / package).glob("**/*.py")):
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if pattern.search(line.split("#")[0]):
+                    sites.append(f"{path.relative_to(REPO)}:{number}: {line.strip()}")
+    return sites
+
+
+def test_every_directory_is_created_through_ensure_directory():
+    """ensure_directory makes it 0700 and fsyncs it into its parent (a directory entry not fsynced
+    can vanish in a crash with everything written inside it); nothing else calls mkdir."""
+    sites = [s for s in _creation_sites(_CREATES_DIRECTORY) if not s.startswith(OUTSIDE_DATA_DIRS + ("zab/snapshot.py",))]
+    assert sites == [], "create directories with zab.snapshot.ensure_directory:\n" + "\n".join(sites)
+
+
+def test_every_file_is_created_with_the_private_mode():
+    sites = [s for s in _creation_sites(_CREATES_FILE) if "FILE_MODE" not in s and not s.startswith(OUTSIDE_DATA_DIRS)]
+    assert sites == [], "create files with zab.snapshot.FILE_MODE (0600):\n" + "\n".join(sites)
+
+
+def test_ensure_directory_creates_each_missing_directory_0700_and_fsyncs_it_into_its_parent(tmp_path):
+    old_umask = os.umask(0)  # the modes are the code's, not the umask's
+    try:
+        created = ensure_directory(tmp_path / "a" / "b" / "c")
+    finally:
+        os.umask(old_umask)
+    assert created == [tmp_path / "a", tmp_path / "a" / "b", tmp_path / "a" / "b" / "c"]
+    assert all(stat.S_IMODE(d.stat().st_mode) == 0o700 for d in created)
+    assert ensure_directory(tmp_path / "a" / "b" / "c") == []  # nothing to create, nothing to fsync
+
+
+def _modes_under(root: Path) -> dict[str, int]:
+    """Every file and directory under root (root included; links not followed) and its permission bits."""
+    modes = {".": stat.S_IMODE(root.stat().st_mode)}
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = Path(folder) / name
+            if not path.is_symlink():
+                modes[str(path.relative_to(root))] = stat.S_IMODE(path.lstat().st_mode)
+    return modes
+
+
+@trio_test
+async def test_a_fresh_bookie_creates_private_files_and_directories(tmp_path):
+    old_umask = os.umask(0)
+    try:
+        async with serving_bookie(tmp_path) as service, BookieClient("127.0.0.1", service.port) as c:
+            for i in range(3):
+                await c.add(7, i, KEY, entry(7, i))
+            await service.storage.checkpoint()
+    finally:
+        os.umask(old_umask)
+    modes = _modes_under(tmp_path / "bookie")
+    assert {"journal", "entrylogs"} <= modes.keys()
+    loose = {name: oct(mode) for name, mode in modes.items()
+             if mode != (0o700 if (tmp_path / "bookie" / name).is_dir() else 0o600)}
+    assert loose == {}
+
+
+@pytest.mark.multiprocess
+def test_a_real_node_keeps_everything_under_its_data_dir_private(tmp_path):
+    """Three real clusterd nodes with a fresh data dir (snapshots often): znode writes and a ledger
+    append, then a clean stop; every file under each data dir is 0600 and every directory 0700."""
+    path = copy_config(tmp_path, client_protocol="zookeeper")
+    path.write_text(re.sub(r"(?m)^snapshot_every_txns = .*$", "snapshot_every_txns = 5", path.read_text()))
+    cluster = Cluster(path)
+    old_umask = os.umask(0o022)  # the usual umask: the modes must not come from it
+    try:
+        up = cluster.ctl("up", timeout=120)
+        assert up.returncode == 0, up.stdout + up.stderr
+
+        async def writes():
+            with trio.fail_after(60):
+                async with MetaClient(cluster.config.client_addresses()) as meta, BookiePool(timeout_s=5.0) as pool, \
+                        LedgerClient(meta, pool) as ledgers:
+                    for i in range(20):
+                        await meta.create(f"/private-{i}", b"x" * 100)
+                    handle = await ledgers.create(3, 3, 2, password=b"pw")
+                    for i in range(5):
+                        await handle.append(f"entry {i}".encode())
+                    await handle.close()
+        trio.run(writes)
+    finally:
+        down = cluster.ctl("down", "--timeout", "10")
+        os.umask(old_umask)
+    assert down.returncode == 0, down.stdout + down.stderr
+    for node in cluster.config.nodes:
+        modes = _modes_under(node.data_dir)
+        assert {"txnlog", "snapshots", "acceptedEpoch", "currentEpoch", "clusterd.log", "bookie", "bookie/cookie",
+                "bookie/entrylogs"} <= modes.keys(), sorted(modes)
+        assert any(name.startswith("snapshots/snapshot.") for name in modes), sorted(modes)
+        assert any(name.startswith("bookie/journal/") for name in modes), sorted(modes)
+        loose = {name: oct(mode) for name, mode in modes.items()
+                 if mode != (0o700 if (node.data_dir / name).is_dir() else 0o600)}
+        assert loose == {}, f"node {node.id}: {loose}"

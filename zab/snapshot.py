@@ -40,6 +40,10 @@ _HEADER = struct.Struct(">4sIQQII")
 HEADER_BYTES = _HEADER.size  # 32
 _NAME = re.compile(r"snapshot\.([0-9a-f]{16})")
 TMP_SUFFIX = ".tmp"
+# Every file and directory Quire creates under a data dir: only the daemon's user may read or list
+# them (txns, znode data, ledger entries and master keys are all there) (issue 17).
+FILE_MODE = 0o600
+DIRECTORY_MODE = 0o700
 
 
 def snapshot_name(zxid: int) -> str:
@@ -56,13 +60,16 @@ def fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def ensure_directory(directory: Path) -> None:
-    """Create `directory` (and parents) if missing, durably."""
+def ensure_directory(directory: Path) -> list[Path]:
+    """Create `directory` (and parents) if missing, DIRECTORY_MODE, each fsynced into its parent (an
+    entry not fsynced may vanish in a crash with all that was written inside). Returns the
+    directories it created, outermost first."""
     if directory.is_dir():
-        return
-    ensure_directory(directory.parent)
-    directory.mkdir(exist_ok=True)
+        return []
+    created = ensure_directory(directory.parent)
+    directory.mkdir(mode=DIRECTORY_MODE, exist_ok=True)
     fsync_directory(directory.parent)
+    return [*created, directory]
 
 
 def write_all(fd: int, data: bytes | memoryview) -> None:
@@ -95,7 +102,7 @@ def write_atomically(path: Path, chunks: Iterable[bytes]) -> None:
     `<path>.tmp` from an earlier crash is simply overwritten.
     """
     tmp = path.with_name(path.name + TMP_SUFFIX)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
     try:
         for chunk in chunks:
             write_all(fd, chunk)

@@ -52,7 +52,7 @@ from typing import TypeVar
 from crc32c import crc32c
 
 from zab.record import RECORD_HEADER_BYTES, decode_record, encode_record, scan_records
-from zab.snapshot import ensure_directory, fsync_directory, write_all, write_preallocated
+from zab.snapshot import FILE_MODE, ensure_directory, fsync_directory, write_all, write_preallocated
 from zab.storage_errors import LogCorruptError, RecordError, RecordReason, StorageError
 from zab.txn import Txn
 
@@ -262,7 +262,7 @@ class TxnLog:
         prev_zxid = self._segments[-1].last_zxid if self._segments else self._empty_base
         self._sync_and_close_current()
         path = self.directory / segment_name(first_zxid)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
         self._fd, self._allocated = fd, 0
         header = encode_segment_header(first_zxid, prev_zxid)
         write_all(fd, header)
