@@ -30,7 +30,7 @@ from typing import Any
 
 from bookie.entry import DigestType, Entry
 from bookie.errors import BookieError
-from clusterd import zkctl
+from clusterd import tls_node, zkctl
 from clusterd.config import ClusterConfig
 from ledger.client_sync import SyncLedgerClient
 from ledger.errors import LedgerError
@@ -65,7 +65,9 @@ def cmd_ledger(config: ClusterConfig, args: argparse.Namespace) -> int:
     handler = {"create": _create, "append": _append, "read": _read, "tail": _tail, "ls": _ls,
                "stat": _stat, "recover": _recover, "delete": _delete}[args.action]
     try:
-        with SyncLedgerClient(config.client_addresses(), config.bookie_addresses()) as ledgers:
+        with SyncLedgerClient(config.client_addresses(), config.bookie_addresses(),
+                              meta_tls=tls_node.operator_tls(config), bookie_tls=tls_node.operator_tls(config, "bookie")) \
+                as ledgers:
             return handler(ledgers, args)
     except (LedgerError, BookieError) as e:
         print(f"clusterctl: {type(e).__name__}: {e}", file=sys.stderr)

@@ -63,11 +63,11 @@ def bookie_client_tls(config: ClusterConfig, node: NodeConfig) -> ClientTls | No
     return ClientTls(node_client_context(tls, node.id, check_hostname=True), _timeout_s(config))
 
 
-def operator_tls(config: ClusterConfig) -> ClientTls | None:
-    """What clusterctl's znode commands dial a TLS client port with: the certificate `tls init`
-    made for it (client-clusterctl.pem, ACL identity x509:CN=clusterctl)."""
+def operator_tls(config: ClusterConfig, port: str = "client") -> ClientTls | None:
+    """What clusterctl dials a TLS client port (or with port="bookie", a TLS bookie port) with:
+    the certificate `tls init` made for it (client-clusterctl.pem, ACL identity x509:CN=clusterctl)."""
     tls = config.tls
-    if tls is None or not tls.client:
+    if tls is None or not (tls.bookie if port == "bookie" else tls.client):
         return None
     return ClientTls(client_context(tls.ca, tls.client_cert("clusterctl"), tls.client_key("clusterctl")),
                      _timeout_s(config))

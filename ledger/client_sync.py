@@ -40,8 +40,11 @@ class SyncLedgerClient:
 
     def __init__(self, meta_hosts: Sequence[tuple[str, int]], bookie_addresses: dict[int, tuple[str, int]] | None = None,
                  *, manager: LedgerManager | None = None,
-                 meta_factory: Callable[[], AbstractAsyncContextManager[Any]] | None = None, **options: Any) -> None:
-        self._meta_factory = meta_factory or partial(MetaClient, list(meta_hosts))
+                 meta_factory: Callable[[], AbstractAsyncContextManager[Any]] | None = None,
+                 meta_tls: Any = None, bookie_tls: Any = None, **options: Any) -> None:
+        # meta_tls, bookie_tls: TLS for the client and bookie ports (clusterd.tls_streams.ClientTls); None: plain TCP.
+        self._meta_factory = meta_factory or partial(MetaClient, list(meta_hosts), tls=meta_tls)
+        self._bookie_tls = bookie_tls
         self._addresses = dict(bookie_addresses or {})
         self._manager = manager
         self._options = options
@@ -50,7 +53,7 @@ class SyncLedgerClient:
 
     async def _open(self, stack: AsyncExitStack) -> LedgerClient:
         meta = await stack.enter_async_context(self._meta_factory())
-        pool = await stack.enter_async_context(BookiePool(self._addresses))
+        pool = await stack.enter_async_context(BookiePool(self._addresses, tls=self._bookie_tls))
         return await stack.enter_async_context(LedgerClient(meta, pool, self._manager, **self._options))
 
     def __enter__(self) -> SyncLedgerClient:

@@ -6,8 +6,7 @@ is refused. And the one warning a node listening in plain text beyond loopback l
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -87,6 +86,15 @@ def test_a_bookie_client_without_a_certificate_is_refused(tls_everywhere: Cluste
     assert all(localcluster.running_pid(n) is not None for n in tls_everywhere.config.nodes)
     log = localcluster.log_path(node).read_text()
     assert "event=tls_refused port=bookie" in log
+
+
+def test_clusterctl_ledger_and_bookie_commands_over_tls(tls_everywhere: Cluster):
+    done = tls_everywhere.ctl("ledger", "append", "alpha", "beta", "--password", "pw", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    ledger = str(json.loads(done.stdout)["ledger_id"])
+    done = tls_everywhere.ctl("ledger", "read", ledger, "--password", "pw", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert [json.loads(line)["data"] for line in done.stdout.splitlines()] == ["alpha", "beta"]
 
 
 # -- plain text beyond loopback -------------------------------------------------------------
