@@ -27,6 +27,7 @@ import logging
 import math
 import os
 import select
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -43,6 +44,14 @@ from zab.sockets import write_now
 log = logging.getLogger("quire.zab.transport")
 
 HELLO_TIMEOUT_S = 5.0
+# A HELLO never displaces a member's live link (issue 17: a stranger's HELLO loop cut them).
+# A newer link from the same member waits this long for the old one to end, else is closed;
+# the member redials. A member that restarted closed its old connection (FIN or RST), and
+# TCP keepalive below ends a half-open one (host gone, partition) within a few seconds.
+REPLACE_WAIT_S = 5.0
+KEEPALIVE_IDLE_S = 2
+KEEPALIVE_INTERVAL_S = 1
+KEEPALIVE_PROBES = 3
 HELLO_MAX_BYTES = 4096
 RECONNECT_MIN_S = 0.02
 RECONNECT_MAX_S = 1.0
@@ -73,6 +82,7 @@ class TransportStats:
     disconnects: int = 0
     overflows: int = 0
     bad_frames: int = 0
+    links_refused: int = 0  # HELLOs of a member whose link was up (see REPLACE_WAIT_S)
     thread_frames_sent: int = 0  # by send_from_thread (counted under the link's lock)
 
 
@@ -92,6 +102,8 @@ class PeerTransport:
         self.stats = TransportStats()
         self._out: dict[int, _Outgoing] = {}
         self._incoming: dict[int, trio.CancelScope] = {}
+        self._incoming_ended: dict[int, trio.Event] = {}  # set once that link's task is done with it
+        self._waiting: dict[int, trio.CancelScope] = {}  # the one newer link per member waiting its turn
         self._unflushed: list[_Outgoing] = []  # links with a pending buffer
         self._lost: list[int] = []  # peers whose loss must reach the core
         self._lost_event = trio.Event()
@@ -217,9 +229,12 @@ class PeerTransport:
         while True:
             await self._lost_event.wait()
             self._lost_event = trio.Event()
-            lost, self._lost = self._lost, []
-            for peer in lost:
-                self.deliver(PeerDisconnected(peer))
+            self._report_lost_now()
+
+    def _report_lost_now(self) -> None:
+        lost, self._lost = self._lost, []
+        for peer in lost:
+            self.deliver(PeerDisconnected(peer))
 
     async def _dial_loop(self, peer: int) -> None:
         out = self._out[peer]
@@ -229,6 +244,7 @@ class PeerTransport:
             generation = out.generation
             try:
                 stream = await trio.open_tcp_stream(host, port)
+                _keepalive(stream)
                 if self.tls is not None:  # refused (TlsRefused is an OSError): retried with backoff
                     stream = await self.tls.dial(stream, peer)
             except OSError:
@@ -320,6 +336,7 @@ class PeerTransport:
     async def _accept(self, stream: trio.SocketStream) -> None:
         # Until a HELLO names a member, a stranger may only make us buffer a small frame.
         decoder = FrameDecoder(HELLO_MAX_BYTES)
+        _keepalive(stream)
         if self.tls is not None:
             stream = await self.tls.accept(stream)  # None: refused, closed and logged by the TLS layer
             if stream is None:
@@ -336,22 +353,47 @@ class PeerTransport:
             await stream.aclose()
             return
         decoder.max_frame_bytes = self.max_frame_bytes
-        old = self._incoming.pop(peer, None)
-        if old is not None:
-            old.cancel()
-            # The old connection's tail may be lost: the core hears of it before the new link's first message.
-            self.deliver(PeerDisconnected(peer))
-        with trio.CancelScope() as scope:
-            self._incoming[peer] = scope
-            try:
-                await self._read_loop(stream, decoder, peer, early)
-            except (FrameError, OSError, trio.BrokenResourceError, trio.ClosedResourceError) as e:
-                self.stats.bad_frames += isinstance(e, FrameError)
-                log.warning("event=link_down peer=%s direction=in error=%r", peer, e)
-        await stream.aclose()
-        if self._incoming.get(peer) is scope:
-            del self._incoming[peer]
-            self._lose(peer)
+        if not await self._wait_turn(peer):
+            self.stats.links_refused += 1
+            log.warning("event=peer_rejected peer=%s reason=%r", peer, "this member's link is up")
+            await stream.aclose()
+            return
+        ended = self._incoming_ended[peer] = trio.Event()
+        try:
+            with trio.CancelScope() as scope:
+                self._incoming[peer] = scope
+                try:
+                    await self._read_loop(stream, decoder, peer, early)
+                except (FrameError, OSError, trio.BrokenResourceError, trio.ClosedResourceError) as e:
+                    self.stats.bad_frames += isinstance(e, FrameError)
+                    log.warning("event=link_down peer=%s direction=in error=%r", peer, e)
+            if self._incoming.get(peer) is scope:
+                del self._incoming[peer]
+                self._lose(peer)
+            await stream.aclose()
+        finally:
+            if self._incoming_ended.get(peer) is ended:
+                del self._incoming_ended[peer]
+            ended.set()
+
+    async def _wait_turn(self, peer: int) -> bool:
+        """A new link from `peer` waits for its old one to end (never displaces it: a HELLO proves
+        nothing without TLS); False after REPLACE_WAIT_S, or once a newer link waits instead.
+        Every loss not yet reported reaches the core before the new link's first message."""
+        if peer in self._incoming_ended:
+            previous = self._waiting.pop(peer, None)
+            if previous is not None:
+                previous.cancel()
+            with trio.move_on_after(REPLACE_WAIT_S) as wait:
+                self._waiting[peer] = wait
+                while (ended := self._incoming_ended.get(peer)) is not None:
+                    await ended.wait()
+            if self._waiting.get(peer) is wait:
+                del self._waiting[peer]
+            if wait.cancelled_caught:
+                return False
+        self._report_lost_now()
+        return True
 
     async def _read_hello(self, stream: trio.SocketStream, decoder: FrameDecoder) -> tuple[int, list[bytes]]:
         while True:
@@ -379,6 +421,18 @@ class PeerTransport:
             if received:
                 self.stats.frames_received += len(received)
                 self.deliver(received)  # one hand-over per read (a FrameError drops them all: the link breaks)
+
+
+def _keepalive(stream: trio.SocketStream) -> None:
+    """TCP keepalive, so that a half-open link (peer host gone, partition) ends within seconds."""
+    try:
+        stream.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for option, value in (("TCP_KEEPIDLE", KEEPALIVE_IDLE_S), ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL_S),
+                              ("TCP_KEEPCNT", KEEPALIVE_PROBES)):
+            if hasattr(socket, option):  # Linux names; elsewhere the system's defaults apply
+                stream.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+    except OSError:
+        pass  # a connection reset already: its first read or write ends it the usual way
 
 
 def _finish_write(fd: int, rest: memoryview) -> bool:
