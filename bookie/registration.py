@@ -17,15 +17,17 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import trio
 
 from bookie.errors import CookieMismatch
+from clusterd.service_loop import ServiceLoop  # the loop every background service of a node runs under
 from metastore.client import MetaClient, State
 from metastore.client_ops import Create, Delete, MultiFailed
-from metastore.errors import BadVersion, ConnectionLoss, NodeExists, NoNode, SessionExpired
+from metastore.errors import BadVersion, NodeExists, NoNode
 
 log = logging.getLogger("quire.bookie.registration")
 
@@ -158,31 +160,36 @@ class BookieRegistrar:
     polled: a change moves the registration between available/ and readonly/."""
 
     def __init__(self, hosts: Sequence[tuple[str, int]], info: BookieInfo, read_only: Callable[[], bool], *,
-                 session_timeout_ms: int = 10_000, poll_s: float = POLL_S) -> None:
+                 session_timeout_ms: int = 10_000, poll_s: float = POLL_S, rng: random.Random | None = None) -> None:
         self.hosts = list(hosts)
         self.info = info
         self._read_only = read_only
         self.session_timeout_ms = session_timeout_ms
         self.poll_s = poll_s
+        self.loop = ServiceLoop("bookie_registrar", log, min_s=RETRY_S, rng=rng)
         self.registrations = 0  # registrations made (more than 1: re-registered after a loss)
         self.registered = False
         self.meta: MetaClient | None = None  # the current session's client
+        self._task_status: trio.TaskStatus[None] | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        started = False
-        while True:
-            try:
-                async with MetaClient(self.hosts, session_timeout_ms=self.session_timeout_ms) as meta:
-                    self.meta = meta
-                    await self._register(meta)
-                    if not started:
-                        started = True
-                        task_status.started()
-                    await self._watch(meta)
-            except (ConnectionLoss, SessionExpired) as e:
-                log.warning("event=bookie_registration_lost bookie=%s error=%r action=reregister", self.info.id, e)
+        self._task_status = task_status
+        await self.loop.run(self._session)
+
+    async def _session(self) -> None:
+        """One session: register, then keep the registration until the session is lost or a
+        metastore error ends the round (ServiceLoop registers again after a backoff)."""
+        try:
+            async with MetaClient(self.hosts, session_timeout_ms=self.session_timeout_ms) as meta:
+                self.meta = meta
+                await self._register(meta)
+                if self._task_status is not None:
+                    self._task_status.started()
+                    self._task_status = None
+                await self._watch(meta)
+            log.warning("event=bookie_registration_lost bookie=%s action=reregister", self.info.id)
+        finally:
             self.registered, self.meta = False, None
-            await trio.sleep(RETRY_S)
 
     async def _register(self, meta: MetaClient) -> None:
         self.info = BookieInfo(self.info.id, self.info.host, self.info.port, self._read_only())

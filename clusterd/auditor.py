@@ -24,6 +24,7 @@ a fresh grace period. Nothing it does is unsafe to repeat.
 from __future__ import annotations
 
 import logging
+import random
 from collections import Counter
 from typing import Any
 
@@ -35,13 +36,14 @@ from bookie.errors import BookieError, EntryCorrupt, NoSuchEntry, NoSuchLedger
 from bookie.registration import AVAILABLE, COOKIES, READONLY, list_bookies
 from clusterd.autorecovery import (ELECTION, AutoRecoveryConfig, decommissioned, list_tasks, mark_under_replicated,
                                    paused)
+from clusterd.service_loop import ServiceLoop
 from ledger.errors import NoSuchLedger as NoSuchLedgerMetadata
 from ledger.manager import LedgerManager
 from ledger.metadata import LedgerMetadata, LedgerMetadataError
 from ledger.replication import LossTracker, ledgers_to_mark, replica_checks
 from metastore.client import MetaClient
 from metastore.client_watches import Watch
-from metastore.errors import ConnectionLoss, NoNode, SessionExpired
+from metastore.errors import NoNode
 from metastore.recipes import LeaderElection, LeadershipLost
 
 log = logging.getLogger("clusterd.auditor")
@@ -56,8 +58,10 @@ def monotonic_ms() -> int:
 class Auditor:
     """Contends for the auditor role and audits while leading: `await nursery.start(auditor.run)`."""
 
-    def __init__(self, hosts: list[tuple[str, int]], node_id: int, config: AutoRecoveryConfig) -> None:
+    def __init__(self, hosts: list[tuple[str, int]], node_id: int, config: AutoRecoveryConfig, *,
+                 rng: random.Random | None = None) -> None:
         self.hosts = hosts
+        self.loop = ServiceLoop("auditor", log, min_s=RETRY_S, rng=rng)
         self.node_id = node_id
         self.config = config
         self.leading = False
@@ -65,26 +69,27 @@ class Auditor:
         self.stats: Counter[str] = Counter()
 
     def statistics(self) -> dict[str, Any]:
-        return {"leading": self.leading, "lost_bookies": sorted(self.lost), **self.stats}
+        return {"leading": self.leading, "lost_bookies": sorted(self.lost), **self.stats,
+                **self.loop.statistics()}
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
-        while True:
-            try:
-                async with MetaClient(self.hosts, session_timeout_ms=self.config.session_timeout_ms,
-                                      start_timeout_s=10.0) as meta:
-                    election = LeaderElection(meta, ELECTION, str(self.node_id).encode())
-                    while True:
-                        try:
-                            async with election.lead():
-                                await self._lead(meta)
-                        except LeadershipLost as e:
-                            log.warning("event=auditor_leadership_lost node=%s reason=%s", self.node_id, e)
-                        finally:
-                            self.leading = False
-            except (ConnectionLoss, SessionExpired) as e:
-                log.info("event=auditor_session_lost node=%s error=%r", self.node_id, e)
-            await trio.sleep(RETRY_S)
+        await self.loop.run(self._contend)
+
+    async def _contend(self) -> None:
+        """One session: contend, audit while leading, contend again after a lost leadership.
+        Any metastore or bookie error ends the round (ServiceLoop retries it after a backoff)."""
+        async with MetaClient(self.hosts, session_timeout_ms=self.config.session_timeout_ms,
+                              start_timeout_s=10.0) as meta:
+            election = LeaderElection(meta, ELECTION, str(self.node_id).encode())
+            while True:
+                try:
+                    async with election.lead():
+                        await self._lead(meta)
+                except LeadershipLost as e:
+                    log.warning("event=auditor_leadership_lost node=%s reason=%s", self.node_id, e)
+                finally:
+                    self.leading = False
 
     async def _lead(self, meta: MetaClient) -> None:
         self.leading = True

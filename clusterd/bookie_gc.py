@@ -16,15 +16,16 @@ layout (ledger/manager.py); neither package imports the other for this.
 from __future__ import annotations
 
 import logging
+import random
 from typing import Any
 
 import trio
 
 from bookie.gc import ExistsCheck, GcPolicy, MetadataScan
 from bookie.storage import BookieStorage
+from clusterd.service_loop import ServiceLoop
 from ledger.manager import LedgerManager
 from metastore.client import MetaClient
-from metastore.errors import ConnectionLoss, SessionExpired
 
 log = logging.getLogger("clusterd.bookie.gc")
 
@@ -32,28 +33,30 @@ log = logging.getLogger("clusterd.bookie.gc")
 class BookieGarbageCollector:
     """Runs until cancelled: `await nursery.start(collector.run)`."""
 
-    def __init__(self, hosts: list[tuple[str, int]], storage: BookieStorage, interval_ms: int) -> None:
+    def __init__(self, hosts: list[tuple[str, int]], storage: BookieStorage, interval_ms: int, *,
+                 rng: random.Random | None = None) -> None:
         self.hosts = hosts
         self.storage = storage
         self.interval_ms = interval_ms
         self.policy = GcPolicy(min_interval_ms=interval_ms)
-        self.stats: dict[str, Any] = {"scans": 0, "ledgers_deleted": 0, "compactions": 0, "bytes_freed": 0,
-                                      "errors": 0}
+        # A metastore outage only postpones collection: nothing is deleted without a confirmed absence.
+        self.loop = ServiceLoop("bookie_gc", log, min_s=min(1.0, interval_ms / 1000), rng=rng)
+        self.stats: dict[str, Any] = {"scans": 0, "ledgers_deleted": 0, "compactions": 0, "bytes_freed": 0}
+
+    def statistics(self) -> dict[str, Any]:
+        return {**self.stats, "errors": self.loop.failures, "last_error": self.loop.last_error}
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
-        while True:
-            try:
-                async with MetaClient(self.hosts, start_timeout_s=10.0) as meta:
-                    manager = LedgerManager(meta)
-                    while True:
-                        await trio.sleep(self.interval_ms / 1000)
-                        await self.collect_once(meta, manager)
-            except (ConnectionLoss, SessionExpired) as e:
-                # A metastore outage only postpones collection; nothing is deleted without it.
-                self.stats["errors"] += 1
-                log.info("event=bookie_gc_postponed error=%r", e)
+        await self.loop.run(self._collect)
+
+    async def _collect(self) -> None:
+        """One session: collect every `interval_ms` until a metastore error ends the round."""
+        async with MetaClient(self.hosts, start_timeout_s=10.0) as meta:
+            manager = LedgerManager(meta)
+            while True:
                 await trio.sleep(self.interval_ms / 1000)
+                await self.collect_once(meta, manager)
 
     async def collect_once(self, meta: MetaClient, manager: LedgerManager) -> set[int]:
         """One round: scan, check, delete, compact. Returns the ledgers deleted."""

@@ -31,8 +31,8 @@ from clusterd.autorecovery import DECOMMISSIONED, AutoRecoveryConfig
 from clusterd.autorecovery_node import AutoRecovery
 from clusterd.bookie_gc import BookieGarbageCollector
 from clusterd.config import ClusterConfig, NodeConfig
+from clusterd.service_loop import ServiceLoop, retryable
 from metastore.client import MetaClient
-from metastore.errors import ConnectionLoss, SessionExpired
 
 log = logging.getLogger("clusterd.bookie")
 
@@ -100,7 +100,7 @@ class BookieNode:
         if self.service is not None:
             out["service"] = self.service.statistics()
         if self.gc is not None:
-            out["gc"] = dict(self.gc.stats)
+            out["gc"] = self.gc.statistics()
         out["autorecovery"] = self.autorecovery.statistics()
         return out
 
@@ -136,13 +136,13 @@ class BookieNode:
     async def _follow_decommission(self) -> None:
         """Register read-only while /quire/autorecovery/decommissioned/<id> exists (polled with the
         registrar's period): writers then place nothing new here while its ledgers are drained."""
+        await ServiceLoop("bookie_decommission", log, min_s=self.registrar.poll_s).run(self._poll_decommission)
+
+    async def _poll_decommission(self) -> None:
         while True:
             meta = self.registrar.meta
             if meta is not None:
-                try:
-                    self.decommissioned = await meta.exists(f"{DECOMMISSIONED}/{self.node.id}") is not None
-                except (ConnectionLoss, SessionExpired):
-                    pass
+                self.decommissioned = await meta.exists(f"{DECOMMISSIONED}/{self.node.id}") is not None
             await trio.sleep(self.registrar.poll_s)
 
     async def _open_storage(self) -> BookieStorage:
@@ -164,10 +164,12 @@ class BookieNode:
                     if recorded is None:
                         await record_cookie(meta, node.id, storage.instance_id)
                     return storage
-            except (ConnectionLoss, SessionExpired, CookieMismatch) as e:
+            except BaseException as e:  # noqa: BLE001 (only a metastore error, bare or grouped, is waited out)
+                if not (isinstance(e, CookieMismatch) or retryable(e)):
+                    raise
                 if storage is not None:
                     await storage.close(checkpoint=False)
                 if isinstance(e, CookieMismatch):  # another instance recorded its cookie first
                     raise BookieStartupError(f"bookie {node.id}: {e}") from None
                 log.warning("event=bookie_waiting_for_metastore error=%r retry_s=%s", e, METASTORE_RETRY_S)
-                await trio.sleep(METASTORE_RETRY_S)
+            await trio.sleep(METASTORE_RETRY_S)

@@ -44,6 +44,7 @@ from bookie.errors import BookieError, EntryCorrupt, NoSuchEntry, NoSuchLedger
 from bookie.registration import list_bookies
 from clusterd.autorecovery import (TASKS, AutoRecoveryConfig, decommissioned, list_tasks, lock_path, paused, read_task,
                                    task_path, wall_ms)
+from clusterd.service_loop import ServiceLoop
 from ledger.client import LedgerClient
 from ledger.errors import LedgerError, MetadataConflict
 from ledger.errors import NoSuchLedger as NoSuchLedgerMetadata
@@ -83,29 +84,32 @@ class ReplicationWorker:
         self.bookie_id = bookie_id
         self.config = config
         self.rng = rng or random.Random()
+        self.loop = ServiceLoop("replication_worker", log, min_s=RETRY_S, rng=self.rng)
         self.stats: Counter[str] = Counter()
         self.current: int | None = None
         self.waiting = 0
 
     def statistics(self) -> dict[str, Any]:
-        return {"current": self.current, "ledgers_waiting": self.waiting, **self.stats}
+        return {"current": self.current, "ledgers_waiting": self.waiting, **self.stats, **self.loop.statistics()}
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
-        while True:
-            try:
-                async with MetaClient(self.hosts, session_timeout_ms=self.config.session_timeout_ms,
-                                      start_timeout_s=10.0) as meta, BookiePool(timeout_s=10.0) as pool, \
-                        LedgerClient(meta, pool, rng=self.rng) as client:
-                    while True:
-                        watch = Watch()
-                        await self.work_once(meta, client, watch)
-                        with trio.move_on_after(self.config.poll_ms / 1000):
-                            await watch.wait()
-            except (ConnectionLoss, SessionExpired) as e:
-                log.info("event=replication_session_lost bookie=%s error=%r", self.bookie_id, e)
+        await self.loop.run(self._work)
+
+    async def _work(self) -> None:
+        """One session: repair tasks until a metastore or bookie error ends the round (ServiceLoop
+        retries it after a backoff; a task's lock goes with the session, its record stays)."""
+        try:
+            async with MetaClient(self.hosts, session_timeout_ms=self.config.session_timeout_ms,
+                                  start_timeout_s=10.0) as meta, BookiePool(timeout_s=10.0) as pool, \
+                    LedgerClient(meta, pool, rng=self.rng) as client:
+                while True:
+                    watch = Watch()
+                    await self.work_once(meta, client, watch)
+                    with trio.move_on_after(self.config.poll_ms / 1000):
+                        await watch.wait()
+        finally:
             self.current = None
-            await trio.sleep(RETRY_S)
 
     async def work_once(self, meta: MetaClient, client: LedgerClient, watch: Watch | None = None) -> int:
         """One pass over the tasks (arming `watch` on their list); how many ledgers were repaired."""
