@@ -107,10 +107,13 @@ class ClusterConfig:
     sync_limit_ticks: int = _ZAB["sync_limit_ticks"]
     ping_interval_ticks: int = _ZAB["ping_interval_ticks"]
     sync_window_txns: int = _ZAB["sync_window_txns"]
+    sync_window_bytes: int = _ZAB["sync_window_bytes"]
     snapshot_every_txns: int = _ZAB["snapshot_every_txns"]
     snapshots_retained: int = 3
     max_frame_bytes: int = 64 << 20
     send_queue_max: int = 10_000
+    send_queue_max_bytes: int = 128 << 20  # bytes queued per peer link (zab/transport.py)
+    log_queue_max_bytes: int = 64 << 20  # log writes queued for the disk before new work waits (zab/log_writer.py)
     # What the client port speaks: "kv" (the demo key-value protocol over the demo state
     # machine) or "zookeeper" (the metastore: ZooKeeper's client protocol, kazoo, zkCli).
     client_protocol: str = "kv"
@@ -207,6 +210,7 @@ class ClusterConfig:
             election_resend_ticks=self.election_resend_ticks,
             init_limit_ticks=self.init_limit_ticks, sync_limit_ticks=self.sync_limit_ticks,
             ping_interval_ticks=self.ping_interval_ticks, sync_window_txns=self.sync_window_txns,
+            sync_window_bytes=self.sync_window_bytes,
             snapshot_every_txns=self.snapshot_every_txns)
 
 

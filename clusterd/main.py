@@ -156,6 +156,8 @@ async def _start_ensemble_services(nursery: trio.Nursery, config: ClusterConfig,
     sm = MetastoreStateMachine() if zookeeper else KVStateMachine()
     driver = PeerDriver(config.zab_config(node.id), config.peer_addresses(), node.data_dir, sm,
                         max_frame_bytes=config.max_frame_bytes, send_queue_max=config.send_queue_max,
+                        send_queue_max_bytes=config.send_queue_max_bytes,
+                        log_queue_max_bytes=config.log_queue_max_bytes,
                         snapshots_retained=config.snapshots_retained, cluster_name=config.name)
     driver.transport.tls = tls_node.peer_tls(config, node)  # None: plain TCP ([tls] peer)
     if zookeeper:

@@ -37,6 +37,9 @@ class ZabConfig:
     # Committed transactions kept in memory so that lagging followers get a DIFF;
     # a follower further behind gets a SNAP.
     sync_window_txns: int = 100_000
+    # ... and at most this many bytes of them (zab.history.txn_bytes): with large
+    # transactions the count alone would let the window hold gigabytes (issue 17).
+    sync_window_bytes: int = 256 << 20
     # Take a local snapshot after this many delivered transactions.
     snapshot_every_txns: int = 50_000
     # The last zxid counter a leader may use before it must step down for a new
@@ -55,7 +58,8 @@ class ZabConfig:
         if self.my_id not in self.voters | self.observers:
             raise ZabConfigError(f"node {self.my_id} is neither a voter nor an observer of the ensemble")
         for name in ("tick_ms", "election_finalize_ticks", "election_resend_ticks", "init_limit_ticks",
-                     "sync_limit_ticks", "ping_interval_ticks", "sync_window_txns", "snapshot_every_txns",
+                     "sync_limit_ticks", "ping_interval_ticks", "sync_window_txns", "sync_window_bytes",
+                     "snapshot_every_txns",
                      "zxid_counter_limit"):
             if getattr(self, name) <= 0:
                 raise ZabConfigError(f"{name} must be positive, got {getattr(self, name)}")

@@ -35,11 +35,11 @@ from zab.actions import (Action, Answered, ClientRequest, ClientSync, Delivered,
 from zab.config import ZabConfig
 from zab.epochfile import write_epoch
 from zab.errors import NoLeader, OutcomeUnknown
-from zab.log_writer import LogWriter
+from zab.log_writer import DEFAULT_MAX_QUEUED_BYTES, LogWriter
 from zab.peer import DiskState, Peer
 from zab.recovery import recover
 from zab.statemachine import StateMachine
-from zab.transport import PeerTransport
+from zab.transport import DEFAULT_SEND_QUEUE_MAX_BYTES, PeerTransport
 from zab.txn import Txn
 
 log = logging.getLogger("quire.zab.driver")
@@ -121,13 +121,18 @@ class PeerDriver:
 
     def __init__(self, config: ZabConfig, peer_addresses: dict[int, tuple[str, int]], data_dir: Path,
                  state_machine: StateMachine, *, max_frame_bytes: int, send_queue_max: int,
-                 snapshots_retained: int, cluster_name: str = "quire") -> None:
+                 snapshots_retained: int, cluster_name: str = "quire",
+                 send_queue_max_bytes: int = DEFAULT_SEND_QUEUE_MAX_BYTES,
+                 log_queue_max_bytes: int = DEFAULT_MAX_QUEUED_BYTES) -> None:
         self.cfg = config
         self.data_dir = Path(data_dir)
         self.state_machine = state_machine
         self.snapshots_retained = snapshots_retained
         self.transport = PeerTransport(cluster_name, config.my_id, peer_addresses, self._deliver_event,
-                                       max_frame_bytes=max_frame_bytes, send_queue_max=send_queue_max)
+                                       max_frame_bytes=max_frame_bytes, send_queue_max=send_queue_max,
+                                       send_queue_max_bytes=send_queue_max_bytes)
+        self.transport.wait_room = self._wait_log_room
+        self.log_queue_max_bytes = log_queue_max_bytes
         self.peer: Peer | None = None
         self.writer: LogWriter | None = None
         # Events and resumed action lists in arrival order; empty unless an epoch write
@@ -151,7 +156,8 @@ class PeerDriver:
         recovered = await trio.to_thread.run_sync(recover, self.data_dir)
         await trio.to_thread.run_sync(recovered.log.sync)  # records read back may only be in the page cache
         self.writer = LogWriter(recovered.log, recovered.snapshots, snapshots_retained=self.snapshots_retained,
-                                on_done=self._take_synced, send_now=self._send_acks_now)
+                                on_done=self._take_synced, send_now=self._send_acks_now,
+                                max_queued_bytes=self.log_queue_max_bytes)
         self.peer = Peer(self.cfg, self.state_machine,
                          DiskState(recovered.accepted_epoch, recovered.current_epoch, recovered.snapshot_zxid,
                                    recovered.snapshot_state, tuple(recovered.txns)))
@@ -180,6 +186,11 @@ class PeerDriver:
         while True:
             await trio.sleep(self.cfg.tick_ms / 1000)
             self._feed((Tick(),))
+
+    async def _wait_log_room(self) -> None:
+        """Backpressure: new work waits while the log writer's backlog is at its byte bound."""
+        if self.writer is not None:
+            await self.writer.wait_room()
 
     def _deliver_event(self, event: object) -> None:
         # The transport hands over every message of one socket read as one list.
@@ -366,6 +377,9 @@ class PeerDriver:
 
     async def _start(self, session_id: int, cxid: int, make: Callable[[int], Event]) -> "Pending":
         """`cxid` is the caller's number for the request; Zab carries a unique identity instead."""
+        if not self._running:
+            raise NoLeader(f"node {self.cfg.my_id} is not running")
+        await self._wait_log_room()
         if not self._running:
             raise NoLeader(f"node {self.cfg.my_id} is not running")
         self._request_seq = (self._request_seq + 1) & _REQUEST_SEQ_MASK

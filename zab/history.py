@@ -14,17 +14,29 @@ from collections.abc import Sequence
 from zab import zxid as Z
 from zab.txn import Txn
 
+# What a transaction costs in memory beyond its data (its ids and list slots), for byte limits.
+TXN_OVERHEAD_BYTES = 64
+
 
 class History:
     def __init__(self, base_zxid: int = 0, txns: Sequence[Txn] = ()) -> None:
         self.base_zxid = base_zxid
         self._txns: list[Txn] = []
         self._zxids: list[int] = []
+        # Running totals of txn_bytes: _ends[i] counts every transaction up to and including
+        # _txns[i] since the history began, _start what was trimmed before _txns[0].
+        self._ends: list[int] = []
+        self._start = 0
         for t in txns:
             self.append(t)
 
     def __len__(self) -> int:
         return len(self._txns)
+
+    @property
+    def bytes(self) -> int:
+        """What the transactions held here cost (txn_bytes), for the byte limit of trim()."""
+        return self._ends[-1] - self._start if self._ends else 0
 
     @property
     def last_zxid(self) -> int:
@@ -35,6 +47,7 @@ class History:
             f"history gap: {Z.fmt(txn.zxid)} cannot follow {Z.fmt(self.last_zxid)}")
         self._txns.append(txn)
         self._zxids.append(txn.zxid)
+        self._ends.append((self._ends[-1] if self._ends else self._start) + txn_bytes(txn))
 
     def contains(self, zxid: int) -> bool:
         """True when `zxid` is a point this history passes through (base included)."""
@@ -64,25 +77,41 @@ class History:
         i = bisect.bisect_right(self._zxids, zxid)
         del self._txns[i:]
         del self._zxids[i:]
+        del self._ends[i:]
 
     def reset(self, base_zxid: int) -> None:
         """Forget everything: the state at `base_zxid` arrived as a snapshot."""
         self.base_zxid = base_zxid
         self._txns.clear()
         self._zxids.clear()
+        self._ends.clear()
+        self._start = 0
 
-    def trim(self, committed_zxid: int, keep: int) -> None:
-        """Drop the oldest committed transactions beyond the newest `keep`.
+    def trim(self, committed_zxid: int, keep: int, keep_bytes: int | None = None) -> None:
+        """Drop the oldest committed transactions beyond the newest `keep`, or beyond the
+        newest that fit in `keep_bytes` (txn_bytes).
 
-        Trims in batches of at least keep/8: deleting from the front of a list costs
-        the whole list, so doing it per delivery would be quadratic.
+        Trims in batches of at least an eighth of a limit: deleting from the front of a list
+        costs the whole list, so doing it per delivery would be quadratic.
         """
         excess = len(self._txns) - keep
-        if excess < max(1, keep // 8):
+        if excess >= max(1, keep // 8):
+            self._drop_front(min(excess, bisect.bisect_right(self._zxids, committed_zxid)))
+        if keep_bytes is not None and self.bytes > keep_bytes + keep_bytes // 8:
+            # The fewest oldest transactions whose removal leaves at most keep_bytes.
+            count = bisect.bisect_left(self._ends, self._ends[-1] - keep_bytes) + 1
+            self._drop_front(min(count, bisect.bisect_right(self._zxids, committed_zxid)))
+
+    def _drop_front(self, count: int) -> None:
+        if count <= 0:
             return
-        limit = min(excess, bisect.bisect_right(self._zxids, committed_zxid))
-        if limit <= 0:
-            return
-        self.base_zxid = self._zxids[limit - 1]
-        del self._txns[:limit]
-        del self._zxids[:limit]
+        self.base_zxid = self._zxids[count - 1]
+        self._start = self._ends[count - 1]
+        del self._txns[:count]
+        del self._zxids[:count]
+        del self._ends[:count]
+
+
+def txn_bytes(txn: Txn) -> int:
+    """What one transaction costs in memory, as the byte limits count it."""
+    return len(txn.data) + TXN_OVERHEAD_BYTES

@@ -45,6 +45,7 @@ from collections.abc import Callable
 import trio
 
 from zab.actions import Action, InstallSnapshot, LogAppend, LogSync, LogTruncate, Send, TakeSnapshot
+from zab.history import txn_bytes
 from zab.messages import Ack
 from zab.recovery import purge
 from zab.snapshot import SnapshotStore, fsync_directory
@@ -52,11 +53,14 @@ from zab.txnlog import TxnLog
 
 log = logging.getLogger("quire.zab.log_writer")
 
+DEFAULT_MAX_QUEUED_BYTES = 64 << 20
+
 
 class LogWriter:
     def __init__(self, txnlog: TxnLog, snapshots: SnapshotStore, *, snapshots_retained: int,
                  on_done: Callable[[], None],
-                 send_now: Callable[[list[Action]], list[Action]] | None = None) -> None:
+                 send_now: Callable[[list[Action]], list[Action]] | None = None,
+                 max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES) -> None:
         self.txnlog = txnlog
         self.snapshots = snapshots
         self.snapshots_retained = snapshots_retained
@@ -76,6 +80,14 @@ class LogWriter:
         self._done: collections.deque[list[Action]] = collections.deque()
         self._submitted = 0  # actions handed to the thread (counted by the trio thread)
         self._performed = 0  # ... and performed (counted by the writer's thread)
+        # Backpressure (issue 17): the bytes handed to the thread and not yet written are bounded
+        # by max_queued_bytes; producers await wait_room() (the driver, before a client request
+        # and before each read of a peer link). Each counter has one writing thread.
+        self.max_queued_bytes = max_queued_bytes
+        self._bytes_submitted = 0
+        self._bytes_performed = 0
+        self._room: trio.Event | None = None  # set by the trio thread when a waiter needs a wake-up
+        self._room_wanted = False
         self.acks_sent_from_thread = 0
         self._error: BaseException | None = None  # from the thread or from on_done, raised by run()
         self._error_event = trio.Event()
@@ -93,9 +105,35 @@ class LogWriter:
         its LogSync then share one fsync instead of racing the thread into two."""
         if self._pending:
             self._submitted += len(self._pending)
+            self._bytes_submitted += sum(map(_action_bytes, self._pending))
             self._todo.put(self._pending)
             self._pending = []
             self._wake()
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes of log actions handed to the thread and not yet performed."""
+        return self._bytes_submitted - self._bytes_performed
+
+    async def wait_room(self) -> None:
+        """Return once the writer's backlog is below max_queued_bytes (at once, without a
+        checkpoint, when it is already)."""
+        while self.queued_bytes >= self.max_queued_bytes and self._error is None:
+            if self._room is None:
+                self._room = trio.Event()
+            room = self._room
+            self._room_wanted = True
+            # The thread checks the flag after counting what it performed: check again now
+            # that the flag is set, or a batch finished in between would wake nobody.
+            if self.queued_bytes < self.max_queued_bytes:
+                break
+            await room.wait()
+
+    def _room_made(self) -> None:
+        """In the trio thread (run_sync_soon from the writer's thread): wake wait_room()."""
+        room, self._room = self._room, None
+        if room is not None:
+            room.set()
 
     async def run(self) -> None:
         token = trio.lowlevel.current_trio_token()
@@ -145,6 +183,13 @@ class LogWriter:
                 then, error = [], e
             self.batches += 1
             self._performed += len(batch)
+            self._bytes_performed += sum(map(_action_bytes, batch))
+            if self._room_wanted:
+                self._room_wanted = False
+                try:
+                    token.run_sync_soon(self._room_made)
+                except trio.RunFinishedError:
+                    return
             if error is None and then:
                 try:
                     then = coalesce_acks(then)
@@ -254,8 +299,18 @@ class LogWriter:
         stats = dict(self.txnlog.statistics())
         stats.update(batches=self.batches, fsync_seconds_total=round(self.fsync_seconds_total, 6),
                      snapshots_taken=self.snapshots_taken, acks_sent_from_thread=self.acks_sent_from_thread,
-                     queued=self._submitted - self._performed + len(self._pending))
+                     queued=self._submitted - self._performed + len(self._pending),
+                     queued_bytes=self.queued_bytes)
         return stats
+
+
+def _action_bytes(a: Action) -> int:
+    """What a queued log action holds in memory, as the writer's byte bound counts it."""
+    if isinstance(a, LogAppend):
+        return sum(map(txn_bytes, a.txns))
+    if isinstance(a, InstallSnapshot):
+        return len(a.state)
+    return 0
 
 
 def send_acks(actions: list[Action]) -> bool:

@@ -173,7 +173,7 @@ class Peer:
         if self._since_snapshot >= self.cfg.snapshot_every_txns:
             self._since_snapshot = 0
             out.append(TakeSnapshot(self.sm.freeze()))
-        self.history.trim(self.last_committed, self.cfg.sync_window_txns)
+        self.history.trim(self.last_committed, self.cfg.sync_window_txns, self.cfg.sync_window_bytes)
         return out
 
     def describe(self) -> str:

@@ -30,7 +30,7 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import trio
@@ -56,6 +56,7 @@ HELLO_MAX_BYTES = 4096
 RECONNECT_MIN_S = 0.02
 RECONNECT_MAX_S = 1.0
 SEND_BATCH_MAX = 256
+DEFAULT_SEND_QUEUE_MAX_BYTES = 128 << 20
 THREAD_WRITE_TIMEOUT_S = 1.0  # a thread's frame the socket took only in part: wait this long, then break the link
 
 
@@ -68,6 +69,7 @@ class _Outgoing:
     generation: int = 0
     pending: list[bytes] | None = None  # frames of this step, not yet flushed
     queued: int = 0  # frames in pending and in the queue, not yet written
+    queued_bytes: int = 0  # ... and their bytes
     stream: trio.SocketStream | None = None  # the link's stream once its HELLO is sent (direct writes)
     idle: bool = False  # the send task waits on an empty queue: nothing is in flight before a direct write
     # Held around every direct write and around dropping `stream`: the log writer's thread writes too.
@@ -92,13 +94,18 @@ class PeerTransport:
     synchronous: the driver steps its core inline in the reading task."""
 
     def __init__(self, cluster: str, my_id: int, addresses: dict[int, tuple[str, int]],
-                 deliver: Callable[[object], None], *, max_frame_bytes: int, send_queue_max: int) -> None:
+                 deliver: Callable[[object], None], *, max_frame_bytes: int, send_queue_max: int,
+                 send_queue_max_bytes: int = DEFAULT_SEND_QUEUE_MAX_BYTES) -> None:
         self.cluster = cluster
         self.my_id = my_id
         self.addresses = addresses
         self.deliver = deliver
         self.max_frame_bytes = max_frame_bytes
         self.send_queue_max = send_queue_max
+        self.send_queue_max_bytes = send_queue_max_bytes
+        # When set (by the driver): awaited before each read of a peer link, so that a node whose
+        # log writer is behind stops taking proposals (TCP pushes back to the sender's queue).
+        self.wait_room: Callable[[], Awaitable[None]] | None = None
         self.stats = TransportStats()
         self._out: dict[int, _Outgoing] = {}
         self._incoming: dict[int, trio.CancelScope] = {}
@@ -143,16 +150,22 @@ class PeerTransport:
         out = self._out.get(peer)
         if out is None:
             return
-        if out.queued >= self.send_queue_max:
+        frame = encode_frame(msg)
+        # One frame always fits an empty queue, whatever its size (a SNAP may be large).
+        if out.queued and (out.queued >= self.send_queue_max
+                           or out.queued_bytes + len(frame) > self.send_queue_max_bytes):
             self.stats.overflows += 1
-            log.warning("event=send_queue_full peer=%s limit=%s action=disconnect", peer, self.send_queue_max)
+            log.warning("event=send_queue_full peer=%s frames=%s bytes=%s limit_frames=%s limit_bytes=%s "
+                        "action=disconnect", peer, out.queued, out.queued_bytes, self.send_queue_max,
+                        self.send_queue_max_bytes)
             self.disconnect(peer, report=True)
             return
         if out.pending is None:
             out.pending = []
             self._unflushed.append(out)
-        out.pending.append(encode_frame(msg))
+        out.pending.append(frame)
         out.queued += 1
+        out.queued_bytes += len(frame)
         if flush:
             self.flush()
 
@@ -168,6 +181,7 @@ class PeerTransport:
                 if out.idle and out.stream is not None:
                     rest = write_now(out.stream, data)  # on an error, the send task's write takes the link down
                     self.stats.bytes_sent += len(data) - len(rest)
+                    out.queued_bytes -= len(data) - len(rest)
                     if not rest:
                         self.stats.frames_sent += len(frames)
                         out.queued -= len(frames)
@@ -211,6 +225,7 @@ class PeerTransport:
             out.generation += 1  # queued messages of the old link are discarded
             if out.pending is not None:
                 out.queued -= len(out.pending)
+                out.queued_bytes -= sum(map(len, out.pending))
                 out.pending = []  # still listed in _unflushed; flushes nothing
             if out.scope is not None:
                 out.scope.cancel()
@@ -308,10 +323,11 @@ class PeerTransport:
                 finally:
                     out.idle = False
             batch: list[bytes] = []
-            taken = sent = 0  # frames leaving the queue, sent or (an older link's) discarded
+            taken = sent = taken_bytes = 0  # frames leaving the queue, sent or (an older link's) discarded
             while True:
                 gen, data, frames = item
                 taken += frames
+                taken_bytes += len(data)
                 if gen == generation:
                     batch.append(data)
                     sent += frames
@@ -322,6 +338,7 @@ class PeerTransport:
                 except trio.WouldBlock:
                     break
             out.queued -= taken
+            out.queued_bytes -= taken_bytes
             if batch:
                 data = b"".join(batch)
                 await stream.send_all(data)
@@ -414,6 +431,8 @@ class PeerTransport:
         for payload in early:
             self.deliver(Received(peer, decode_message(payload)))
         while True:
+            if self.wait_room is not None:
+                await self.wait_room()
             data = await stream.receive_some(65536)
             if not data:
                 return
