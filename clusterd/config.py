@@ -31,6 +31,7 @@ from typing import Any
 
 from clusterd.tls_config import TlsConfig, TlsConfigError, parse_tls
 from metastore.acl import parse_super_digest
+from metastore.sasl_edge import ENFORCEABLE_SCHEMES, SaslConfigError, read_users_file
 from zab.config import ZabConfig, ZabConfigError
 
 VOTER = "voter"
@@ -132,6 +133,13 @@ class ClusterConfig:
     # ZooKeeper's DigestAuthenticationProvider.superDigest: "user:base64(sha1(user:password))"
     # (metastore.acl.generate_digest); addAuth("digest", "user:password") then passes every ACL.
     super_digest: str = ""
+    # SASL DIGEST-MD5 on the client port: ZooKeeper's JAAS file, whose Server section's
+    # DigestLoginModule user_<name>="<password>" options are the users (metastore/sasl_users.py).
+    # Relative: against this file's folder. Empty: SASL is off.
+    sasl_users_file: str = ""
+    # ZooKeeper's enforce.auth.enabled + enforce.auth.schemes: with schemes (comma-separated, from
+    # sasl, digest, x509), a session holding no id of one of them is refused at its first request.
+    enforce_auth_schemes: str = ""
     # Four-letter words answered on the client port (comma-separated allow-list).
     four_letter_words: str = "ruok,srvr,stat,mntr,conf,envi,isro"
     # Bookies (nodes with the bookie role; they run only when client_protocol is "zookeeper").
@@ -158,6 +166,10 @@ class ClusterConfig:
     @property
     def four_letter_word_set(self) -> frozenset[str]:
         return frozenset(w.strip() for w in self.four_letter_words.split(",") if w.strip())
+
+    @property
+    def enforce_auth_scheme_set(self) -> frozenset[str]:
+        return frozenset(s.strip() for s in self.enforce_auth_schemes.split(",") if s.strip())
 
     @property
     def voters(self) -> frozenset[int]:
@@ -220,7 +232,7 @@ CLUSTER_DEFAULTS: dict[str, Any] = {
 
 
 CLIENT_PROTOCOLS = ("kv", "zookeeper")
-_MAY_BE_EMPTY = frozenset({"super_digest", "session_secret"})  # empty: the setting is off
+_MAY_BE_EMPTY = frozenset({"super_digest", "session_secret", "sasl_users_file", "enforce_auth_schemes"})  # empty: the setting is off
 # Secrets once shipped as defaults: everyone knows them (issue 17).
 _KNOWN_SECRETS = frozenset({"quire-change-me", "quire"})
 BOOKIE_MAX_ENTRY_BYTES_LIMIT = 64 << 20  # the storage engine's ceiling (bookie/storage_config.py)
@@ -255,6 +267,8 @@ def parse(text: str, path: Path) -> ClusterConfig:
         tls = None if raw_tls is None else parse_tls(raw_tls, path)
     except TlsConfigError as e:
         raise ConfigError(f"{path}: [tls]: {e}") from None
+    if settings["sasl_users_file"]:  # absolute, so the setting survives to_toml into another folder
+        settings["sasl_users_file"] = str(_absolute(Path(settings["sasl_users_file"]), path))
     config = ClusterConfig(path=path, nodes=nodes, tls=tls, **settings)
     _check_cluster(config)
     return config
@@ -347,6 +361,7 @@ def _check_cluster(config: ClusterConfig) -> None:
             parse_super_digest(config.super_digest)
         except ValueError as e:
             raise ConfigError(f"{path}: [cluster]: key 'super_digest': {e}") from None
+    _check_auth_settings(config)
     if config.session_secret in _KNOWN_SECRETS:
         raise ConfigError(f"{path}: [cluster]: key 'session_secret': {config.session_secret!r} was a shipped "
                           "default that anyone knows; remove the key (session passwords derive from a secret "
@@ -364,6 +379,23 @@ def _check_cluster(config: ClusterConfig) -> None:
         config._zab_config(voters[0])  # the Zab core's own checks, e.g. ping vs sync limit
     except ZabConfigError as e:
         raise ConfigError(f"{path}: [cluster]: {e}") from None
+
+
+def _check_auth_settings(config: ClusterConfig) -> None:
+    """The SASL users file parses and enforce_auth_schemes names schemes a client can prove."""
+    where = f"{config.path}: [cluster]:"
+    unknown = config.enforce_auth_scheme_set - ENFORCEABLE_SCHEMES
+    if unknown:
+        raise ConfigError(f"{where} key 'enforce_auth_schemes': unknown or unprovable {sorted(unknown)} "
+                          f"(choose from {', '.join(sorted(ENFORCEABLE_SCHEMES))})")
+    if "sasl" in config.enforce_auth_scheme_set and not config.sasl_users_file:
+        raise ConfigError(f"{where} key 'enforce_auth_schemes' names sasl, but no sasl_users_file is set: "
+                          "no client could authenticate")
+    if config.sasl_users_file:
+        try:
+            read_users_file(Path(config.sasl_users_file))
+        except SaslConfigError as e:
+            raise ConfigError(f"{where} {e}") from None
 
 
 def _check_unique(path: Path, what: str, items: list[tuple[Any, str]]) -> None:

@@ -29,6 +29,7 @@ from clusterd.config import ClusterConfig, ConfigError, NodeConfig, load
 from clusterd.kvservice import INCARNATION_BITS, KVService
 from clusterd.tls_context import TlsSetupError
 from metastore.edge_guard import ClientLimits
+from metastore.sasl_edge import SaslConfigError, SaslSettings, load_settings
 from metastore.service import MetastoreConfig, MetastoreService
 from metastore.state_machine import MetastoreStateMachine
 from zab.driver import PeerDriver
@@ -165,7 +166,7 @@ async def _start_ensemble_services(nursery: trio.Nursery, config: ClusterConfig,
             node.id, node.host, node.client_port, config.min_session_timeout_ms, config.max_session_timeout_ms,
             config.session_secret.encode(), config.four_letter_word_set, tick_ms=config.tick_ms,
             tls=tls_node.client_port_tls(config, node), super_digest=config.super_digest or None,
-            limits=client_limits(config)))
+            limits=client_limits(config), sasl=sasl_settings(config)))
     await nursery.start(driver.run)
     if zookeeper:
         try:
@@ -179,6 +180,14 @@ async def _start_ensemble_services(nursery: trio.Nursery, config: ClusterConfig,
                             await _listen(node.host, node.client_port, "clients"))
         client_stats = kv.statistics
     return {"status": driver.status, "clients": client_stats}
+
+
+def sasl_settings(config: ClusterConfig) -> SaslSettings:
+    """The client port's SASL users (read from sasl_users_file now) and enforced authentication."""
+    try:
+        return load_settings(config.sasl_users_file, config.enforce_auth_scheme_set)
+    except SaslConfigError as e:
+        raise StartupError(str(e)) from None
 
 
 def client_limits(config: ClusterConfig) -> ClientLimits:

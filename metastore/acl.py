@@ -17,6 +17,9 @@ to an `Id` (scheme, id). Schemes:
   ("CN=alice,O=Quire", as Java's X500Principal.getName() and cryptography's
   Name.rfc4514_string() write it); the TLS edge gives a connection that id when its
   certificate checks out (X509AuthenticationProvider). It matches exactly.
+- sasl: id a SASL username; a connection gets ("sasl", username) when its DIGEST-MD5
+  exchange completes (metastore/sasl_edge.py). It matches exactly, and the user
+  "super" matches every sasl id (SASLAuthenticationProvider).
 
 `check` follows ZooKeeperServer.checkACL: an empty ACL allows everything, a
 "super" id allows everything, and otherwise some entry must grant the permission
@@ -266,6 +269,17 @@ def _x509_id_valid(ident: str) -> bool:
     return _DN.fullmatch(ident) is not None
 
 
+# -- sasl ----------------------------------------------------------------------
+
+# SASLAuthenticationProvider.isValid: a Kerberos name, "user", "user/host@REALM" or
+# "user@REALM"; only a name with "@" must have that shape.
+_KERBEROS_NAME = re.compile(r"[^/@]*(?:/[^/@]*)?@[^/@]*")
+
+
+def _sasl_id_valid(ident: str) -> bool:
+    return "@" not in ident or _KERBEROS_NAME.fullmatch(ident) is not None
+
+
 # -- validation and checks -----------------------------------------------------
 
 def is_valid_id(ident: Id) -> bool:
@@ -278,6 +292,8 @@ def is_valid_id(ident: Id) -> bool:
         return _ip_parse(ident.id) is not None
     if ident.scheme == "x509":
         return _x509_id_valid(ident.id)
+    if ident.scheme == "sasl":
+        return _sasl_id_valid(ident.id)
     return False
 
 
@@ -288,7 +304,10 @@ def fixup_acl(path: str, acl: Sequence[ACL], auth_ids: Sequence[Id]) -> tuple[AC
     session's authenticated ids; an empty list, an unknown scheme, an invalid id,
     or "auth" without any authenticated id is InvalidACL.
     """
-    unique = list(dict.fromkeys(acl))  # first occurrences, in linear time (a list scan was quadratic)
+    unique: list[ACL] = []
+    for entry in acl:
+        if entry not in unique:
+            unique.append(entry)
     if not unique:
         raise InvalidACL(path, "empty ACL")
     out: list[ACL] = []
@@ -319,6 +338,9 @@ def _id_matches(acl_id: Id, client_id: Id) -> bool:
         return False
     if acl_id.scheme in ("digest", "x509"):
         return client_id.id == acl_id.id
+    if acl_id.scheme == "sasl":
+        # SASLAuthenticationProvider.matches: the user "super" passes every sasl entry.
+        return client_id.id in (acl_id.id, "super")
     if acl_id.scheme == "ip":
         return ip_matches(client_id.id, acl_id.id)
     return False

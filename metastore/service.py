@@ -33,6 +33,7 @@ from metastore.acl import SUPER_SCHEME, Id, digest_auth_ids
 from metastore.four_letter import answer_four_letter_word
 from metastore.jute_defs import Err, EventType, KeeperState, OpCode, UnknownOpcode, Xid
 from metastore.prep import HOUSEKEEPING
+from metastore.sasl_edge import SaslEdge, SaslSettings
 from metastore.responses import READ_OPS, WATCH_KINDS_FOR_TYPE, WRITE_OPS, read_reply, write_reply
 from metastore.sessions import SessionTracker
 from metastore.state_machine import Applied, MetastoreStateMachine
@@ -62,6 +63,7 @@ class MetastoreConfig:
     limits: ClientLimits = ClientLimits()
     tls: object = None  # TLS only when set, as ZooKeeper's secureClientPort (clusterd/tls_streams.py ServerTls)
     super_digest: str | None = None  # "user:base64(sha1)": addAuth of its password gives the super id (acl.py)
+    sasl: SaslSettings = SaslSettings()  # SASL users and enforced authentication (metastore/sasl_edge.py)
 
 
 class MetastoreService:
@@ -82,6 +84,7 @@ class MetastoreService:
         self.stats = {"requests": 0, "notifications": 0, "connections": 0, "connections_refused": 0,
                       "outstanding": 0, "outstanding_max": 0, "throttled": 0, "cut_off": 0}
         self._addresses = AddressCounts(config.limits.max_client_connections, config.limits.max_connections)
+        self.sasl = SaslEdge(config.sasl)
         self._below_limit = trio.Event()  # set when outstanding requests drop below the global limit
         self._initializing_secret = False
         # The leader refuses what no client frame can hold (a forged, oversized envelope).
@@ -431,6 +434,8 @@ class MetastoreService:
         conn.active = True
         self.stats["requests"] += 1
         op = header.type
+        if op == OpCode.SASL or not self.sasl.admits(conn, op):  # SASL, and enforce.auth before anything else
+            return self.sasl.answer(conn, header, body)
         if op == OpCode.PING:
             conn.send(jute.encode_reply(jute.ReplyHeader(Xid.PING, self.sm.last_zxid, 0)))
             return True

@@ -77,7 +77,7 @@ def test_fixup_expands_auth_to_the_sessions_authenticated_ids():
 
 def test_fixup_drops_duplicates_and_refuses_bad_lists():
     assert fixup_acl("/p", OPEN_ACL_UNSAFE * 2, []) == OPEN_ACL_UNSAFE
-    for bad in ([], [ACL(Perm.ALL, Id("world", "someone"))], [ACL(Perm.READ, Id("sasl", "x"))]):
+    for bad in ([], [ACL(Perm.ALL, Id("world", "someone"))], [ACL(Perm.READ, Id("sasl", "a@b@c"))]):
         with pytest.raises(InvalidACL) as info:
             fixup_acl("/p", bad, [ALICE])
         assert info.value.code == -114
