@@ -304,10 +304,7 @@ def fixup_acl(path: str, acl: Sequence[ACL], auth_ids: Sequence[Id]) -> tuple[AC
     session's authenticated ids; an empty list, an unknown scheme, an invalid id,
     or "auth" without any authenticated id is InvalidACL.
     """
-    unique: list[ACL] = []
-    for entry in acl:
-        if entry not in unique:
-            unique.append(entry)
+    unique = list(dict.fromkeys(acl))  # first occurrences, in linear time (a list scan was quadratic)
     if not unique:
         raise InvalidACL(path, "empty ACL")
     out: list[ACL] = []

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from metastore import cluster_secret as CS
 from metastore import envelope as E
 from metastore import jute
-from metastore.acl import ACL, OPEN_ACL_UNSAFE, Id, Perm
+from metastore.acl import ACL, OPEN_ACL_UNSAFE, Id, Perm, fixup_acl
 from metastore.edge_guard import MAX_AUTH_IDS, ClientLimits, ClientRefused, check_auth, check_connect, check_reply
 from metastore.errors import BadArguments, NoAuth
 from metastore.jute_defs import Err, OpCode
@@ -217,3 +217,23 @@ def test_the_old_shipped_session_secret_is_refused_at_start(tmp_path):
         cfg.load(path)
     path.write_text(text)
     assert cfg.load(path).session_secret == ""
+
+
+def test_a_create_with_a_40000_entry_acl_costs_linear_time():
+    """A 1 MB create can carry 40,000 ACL entries; removing duplicates with a list scan
+    held the leader's event loop for 160 s (quadratic), long enough to lose its quorum.
+    Counted in comparisons, not seconds."""
+    calls = [0]
+
+    class CountingId(Id):
+        __slots__ = ()
+
+        def __eq__(self, other):
+            calls[0] += 1
+            return Id.__eq__(self, other)
+
+        __hash__ = Id.__hash__
+
+    acl = tuple(ACL(31, CountingId("ip", f"10.0.{i // 256}.{i % 256}")) for i in range(2000))
+    assert len(fixup_acl("/a", acl + acl[:10], [])) == 2000
+    assert calls[0] < 20_000, f"{calls[0]} comparisons to deduplicate 2,010 entries"
