@@ -324,7 +324,7 @@ class ReconfigRequest:
 
 @_record
 class GetSASLRequest:
-    """The body of a sasl request (Quire answers it with an error: no SASL)."""
+    """The body of a sasl request: the client's SASL token (metastore/sasl_edge.py)."""
 
     token: bytes | None
 
