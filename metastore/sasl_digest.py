@@ -137,7 +137,8 @@ def check_rspauth(username: str, password: str, challenge: bytes, response: byte
     sent = parse_directives(response)
     ha1 = _ha1(username, _text(sent.get("realm", ""), True), password, sent, True)
     got = parse_directives(rspauth).get("rspauth", "")
-    return hmac.compare_digest(_response_value(ha1, sent, b":" + _raw(sent["digest-uri"])), got.lower())
+    return hmac.compare_digest(_response_value(ha1, sent, b":" + _raw(sent["digest-uri"])).encode("ascii"),
+                               _raw(got.lower()))
 
 
 # -- the digest (RFC 2831 2.1.2.1) ---------------------------------------------------------

@@ -57,7 +57,7 @@ class SaslConfigError(Exception):
 class SaslSettings:
     """The client port's SASL users and enforced authentication (cluster.toml)."""
 
-    users: Mapping[str, str] = field(default_factory=dict)  # empty: SASL is off
+    users: Mapping[str, str] = field(default_factory=dict, repr=False)  # empty: SASL is off; never logged
     enforce_auth_schemes: frozenset[str] = frozenset()  # empty: unauthenticated sessions are served
 
 
