@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from metastore import acl as A
 from metastore import jute_records as J
-from metastore.errors import NoNode, Unimplemented, ZooKeeperError
-from metastore.jute_defs import OpCode, WatcherType
+from metastore.errors import MarshallingError, NoNode, Unimplemented, ZooKeeperError
+from metastore.jute_defs import DEFAULT_MAX_FRAME_BYTES, OpCode, WatcherType
 from metastore.tree import DataTree, Node
 from metastore.txn import (CheckResult, CreateResult, DeleteResult, ErrorResult, MultiResult, SetACLResult,
                            SetDataResult)
@@ -66,8 +66,14 @@ def _multi_op(opcode: int, result: object) -> object:
 
 
 # -- reads ---------------------------------------------------------------------------
-def read_reply(tree: DataTree, opcode: int, body: object, session_id: int, auth: Sequence[A.Id]) -> Reply:
+def read_reply(tree: DataTree, opcode: int, body: object, session_id: int, auth: Sequence[A.Id], *,
+               max_reply_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> Reply:
+    """The reply to a read. A multiRead whose results would exceed `max_reply_bytes` is
+    MARSHALLINGERROR before they are all built: one 1 MB request naming a 1 MB znode
+    60,000 times would otherwise make a 60 GB reply."""
     try:
+        if opcode == OpCode.MULTI_READ:
+            return _multi_read(tree, body, session_id, auth, max_reply_bytes)
         return _READS[opcode](tree, body, session_id, auth)
     except ZooKeeperError as e:
         return Reply(e.code)
@@ -133,18 +139,33 @@ def _who_am_i(tree, req, session_id, auth) -> Reply:
     return Reply(0, J.WhoAmIResponse(tuple(infos)))
 
 
-def _multi_read(tree, req: J.MultiRequest, session_id, auth) -> Reply:
-    results = []
+def _multi_read(tree, req: J.MultiRequest, session_id, auth, max_reply_bytes: int) -> Reply:
+    results, size = [], 0
     for opcode, body in req.ops:
         r = read_reply(tree, opcode, body, session_id, auth)
+        size += _reply_bytes(r.body)
+        if size > max_reply_bytes:
+            raise MarshallingError(None, f"multiRead results exceed {max_reply_bytes} bytes")
         results.append(r.body if r.err == 0 else J.ErrorResult(r.err))
     return Reply(0, J.MultiResponse(tuple(results)))
+
+
+def _reply_bytes(body: object) -> int:
+    """At least the encoded size of one read's result (header, Stat and its variable parts)."""
+    size = 96
+    data = getattr(body, "data", None)
+    if data:
+        size += len(data)
+    for name in ("children", "ephemerals"):
+        size += sum(len(c) + 4 for c in getattr(body, name, ()))
+    size += sum(len(e.id.scheme) + len(e.id.id) + 12 for e in getattr(body, "acl", ()))
+    return size
 
 
 _READS = {
     OpCode.EXISTS: _exists, OpCode.GET_DATA: _get_data, OpCode.GET_CHILDREN: _children,
     OpCode.GET_CHILDREN2: _children, OpCode.GET_ACL: _get_acl, OpCode.GET_EPHEMERALS: _ephemerals,
-    OpCode.GET_ALL_CHILDREN_NUMBER: _all_children, OpCode.WHO_AM_I: _who_am_i, OpCode.MULTI_READ: _multi_read,
+    OpCode.GET_ALL_CHILDREN_NUMBER: _all_children, OpCode.WHO_AM_I: _who_am_i, OpCode.MULTI_READ: None,
 }
 READ_OPS = frozenset(_READS)
 WRITE_OPS = frozenset({OpCode.CREATE, OpCode.CREATE2, OpCode.CREATE_CONTAINER, OpCode.CREATE_TTL, OpCode.DELETE,

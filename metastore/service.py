@@ -487,7 +487,8 @@ class MetastoreService:
         return True
 
     def _read_job(self, conn: Connection, header, body) -> bool:
-        reply = read_reply(self.sm.tree, header.type, body, conn.session_id, conn.auth)
+        reply = read_reply(self.sm.tree, header.type, body, conn.session_id, conn.auth,
+                           max_reply_bytes=self.cfg.limits.max_frame_bytes)
         if reply.watch is not None and reply.err in (0, Err.NO_NODE):
             self.watches.add(conn.id, reply.watch[0], reply.watch[1])
         self._reply(conn, header.xid, reply.err, reply.body)

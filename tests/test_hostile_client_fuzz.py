@@ -62,6 +62,9 @@ READS = st.one_of(
     st.tuples(st.just(OpCode.GET_ALL_CHILDREN_NUMBER), st.builds(jute.GetAllChildrenNumberRequest, PATHS)),
     st.tuples(st.just(OpCode.WHO_AM_I), st.none()),
 )
+READS = READS | st.tuples(st.just(OpCode.MULTI_READ), st.lists(
+    READS.filter(lambda r: r[0] in (OpCode.GET_DATA, OpCode.GET_CHILDREN)),  # what multiRead decodes
+    max_size=50).map(lambda ops: jute.MultiRequest(tuple(ops))))
 SECRET = bytes(range(32))
 
 
@@ -237,3 +240,15 @@ def test_a_create_with_a_40000_entry_acl_costs_linear_time():
     acl = tuple(ACL(31, CountingId("ip", f"10.0.{i // 256}.{i % 256}")) for i in range(2000))
     assert len(fixup_acl("/a", acl + acl[:10], [])) == 2000
     assert calls[0] < 20_000, f"{calls[0]} comparisons to deduplicate 2,010 entries"
+
+
+def test_a_multi_read_of_a_large_znode_many_times_is_refused_before_it_is_built():
+    """One 1 MB multiRead can name a 1 MB znode 60,000 times: a 60 GB reply, built in
+    memory before any size check (the node was killed for lack of memory)."""
+    sm = cluster_with_secret()
+    run(sm, Z.make(1, 2), 0, (), OpCode.CREATE, jute.CreateRequest("/big", b"b" * 1_000_000, OPEN_ACL_UNSAFE, 0))
+    ops = tuple((OpCode.GET_DATA, jute.GetDataRequest("/big", False)) for _ in range(100))
+    reply = read_reply(sm.tree, OpCode.MULTI_READ, jute.MultiRequest(ops), 1, [])
+    assert reply.err == Err.MARSHALLING_ERROR
+    small = read_reply(sm.tree, OpCode.MULTI_READ, jute.MultiRequest(ops[:1]), 1, [])
+    assert small.err == 0 and small.body.results[0].data == b"b" * 1_000_000
