@@ -22,7 +22,7 @@ from clusterd import localcluster
 from clusterd.kvclient import SyncKVClient
 from test_cluster_processes import Cluster, copy_config
 from zab.codec import encode_frame, encode_hello
-from zab.messages import Ack, FollowerInfo, Notification, Request, ServerState
+from zab.messages import Ack, FollowerInfo, Notification, Ping, Request, ServerState
 
 pytestmark = pytest.mark.multiprocess
 
@@ -124,3 +124,36 @@ def test_a_member_restarted_after_a_stranger_claimed_its_id_gets_its_links_back(
             s.close()
     settled(ensemble)
     assert_commits_everywhere(ensemble)
+
+
+def test_a_forged_request_in_the_name_of_a_member_that_is_down_is_not_proposed(ensemble: Cluster) -> None:
+    """The stranger's link is admitted (the member it names is down, and without TLS nothing
+    tells them apart), but the leader takes a REQUEST only from a learner it synchronizes."""
+    before = settled(ensemble)
+    leader = next(i for i, s in before.items() if s["role"] == "leader")
+    follower = next(i for i, s in before.items() if s["role"] == "follower")
+    localcluster.stop({follower: before[follower]["pid"]})
+    deadline = time.monotonic() + SETTLE_S
+    while follower in statuses_of(ensemble, leader)["peers"]:
+        assert time.monotonic() < deadline, "the leader still lists the stopped follower"
+        time.sleep(0.05)
+    leader_node = ensemble.config.node(leader)
+    with socket.create_connection((leader_node.host, leader_node.peer_port), timeout=10) as s:
+        s.sendall(encode_hello(ensemble.config.name, follower)
+                  + encode_frame(Request(follower << 56 | 1, 1, b'{"op":"put","key":"evil","value":"x","version":null}'))
+                  + encode_frame(Ping((follower << 56 | 1,))))
+        time.sleep(1.0)
+    client = SyncKVClient([(leader_node.host, leader_node.client_port)], retry_for_s=20)
+    assert client.put("after-forgery", "yes").version >= 1
+    assert client.get("evil") is None, "the leader proposed a forged REQUEST"
+    assert statuses_of(ensemble, leader)["role"] == "leader"
+    up = ensemble.ctl("up")
+    assert up.returncode == 0, up.stdout + up.stderr
+    settled(ensemble)
+    assert_commits_everywhere(ensemble)
+
+
+def statuses_of(cluster: Cluster, node_id: int) -> dict:
+    found = trio.run(localcluster.fetch_statuses, cluster.config)[node_id]
+    assert found is not None, f"node {node_id} does not answer"
+    return found
