@@ -130,6 +130,7 @@ class ClusterConfig:
     max_client_connections_total: int = 4096  # maxCnxns: client connections to one node
     client_handshake_timeout_ms: int = 10_000  # accept to a whole ConnectRequest, idle time included
     global_outstanding_limit: int = 1000  # globalOutstandingLimit: requests in flight before reading pauses
+    global_outstanding_bytes: int = 64 << 20  # the same in request bytes
     # ZooKeeper's DigestAuthenticationProvider.superDigest: "user:base64(sha1(user:password))"
     # (metastore.acl.generate_digest); addAuth("digest", "user:password") then passes every ACL.
     super_digest: str = ""

@@ -192,9 +192,12 @@ def sasl_settings(config: ClusterConfig) -> SaslSettings:
 
 def client_limits(config: ClusterConfig) -> ClientLimits:
     """The client port's limits (metastore.edge_guard) from cluster.toml."""
-    return ClientLimits(config.jute_max_buffer_bytes, config.client_outgoing_max_bytes,
-                        config.max_client_connections, config.max_client_connections_total,
-                        config.client_handshake_timeout_ms, config.global_outstanding_limit)
+    return ClientLimits(
+        jute_max_buffer_bytes=config.jute_max_buffer_bytes, outgoing_max_bytes=config.client_outgoing_max_bytes,
+        max_client_connections=config.max_client_connections, max_connections=config.max_client_connections_total,
+        handshake_timeout_ms=config.client_handshake_timeout_ms,
+        global_outstanding_limit=config.global_outstanding_limit,
+        global_outstanding_bytes=config.global_outstanding_bytes)
 
 
 async def _listen(host: str, port: int, what: str) -> list[trio.SocketListener]:

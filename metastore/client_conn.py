@@ -35,6 +35,7 @@ class Connection:
     active: bool = True  # since the last touch round
     idle: bool = False  # the writer task waits on an empty queue: nothing is in flight
     replies: collections.deque[Job] = field(default_factory=collections.deque)  # started, not yet answered
+    reply_sizes: collections.deque[int] = field(default_factory=collections.deque)  # their request bytes
     advanced: trio.Event = field(default_factory=trio.Event)  # set whenever replies were answered
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)  # reading requests and awaiting replies
     closed: bool = False

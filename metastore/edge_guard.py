@@ -60,6 +60,7 @@ class ClientLimits:
     max_connections: int = 4096  # in total: maxCnxns
     handshake_timeout_ms: int = 10_000  # accept to complete ConnectRequest, first bytes included
     global_outstanding_limit: int = 1000  # requests started, not answered, all connections: globalOutstandingLimit
+    global_outstanding_bytes: int = 64 << 20  # the same counted in request bytes
 
     @property
     def max_frame_bytes(self) -> int:

@@ -82,7 +82,8 @@ class MetastoreService:
         self._next_session = (config.node_id << 48) | ((int(time.time() * 1000) << 8) & 0xFFFF_FFFF_FFFF)
         driver.listen(self)
         self.stats = {"requests": 0, "notifications": 0, "connections": 0, "connections_refused": 0,
-                      "outstanding": 0, "outstanding_max": 0, "throttled": 0, "cut_off": 0}
+                      "outstanding": 0, "outstanding_max": 0, "outstanding_bytes": 0, "outstanding_bytes_max": 0,
+                      "throttled": 0, "cut_off": 0}
         self._addresses = AddressCounts(config.limits.max_client_connections, config.limits.max_connections)
         self.sasl = SaslEdge(config.sasl)
         self._below_limit = trio.Event()  # set when outstanding requests drop below the global limit
@@ -233,8 +234,7 @@ class MetastoreService:
             pass  # the client went away (a reset arrives wrapped in the nursery's group): only it is affected
         finally:
             self.stats["cut_off"] += conn.cut_off
-            self._finished(len(conn.replies))  # a connection cut off leaves its requests unanswered
-            conn.replies.clear()
+            self._finished(conn, len(conn.replies))  # a connection cut off leaves its requests unanswered
             del self.connections[conn.id]
             self.watches.drop_connection(conn.id)
             if self.by_session.get(conn.session_id) is conn:
@@ -275,7 +275,6 @@ class MetastoreService:
 
     async def _read_requests(self, conn: Connection, reader: jute.FrameReader, frames: list[bytes]) -> None:
         """Decode requests in order and start them; _advance answers them in that order."""
-        limit = self.cfg.limits.global_outstanding_limit
         try:
             while True:
                 done = 0
@@ -284,14 +283,14 @@ class MetastoreService:
                     # and one log hand-off for all of them (_request never waits on anything),
                     # as many as the global outstanding limit lets start.
                     with self.driver.holding():
-                        while done < len(frames) and self.stats["outstanding"] < limit:
+                        while done < len(frames) and self._below_limits():
                             job = await self._request(conn, frames[done])
                             done += 1
                             if job is None:
                                 self._advance(conn)
                                 return
                             if job is not True:
-                                self._started(conn, job)
+                                self._started(conn, job, len(frames[done - 1]))
                     self._advance(conn)
                     while len(conn.replies) >= PIPELINE_MAX:
                         await self._wait_advanced(conn)
@@ -303,20 +302,34 @@ class MetastoreService:
         except CLIENT_FAULTS as e:
             self._refused(conn, e, None)
 
-    def _started(self, conn: Connection, job: Job) -> None:
+    def _started(self, conn: Connection, job: Job, size: int) -> None:
         conn.replies.append(job)
+        conn.reply_sizes.append(size)
         stats = self.stats
         stats["outstanding"] += 1
+        stats["outstanding_bytes"] += size
         stats["outstanding_max"] = max(stats["outstanding_max"], stats["outstanding"])
+        stats["outstanding_bytes_max"] = max(stats["outstanding_bytes_max"], stats["outstanding_bytes"])
 
-    def _finished(self, n: int) -> None:
+    def _finished(self, conn: Connection, n: int) -> None:
+        """`n` requests at the head of the connection's queue were answered or dropped."""
+        for _ in range(n):
+            conn.replies.popleft()
+            self.stats["outstanding_bytes"] -= conn.reply_sizes.popleft()
         self.stats["outstanding"] -= n
-        if self.stats["outstanding"] < self.cfg.limits.global_outstanding_limit:
+        if self._below_limits():
             self._below_limit.set()
 
+    def _below_limits(self) -> bool:
+        # One request is always let through, however large: a frame is bounded anyway.
+        stats, limits = self.stats, self.cfg.limits
+        return stats["outstanding"] < limits.global_outstanding_limit and (
+            stats["outstanding_bytes"] < limits.global_outstanding_bytes or stats["outstanding"] == 0)
+
     async def _wait_below_limit(self) -> None:
-        """ZooKeeper's globalOutstandingLimit: stop reading requests while too many are open."""
-        while self.stats["outstanding"] >= self.cfg.limits.global_outstanding_limit:
+        """ZooKeeper's globalOutstandingLimit, and its like in bytes: stop reading requests
+        while too many, or too many bytes of them, are open."""
+        while not self._below_limits():
             self.stats["throttled"] += 1
             if self._below_limit.is_set():
                 self._below_limit = trio.Event()
@@ -331,11 +344,9 @@ class MetastoreService:
             if pending is not None and not pending.done():
                 pending.notify(partial(self._advance, conn))
                 break
-            replies.popleft()
-            self._finished(1)
+            self._finished(conn, 1)
             if not answer():
-                self._finished(len(replies))
-                replies.clear()
+                self._finished(conn, len(replies))
                 conn.scope.cancel()  # the connection ends here: stop reading requests too
                 break
         conn.advanced.set()

@@ -218,6 +218,7 @@ LIMITS = """jute_max_buffer_bytes = 65536
 client_outgoing_max_bytes = 1048576
 client_handshake_timeout_ms = 1500
 global_outstanding_limit = 20
+global_outstanding_bytes = 262144
 """
 
 
@@ -347,6 +348,30 @@ def test_the_global_outstanding_limit_throttles_reading(limited: Cluster):
     assert xids == list(range(1, 301))
     stats = client_stats(node)
     assert stats["outstanding_max"] <= 20 and stats["throttled"] >= 1, stats
+
+
+def test_the_global_outstanding_bytes_throttle_reading(limited: Cluster):
+    """The same limit in bytes (256 KiB here): 40 pipelined setData of 60 kB (2.4 MB) are
+    all answered in order, with never more than 256 KiB of requests (plus one) in flight."""
+    node = cfg.load(limited.path).nodes[1]
+    zk = kazoo(limited, node.id)
+    zk.ensure_path("/heavy")
+    with open_raw(node, timeout_s=60) as s:
+        assert connect_raw(s, 0).time_out > 0
+        s.sendall(b"".join(jute.frame(jute.encode_request(jute.RequestHeader(xid, OpCode.SET_DATA),
+                                                          jute.SetDataRequest("/heavy", b"h" * 60_000, -1)))
+                           for xid in range(1, 41)))
+        reader, pending, replies = jute.FrameReader(1 << 20), [], []
+        while len(replies) < 40:
+            frame = read_frame(s, reader, pending)
+            assert frame is not None, f"closed after {len(replies)} replies"
+            replies.append(jute.decode_reply(frame, OpCode.SET_DATA)[0])
+    assert [r.xid for r in replies] == list(range(1, 41)) and all(r.err == 0 for r in replies)
+    stats = client_stats(node)
+    assert stats["outstanding_bytes_max"] <= 262_144 + 61_000, stats
+    assert zk.get("/heavy")[1].version == 40
+    zk.stop()
+    zk.close()
 
 
 def test_a_read_larger_than_jute_max_buffer_gets_an_error(limited: Cluster):
