@@ -25,8 +25,10 @@ import trio
 
 from bookie.errors import CookieMismatch
 from clusterd.service_loop import ServiceLoop  # the loop every background service of a node runs under
+from metastore import jute_records as J
 from metastore.client import MetaClient, State
-from metastore.client_ops import Create, Delete, MultiFailed
+from metastore.client_ops import ANYONE, Create, Delete, MultiFailed
+from metastore.jute_defs import Perms
 from metastore.errors import BadVersion, NodeExists, NoNode
 
 log = logging.getLogger("quire.bookie.registration")
@@ -35,6 +37,9 @@ ROOT = "/quire/bookies"
 AVAILABLE = f"{ROOT}/available"
 READONLY = f"{ROOT}/readonly"
 COOKIES = f"{ROOT}/cookies"
+# What the daemons create under /quire when their sessions authenticate (clusterd/daemon_identity.py):
+# everything for the session's own ids ("auth"), reading for everyone. None: open (unauthenticated tests).
+DAEMON_ACL = (J.ACL(int(Perms.ALL), J.Id("auth", "")), J.ACL(int(Perms.READ), ANYONE))
 POLL_S = 1.0  # how often the registrar looks at the disk state and the session
 RETRY_S = 1.0  # after a failed session
 
@@ -101,12 +106,13 @@ async def read_cookie(meta: MetaClient, bookie_id: int) -> str | None:
     return data.decode()
 
 
-async def record_cookie(meta: MetaClient, bookie_id: int, instance_id: str) -> None:
+async def record_cookie(meta: MetaClient, bookie_id: int, instance_id: str,
+                        acl: Sequence[J.ACL] | None = None) -> None:
     """Record the storage's instance id on the bookie's first start (idempotent for the same id).
     CookieMismatch if another instance id is recorded already."""
     await meta.ensure_path(COOKIES)
     try:
-        await meta.create(f"{COOKIES}/{bookie_id}", instance_id.encode())
+        await meta.create(f"{COOKIES}/{bookie_id}", instance_id.encode(), acl=acl)
         return
     except NodeExists:
         pass
@@ -118,7 +124,7 @@ async def record_cookie(meta: MetaClient, bookie_id: int, instance_id: str) -> N
             "znode after the ledgers it held were re-replicated; otherwise restore the data directory")
 
 
-async def register(meta: MetaClient, info: BookieInfo) -> None:
+async def register(meta: MetaClient, info: BookieInfo, acl: Sequence[J.ACL] | None = None) -> None:
     """Create this bookie's ephemeral registration (in readonly/ if info.read_only), replacing one
     left by an earlier session of the same bookie and removing it from the other list."""
     await meta.ensure_path(AVAILABLE)
@@ -135,19 +141,20 @@ async def register(meta: MetaClient, info: BookieInfo) -> None:
         except (NoNode, BadVersion):
             pass
     try:
-        await meta.create(path, info.to_json(), ephemeral=True)
+        await meta.create(path, info.to_json(), ephemeral=True, acl=acl)
     except NodeExists:
         await meta.set(path, info.to_json())  # ours already (a retried create that had landed)
 
 
-async def move(meta: MetaClient, info: BookieInfo, read_only: bool) -> BookieInfo:
+async def move(meta: MetaClient, info: BookieInfo, read_only: bool,
+               acl: Sequence[J.ACL] | None = None) -> BookieInfo:
     """Move our registration between available/ and readonly/ in one multi; returns the new info."""
     new = BookieInfo(info.id, info.host, info.port, read_only)
     try:
         await meta.multi([Delete(registration_path(info.id, info.read_only)),
-                          Create(registration_path(info.id, read_only), new.to_json(), ephemeral=True)])
+                          Create(registration_path(info.id, read_only), new.to_json(), acl=acl, ephemeral=True)])
     except MultiFailed:
-        await register(meta, new)  # the old node was gone or the new one there: register afresh
+        await register(meta, new, acl)  # the old node was gone or the new one there: register afresh
     return new
 
 
@@ -160,12 +167,15 @@ class BookieRegistrar:
     polled: a change moves the registration between available/ and readonly/."""
 
     def __init__(self, hosts: Sequence[tuple[str, int]], info: BookieInfo, read_only: Callable[[], bool], *,
-                 session_timeout_ms: int = 10_000, poll_s: float = POLL_S, rng: random.Random | None = None) -> None:
+                 session_timeout_ms: int = 10_000, poll_s: float = POLL_S, rng: random.Random | None = None,
+                 auth: Sequence[tuple[str, str]] = ()) -> None:
         self.hosts = list(hosts)
         self.info = info
         self._read_only = read_only
         self.session_timeout_ms = session_timeout_ms
         self.poll_s = poll_s
+        self.auth = tuple(auth)  # the daemons' identity (register only with it: /quire/bookies is theirs)
+        self.acl = DAEMON_ACL if auth else None
         self.loop = ServiceLoop("bookie_registrar", log, min_s=RETRY_S, rng=rng)
         self.registrations = 0  # registrations made (more than 1: re-registered after a loss)
         self.registered = False
@@ -180,7 +190,7 @@ class BookieRegistrar:
         """One session: register, then keep the registration until the session is lost or a
         metastore error ends the round (ServiceLoop registers again after a backoff)."""
         try:
-            async with MetaClient(self.hosts, session_timeout_ms=self.session_timeout_ms) as meta:
+            async with MetaClient(self.hosts, session_timeout_ms=self.session_timeout_ms, auth=self.auth) as meta:
                 self.meta = meta
                 await self._register(meta)
                 if self._task_status is not None:
@@ -193,7 +203,7 @@ class BookieRegistrar:
 
     async def _register(self, meta: MetaClient) -> None:
         self.info = BookieInfo(self.info.id, self.info.host, self.info.port, self._read_only())
-        await register(meta, self.info)
+        await register(meta, self.info, self.acl)
         self.registrations += 1
         self.registered = True
         log.warning("event=bookie_registered bookie=%s path=%s session=%#x", self.info.id,
@@ -208,7 +218,7 @@ class BookieRegistrar:
                 continue  # SUSPENDED: the session may live on; LOST: the loop ends
             read_only = self._read_only()
             if read_only != self.info.read_only:
-                self.info = await move(meta, self.info, read_only)
+                self.info = await move(meta, self.info, read_only, self.acl)
                 log.warning("event=bookie_%s bookie=%s", "read_only" if read_only else "writable", self.info.id)
             elif await meta.exists(registration_path(self.info.id, self.info.read_only)) is None:
                 log.warning("event=bookie_registration_deleted bookie=%s action=reregister", self.info.id)

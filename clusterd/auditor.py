@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import random
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import trio
@@ -33,7 +34,7 @@ import trio
 from bookie.client import BookiePool
 from bookie.entry import crc32c_digest_ok
 from bookie.errors import BookieError, EntryCorrupt, NoSuchEntry, NoSuchLedger
-from bookie.registration import AVAILABLE, COOKIES, READONLY, list_bookies
+from bookie.registration import AVAILABLE, COOKIES, DAEMON_ACL, READONLY, list_bookies
 from clusterd.autorecovery import (ELECTION, AutoRecoveryConfig, decommissioned, list_tasks, mark_under_replicated,
                                    paused)
 from clusterd.service_loop import ServiceLoop
@@ -43,7 +44,7 @@ from ledger.metadata import LedgerMetadata, LedgerMetadataError
 from ledger.replication import LossTracker, ledgers_to_mark, replica_checks
 from metastore.client import MetaClient
 from metastore.client_watches import Watch
-from metastore.errors import NoNode
+from metastore.errors import NoAuth, NoNode
 from metastore.recipes import LeaderElection, LeadershipLost
 
 log = logging.getLogger("clusterd.auditor")
@@ -59,8 +60,10 @@ class Auditor:
     """Contends for the auditor role and audits while leading: `await nursery.start(auditor.run)`."""
 
     def __init__(self, hosts: list[tuple[str, int]], node_id: int, config: AutoRecoveryConfig, *,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, auth: Sequence[tuple[str, str]] = ()) -> None:
         self.hosts = hosts
+        self.auth = tuple(auth)  # the daemons' identity: what it creates is theirs (DAEMON_ACL)
+        self.acl = DAEMON_ACL if auth else None
         self.loop = ServiceLoop("auditor", log, min_s=RETRY_S, rng=rng)
         self.node_id = node_id
         self.config = config
@@ -80,8 +83,8 @@ class Auditor:
         """One session: contend, audit while leading, contend again after a lost leadership.
         Any metastore or bookie error ends the round (ServiceLoop retries it after a backoff)."""
         async with MetaClient(self.hosts, session_timeout_ms=self.config.session_timeout_ms,
-                              start_timeout_s=10.0) as meta:
-            election = LeaderElection(meta, ELECTION, str(self.node_id).encode())
+                              start_timeout_s=10.0, auth=self.auth) as meta:
+            election = LeaderElection(meta, ELECTION, str(self.node_id).encode(), acl=self.acl)
             while True:
                 try:
                     async with election.lead():
@@ -132,7 +135,7 @@ class Auditor:
             if metadata is None:
                 continue
             for lid, bookies in ledgers_to_mark([metadata], lost).items():
-                changed += await mark_under_replicated(meta, lid, bookies)
+                changed += await mark_under_replicated(meta, lid, bookies, acl=self.acl)
         if changed:
             self.stats["ledgers_marked"] += changed
             log.warning("event=auditor_marked ledgers=%s lost=%s", changed, sorted(lost))
@@ -164,7 +167,7 @@ class Auditor:
                     nursery.start_soon(self._check_one, pool, metadata, entry_id, bookie, damaged, limiter)
                     await trio.sleep(1 / self.config.check_reads_per_s)
             if damaged and await _read(manager, ledger_id) == metadata:  # unchanged: the misses are real
-                marked += await mark_under_replicated(meta, ledger_id, (), damaged)
+                marked += await mark_under_replicated(meta, ledger_id, (), damaged, acl=self.acl)
                 log.warning("event=auditor_replicas_missing ledger=%s bookies=%s", ledger_id, sorted(damaged))
         self.stats["replica_checks"] += 1
         return marked
@@ -197,6 +200,6 @@ async def _read(manager: LedgerManager, ledger_id: int) -> LedgerMetadata | None
         return (await manager.read(ledger_id))[0]
     except NoSuchLedgerMetadata:
         return None
-    except LedgerMetadataError as e:
+    except (LedgerMetadataError, NoAuth) as e:  # one ledger another client spoiled: audit the others
         log.warning("event=auditor_bad_metadata ledger=%s error=%s", ledger_id, e)
         return None

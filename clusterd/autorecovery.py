@@ -21,11 +21,12 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ledger.replication import ReplicationTask
+from metastore import jute_records as J
 from metastore.client import MetaClient
 from metastore.errors import BadVersion, NodeExists, NoNode
 from metastore.recipes import Lock
@@ -112,7 +113,7 @@ async def list_tasks(meta: MetaClient) -> list[int]:
 
 
 async def mark_under_replicated(meta: MetaClient, ledger_id: int, lost: Iterable[int],
-                                damaged: Iterable[int] = ()) -> bool:
+                                damaged: Iterable[int] = (), acl: Sequence[J.ACL] | None = None) -> bool:
     """Create or widen the ledger's task so it covers `lost` and `damaged`; True if it changed.
     A CAS on the task's version: a worker finishing meanwhile deletes only the version it read."""
     lost, damaged = frozenset(lost), frozenset(damaged)
@@ -122,7 +123,7 @@ async def mark_under_replicated(meta: MetaClient, ledger_id: int, lost: Iterable
             task = ReplicationTask(ledger_id, lost, wall_ms(), damaged)
             await meta.ensure_path(TASKS)
             try:
-                await meta.create(task_path(ledger_id), task.to_json())
+                await meta.create(task_path(ledger_id), task.to_json(), acl=acl)
             except NodeExists:
                 continue
             log.info("event=ledger_underreplicated ledger=%s lost=%s damaged=%s", ledger_id, sorted(lost),

@@ -3,6 +3,7 @@ contender (clusterd/autorecovery.py describes both and their metastore records).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import trio
@@ -15,9 +16,10 @@ from clusterd.replication_worker import ReplicationWorker
 class AutoRecovery:
     """`await nursery.start(autorecovery.run)`; `statistics()` for the node's /status."""
 
-    def __init__(self, hosts: list[tuple[str, int]], bookie_id: int, config: AutoRecoveryConfig) -> None:
-        self.auditor = Auditor(hosts, bookie_id, config)
-        self.worker = ReplicationWorker(hosts, bookie_id, config)
+    def __init__(self, hosts: list[tuple[str, int]], bookie_id: int, config: AutoRecoveryConfig, *,
+                 auth: Sequence[tuple[str, str]] = ()) -> None:
+        self.auditor = Auditor(hosts, bookie_id, config, auth=auth)
+        self.worker = ReplicationWorker(hosts, bookie_id, config, auth=auth)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:

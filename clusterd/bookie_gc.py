@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Sequence
 from typing import Any
 
 import trio
@@ -34,8 +35,9 @@ class BookieGarbageCollector:
     """Runs until cancelled: `await nursery.start(collector.run)`."""
 
     def __init__(self, hosts: list[tuple[str, int]], storage: BookieStorage, interval_ms: int, *,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, auth: Sequence[tuple[str, str]] = ()) -> None:
         self.hosts = hosts
+        self.auth = tuple(auth)
         self.storage = storage
         self.interval_ms = interval_ms
         self.policy = GcPolicy(min_interval_ms=interval_ms)
@@ -52,7 +54,7 @@ class BookieGarbageCollector:
 
     async def _collect(self) -> None:
         """One session: collect every `interval_ms` until a metastore error ends the round."""
-        async with MetaClient(self.hosts, start_timeout_s=10.0) as meta:
+        async with MetaClient(self.hosts, start_timeout_s=10.0, auth=self.auth) as meta:
             manager = LedgerManager(meta)
             while True:
                 await trio.sleep(self.interval_ms / 1000)

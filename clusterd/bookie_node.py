@@ -22,11 +22,12 @@ from typing import Any
 import trio
 
 from bookie.errors import CookieMismatch, StorageError
-from bookie.registration import BookieInfo, BookieRegistrar, read_cookie, record_cookie
+from bookie.registration import DAEMON_ACL, BookieInfo, BookieRegistrar, read_cookie, record_cookie
 from bookie.service import BookieService, BookieServiceConfig
 from bookie.storage import BookieStorage
 from bookie.storage_config import BookieStorageConfig
 from clusterd import tls_node
+from clusterd import daemon_identity
 from clusterd.autorecovery import DECOMMISSIONED, AutoRecoveryConfig
 from clusterd.autorecovery_node import AutoRecovery
 from clusterd.bookie_gc import BookieGarbageCollector
@@ -77,12 +78,17 @@ class BookieNode:
         self.config = config
         self.node = node
         self.hosts = config.client_addresses()
+        try:
+            self.identity = daemon_identity.load_or_create(config.path)
+        except (OSError, daemon_identity.DaemonSecretError) as e:
+            raise BookieStartupError(f"bookie {node.id}: {e}") from None
+        auth = self.identity.auth
         self.storage: BookieStorage | None = None
         self.service: BookieService | None = None
         self.registrar = BookieRegistrar(self.hosts, BookieInfo(node.id, node.host, node.bookie_port),
-                                         self._read_only)
+                                         self._read_only, auth=auth)
         self.gc: BookieGarbageCollector | None = None
-        self.autorecovery = AutoRecovery(self.hosts, node.id, autorecovery_config(config))
+        self.autorecovery = AutoRecovery(self.hosts, node.id, autorecovery_config(config), auth=auth)
         self.decommissioned = False  # an operator drains this bookie: it registers read-only
         self.phase = "starting"
 
@@ -122,7 +128,8 @@ class BookieNode:
                 await nursery.start(self.service.run, listeners)
                 self.phase = "registering"
                 await nursery.start(self.registrar.run)
-                self.gc = BookieGarbageCollector(self.hosts, self.storage, self.config.bookie_gc_interval_ms)
+                self.gc = BookieGarbageCollector(self.hosts, self.storage, self.config.bookie_gc_interval_ms,
+                                                 auth=self.identity.auth)
                 await nursery.start(self.gc.run)
                 nursery.start_soon(self._follow_decommission)
                 await nursery.start(self.autorecovery.run)
@@ -151,7 +158,8 @@ class BookieNode:
         while True:
             storage: BookieStorage | None = None
             try:
-                async with MetaClient(self.hosts, start_timeout_s=10.0) as meta:
+                async with MetaClient(self.hosts, start_timeout_s=10.0, auth=self.identity.auth) as meta:
+                    await daemon_identity.secure_layout(meta, self.identity)  # /quire is the daemons'
                     recorded = await read_cookie(meta, node.id)
                     try:
                         storage = await BookieStorage.open(directory, node.id, storage_config(self.config),
@@ -162,7 +170,7 @@ class BookieNode:
                     except StorageError as e:
                         raise BookieStartupError(f"bookie {node.id}: cannot open {directory}: {e}") from None
                     if recorded is None:
-                        await record_cookie(meta, node.id, storage.instance_id)
+                        await record_cookie(meta, node.id, storage.instance_id, DAEMON_ACL)
                     return storage
             except BaseException as e:  # noqa: BLE001 (only a metastore error, bare or grouped, is waited out)
                 if not (isinstance(e, CookieMismatch) or retryable(e)):

@@ -33,6 +33,7 @@ import json
 import logging
 import random
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -41,7 +42,7 @@ import trio
 from bookie.client import BookiePool
 from bookie.entry import DigestType, EntryFormatError, crc32c_digest_ok, parse_header
 from bookie.errors import BookieError, EntryCorrupt, NoSuchEntry, NoSuchLedger
-from bookie.registration import list_bookies
+from bookie.registration import DAEMON_ACL, list_bookies
 from clusterd.autorecovery import (TASKS, AutoRecoveryConfig, decommissioned, list_tasks, lock_path, paused, read_task,
                                    task_path, wall_ms)
 from clusterd.service_loop import ServiceLoop
@@ -79,8 +80,10 @@ class ReplicationWorker:
     """Takes under-replicated ledgers one at a time and repairs them: `await nursery.start(worker.run)`."""
 
     def __init__(self, hosts: list[tuple[str, int]], bookie_id: int, config: AutoRecoveryConfig,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, auth: Sequence[tuple[str, str]] = ()) -> None:
         self.hosts = hosts
+        self.auth = tuple(auth)  # the daemons' identity: it reads ledgers' master keys, owns its locks
+        self.acl = DAEMON_ACL if auth else None
         self.bookie_id = bookie_id
         self.config = config
         self.rng = rng or random.Random()
@@ -101,7 +104,7 @@ class ReplicationWorker:
         retries it after a backoff; a task's lock goes with the session, its record stays)."""
         try:
             async with MetaClient(self.hosts, session_timeout_ms=self.config.session_timeout_ms,
-                                  start_timeout_s=10.0) as meta, BookiePool(timeout_s=10.0) as pool, \
+                                  start_timeout_s=10.0, auth=self.auth) as meta, BookiePool(timeout_s=10.0) as pool, \
                     LedgerClient(meta, pool, rng=self.rng) as client:
                 while True:
                     watch = Watch()
@@ -129,7 +132,7 @@ class ReplicationWorker:
         return repaired
 
     async def _take(self, meta: MetaClient, client: LedgerClient, ledger_id: int) -> int:
-        lock = Lock(meta, lock_path(ledger_id), json.dumps({"worker": self.bookie_id}).encode())
+        lock = Lock(meta, lock_path(ledger_id), json.dumps({"worker": self.bookie_id}).encode(), acl=self.acl)
         try:
             if await lock.contenders():
                 return 0  # another worker has it: the next task
@@ -203,9 +206,11 @@ class ReplicationWorker:
                 metadata, _ = await client.manager.read(task.ledger_id)
             except NoSuchLedgerMetadata:
                 return  # deleted: nothing to repair
+            if metadata.master_key is None:  # kept apart, readable by the daemons only (ledger/manager.py)
+                metadata = replace(metadata, master_key=await client.manager.read_key(task.ledger_id))
             if metadata.master_key is None:
-                raise Unrepairable(f"ledger {task.ledger_id} has no master key in its metadata (written before "
-                                   "Quire kept it): copy it by hand, or delete it")
+                raise Unrepairable(f"ledger {task.ledger_id} has no master key (written before Quire kept it): "
+                                   "copy it by hand, or delete it")
             if await paused(meta):
                 raise Paused()
             damaged = damaged_fragments(metadata, lost)

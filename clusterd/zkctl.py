@@ -27,7 +27,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from clusterd import tls_node
+from clusterd import daemon_identity, tls_node
 from clusterd.config import ClusterConfig
 from metastore.client_core import ANY_VERSION
 from metastore.client_ops import stat_dict
@@ -97,7 +97,8 @@ def refuse_put(config: ClusterConfig) -> int:
 
 def _client(config: ClusterConfig) -> SyncMetaClient:
     return SyncMetaClient(config.client_addresses(), session_timeout_ms=SESSION_TIMEOUT_MS,
-                          start_timeout_s=START_TIMEOUT_S, tls=tls_node.operator_tls(config))
+                          start_timeout_s=START_TIMEOUT_S, tls=tls_node.operator_tls(config),
+                          auth=daemon_identity.operator_auth(config.path))
 
 
 def _print_json(value: Any) -> None:

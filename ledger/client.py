@@ -16,13 +16,14 @@ to the metastore for ledgers.
 from __future__ import annotations
 
 import random
+import secrets
 import time
 from contextlib import AsyncExitStack
 
 import trio
 
 from bookie.client import BookiePool
-from bookie.entry import DigestType, Digester, master_key, password_key
+from bookie.entry import DigestType, Digester, master_key
 from bookie.registration import list_bookies
 from ledger import actions as A
 from ledger.driver import OpDriver
@@ -30,6 +31,7 @@ from ledger.errors import LedgerError, WrongPassword
 from ledger.handles import ReadHandle, WriteHandle
 from ledger.manager import LedgerManager
 from ledger.metadata import Fragment, LedgerMetadata, LedgerState
+from ledger.password import SALT_BYTES, password_matches, password_record
 from ledger.placement import choose_ensemble
 from ledger.read_op import ReadLacOp
 from ledger.recovery_op import RecoveryOp
@@ -86,8 +88,10 @@ class LedgerClient:
         """A new OPEN ledger on `ensemble_size` writable bookies; E >= Qw >= Qa >= 1 is enforced."""
         self._running()
         ensemble = choose_ensemble(await self.writable_bookies(), ensemble_size, self.rng)
+        # Salted and slow (ledger/password.py), off the event loop: the metadata is readable by all.
+        record = await trio.to_thread.run_sync(password_record, password, secrets.token_bytes(SALT_BYTES))
         draft = LedgerMetadata(0, ensemble_size, write_quorum, ack_quorum, (Fragment(0, ensemble),),
-                               DigestType(digest_type), password_key(password, b"check"), int(time.time() * 1000),
+                               DigestType(digest_type), record, int(time.time() * 1000),
                                custom=dict(custom or {}), master_key=master_key(password))
         metadata, version = await self.manager.create(draft)
         writer = Writer(metadata, version, Digester(metadata.digest_type, password), explicit_lac=self.explicit_lac)
@@ -99,7 +103,7 @@ class LedgerClient:
         is read up to its LAC."""
         self._running()
         metadata, version = await self.manager.read(ledger_id)
-        if metadata.password_digest != password_key(password, b"check"):
+        if not await trio.to_thread.run_sync(password_matches, metadata.password_digest, password):
             raise WrongPassword(f"ledger {ledger_id}: wrong password")
         await self.writable_bookies()
         digester, key = Digester(metadata.digest_type, password), master_key(password)

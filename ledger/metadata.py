@@ -54,7 +54,7 @@ class LedgerMetadata:
     ack_quorum: int
     fragments: tuple[Fragment, ...]
     digest_type: DigestType
-    password_digest: bytes  # bookie.entry.password_key(password, b"check"): lets open() refuse a wrong password
+    password_digest: bytes  # ledger/password.py password_record (salted scrypt): open() refuses a wrong password
     ctime_ms: int
     state: LedgerState = LedgerState.OPEN
     last_entry: int | None = None  # set exactly when CLOSED; NO_ENTRY (-1) for an empty ledger

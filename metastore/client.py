@@ -211,11 +211,16 @@ class MetaClient(SessionDriver):
         raise type(conflict)(path, f"cas gave up after {max_retries + 1} attempts under contention")
 
     async def ensure_path(self, path: str, *, acl: Sequence[J.ACL] | None = None) -> None:
-        """Create path and its missing ancestors (empty, persistent)."""
+        """Create path and its missing ancestors (empty, persistent). Ancestors that exist are
+        left alone, as Curator's ZKPaths.mkdirs does: a create checks CREATE on the parent before
+        it finds the node exists, so a client allowed to create only deeper down would be refused."""
         parts = [p for p in path.split("/") if p]
         for i in range(1, len(parts) + 1):
+            ancestor = "/" + "/".join(parts[:i])
+            if await self.exists(ancestor) is not None:
+                continue
             try:
-                await self.create("/" + "/".join(parts[:i]), b"", acl=acl)
+                await self.create(ancestor, b"", acl=acl)
             except NodeExists:
                 pass
 

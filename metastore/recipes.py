@@ -26,11 +26,12 @@ version-checked write, or the lock node's czxid as a fencing token).
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 import trio
 
+from metastore import jute_records as J
 from metastore.client import MetaClient
 from metastore.client_core import State
 from metastore.client_watches import Watch
@@ -60,9 +61,11 @@ class Lock:
     lists them in queue order). Cancelling acquire() withdraws the contender.
     """
 
-    def __init__(self, client: MetaClient, path: str, identifier: bytes = b"", *, prefix: str = "lock-") -> None:
+    def __init__(self, client: MetaClient, path: str, identifier: bytes = b"", *, prefix: str = "lock-",
+                 acl: Sequence[J.ACL] | None = None) -> None:
         self.client, self.path, self.identifier = client, path.rstrip("/") or "/", identifier
         self._prefix = prefix
+        self._acl = acl  # of the lock's folder and contender nodes (None: open)
         self._token = uuid.uuid4().hex
         self._node: str | None = None  # our contender's name while we hold the lock
 
@@ -78,7 +81,7 @@ class Lock:
     async def acquire(self) -> None:
         if self._node is not None:
             raise RuntimeError(f"lock {self.path!r} is already held by this Lock (it is not reentrant)")
-        await self.client.ensure_path(self.path)
+        await self.client.ensure_path(self.path, acl=self._acl)
         name = await self._enqueue()
         try:
             await self._wait_turn(name)
@@ -120,7 +123,8 @@ class Lock:
         base = f"{self.path}/{self._prefix}{self._token}-"
         while True:
             try:
-                return (await self.client.create(base, self.identifier, ephemeral=True, sequential=True)
+                return (await self.client.create(base, self.identifier, acl=self._acl, ephemeral=True,
+                                                 sequential=True)
                         ).rsplit("/", 1)[1]
             except ConnectionLoss:
                 mine = [k for k in await self._queue() if self._token in k]
@@ -165,9 +169,10 @@ class LeaderElection:
                 continue
     """
 
-    def __init__(self, client: MetaClient, path: str, identifier: bytes = b"") -> None:
+    def __init__(self, client: MetaClient, path: str, identifier: bytes = b"", *,
+                 acl: Sequence[J.ACL] | None = None) -> None:
         self.client = client
-        self._lock = Lock(client, path, identifier, prefix="n-")
+        self._lock = Lock(client, path, identifier, prefix="n-", acl=acl)
 
     async def contenders(self) -> list[bytes]:
         """Identifiers of every contender, the leader first."""

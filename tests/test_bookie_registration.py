@@ -28,6 +28,7 @@ from bookie_fixtures import trio_test
 from clusterd import config as cfg
 from clusterd import localcluster
 from clusterd.bookie_node import BookieNode, BookieStartupError
+from clusterd.daemon_identity import load_or_create
 from clusterd.localcluster import free_ports
 from metastore.client import MetaClient
 from metastore.errors import SessionExpired
@@ -68,6 +69,11 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
 
 def hosts(cluster: Cluster) -> list[tuple[str, int]]:
     return cluster.config.client_addresses()
+
+
+def daemon(cluster: Cluster) -> tuple[tuple[str, str], ...]:
+    """The daemons' metastore identity: only it may register bookies (clusterd/daemon_identity.py)."""
+    return load_or_create(cluster.path).auth
 
 
 # --- registration functions against the real metastore ------------------------------------
@@ -118,7 +124,7 @@ async def test_the_registered_bookies_store_and_serve_entries(cluster):
 @trio_test
 async def test_registrations_move_between_available_and_readonly_and_cookies_are_checked(cluster):
     with trio.fail_after(30):
-        async with MetaClient(hosts(cluster)) as meta:
+        async with MetaClient(hosts(cluster), auth=daemon(cluster)) as meta:
             info = BookieInfo(77, "127.0.0.1", 1)
             await register(meta, info)
             assert 77 in [b.id for b in await list_bookies(meta)]
@@ -139,14 +145,15 @@ async def test_registrations_move_between_available_and_readonly_and_cookies_are
 @trio_test
 async def test_the_registrar_follows_read_only_and_re_registers_after_a_deletion_or_a_lost_session(cluster):
     read_only = False
-    registrar = BookieRegistrar(hosts(cluster), BookieInfo(88, "127.0.0.1", 2), lambda: read_only, poll_s=0.1)
+    registrar = BookieRegistrar(hosts(cluster), BookieInfo(88, "127.0.0.1", 2), lambda: read_only, poll_s=0.1,
+                                auth=daemon(cluster))
 
     async def wait_for(path: str, present: bool = True) -> None:
         while (await meta.exists(path) is not None) != present:
             await trio.sleep(0.05)
 
     with trio.fail_after(30):
-        async with trio.open_nursery() as nursery, MetaClient(hosts(cluster)) as meta:
+        async with trio.open_nursery() as nursery, MetaClient(hosts(cluster), auth=daemon(cluster)) as meta:
             await nursery.start(registrar.run)
             assert await meta.exists(f"{AVAILABLE}/88") is not None
             read_only = True  # the disk passed its threshold
