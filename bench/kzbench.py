@@ -44,7 +44,7 @@ import trio
 
 from bench import machine, profile, stats, zk
 from bench.machine import CpuMeter, PerfCounter
-from bench.quire import QuireCluster
+from bench.quire import QuireCluster, TlsFiles
 
 REPO = Path(__file__).resolve().parent.parent
 KEYS = 64
@@ -62,8 +62,12 @@ JIT_WARMUP_S = 6.0  # one untimed saturating row per system before the first tim
 class ZkSystem:
     name = "ZooKeeper"
 
-    def __init__(self, folder: Path) -> None:
-        self.ensemble = zk.ZkEnsemble(folder)
+    def __init__(self, folder: Path, *, tls: TlsFiles | None = None, server_tls: zk.ZkTls | None = None,
+                 netty: bool = False) -> None:
+        """Plain by default; with `server_tls` (and the clients' `tls`) the ensemble serves only TLS."""
+        self.tls = tls
+        self.ensemble = zk.ZkEnsemble(folder, tls=server_tls, netty=netty,
+                                      context=tls.context() if tls is not None else None)
         self.ids = list(self.ensemble.ids)
         self.ports = dict(self.ensemble.client_ports)
 
@@ -89,8 +93,10 @@ class ZkSystem:
 class QuireSystem:
     name = "Quire"
 
-    def __init__(self, folder: Path) -> None:
-        self.cluster = QuireCluster(folder, client_protocol="zookeeper")
+    def __init__(self, folder: Path, *, tls: bool = False) -> None:
+        """tls: a [tls] table (every port TLS, material from `clusterctl tls init`), clients with a certificate."""
+        self.cluster = QuireCluster(folder, client_protocol="zookeeper", tls=tls)
+        self.tls = self.cluster.client_tls
         self.ids = sorted(self.cluster.nodes)
         self.ports = {i: self.cluster.nodes[i].client_port for i in self.ids}
 
@@ -131,7 +137,13 @@ def _wait_srvr(system: System, timeout_s: float) -> int:
 
 
 def srvr_modes(system: System) -> dict[int, str | None]:
-    return {i: zk.mode(port, timeout_s=0.5) for i, port in system.ports.items()}
+    context = system.tls.context() if system.tls is not None else None
+    return {i: zk.mode(port, timeout_s=0.5, context=context) for i, port in system.ports.items()}
+
+
+def kazoo_options(system: System) -> dict[str, object]:
+    """KazooClient's TLS arguments for `system` (none for a plain one)."""
+    return system.tls.kazoo_options() if system.tls is not None else {}
 
 
 def hosts(system: System, node: int | None = None) -> str:
@@ -321,8 +333,9 @@ class _Worker:
 
 def run_load(system: System, load: Load, folder: Path, *, window_s: float, warmup_s: float,
              before_window: Callable[[int], None] | None = None,
-             after_window: Callable[[], None] | None = None) -> LoadResult:
-    """P worker processes, warmed up, then one common timed window; CPU of every process over it."""
+             after_window: Callable[[], None] | None = None, tls_pending_fix: bool = False) -> LoadResult:
+    """P worker processes, warmed up, then one common timed window; CPU of every process over it.
+    tls_pending_fix: the workers' kazoo also wakes for replies already decrypted (kzworker.pending_aware_handler)."""
     folder.mkdir(parents=True, exist_ok=True)
     leader = _wait_srvr(system, 30.0)
     order = [leader] if load.on_leader else system.ids
@@ -331,7 +344,8 @@ def run_load(system: System, load: Load, folder: Path, *, window_s: float, warmu
         for w in range(load.processes):
             node = order[w % len(order)]
             spec = {"hosts": hosts(system, node), "op": load.op, "outstanding": load.outstanding,
-                    "value_bytes": load.value_bytes, "keys": KEYS, "warmup_s": warmup_s}
+                    "value_bytes": load.value_bytes, "keys": KEYS, "warmup_s": warmup_s,
+                    "kazoo": kazoo_options(system), "tls_pending_fix": tls_pending_fix}
             workers.append(_Worker(f"{system.name} {load.key} client{w + 1}", spec, folder / f"client{w + 1}.log"))
         deadline = time.monotonic() + READY_TIMEOUT_S
         warm = [json.loads(w.line(deadline).split(" ", 1)[1]) for w in workers]
@@ -551,7 +565,7 @@ class Bench:
 def _client(system: System, node: int | None = None, **kwargs):  # noqa: ANN202 - a KazooClient
     from kazoo.client import KazooClient
 
-    client = KazooClient(hosts=hosts(system, node), timeout=10.0, **kwargs)
+    client = KazooClient(hosts=hosts(system, node), timeout=10.0, **kazoo_options(system), **kwargs)
     client.start(timeout=30)
     return client
 

@@ -80,7 +80,12 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from kazoo.client import KazooClient
 
-    client = KazooClient(hosts=spec["hosts"], timeout=spec.get("session_timeout_s", 10.0))
+    # spec "kazoo": TLS arguments (use_ssl, ca, certfile, keyfile, verify_certs) when the server serves TLS;
+    # spec "tls_pending_fix": kazoo's connection loop also wakes for bytes already decrypted (see below).
+    options = dict(spec.get("kazoo", {}))
+    if spec.get("tls_pending_fix"):
+        options["handler"] = pending_aware_handler()
+    client = KazooClient(hosts=spec["hosts"], timeout=spec.get("session_timeout_s", 10.0), **options)
     client.start(timeout=30)
     try:
         run(client, spec)
@@ -88,6 +93,27 @@ def main() -> int:
         client.stop()
         client.close()
     return 0
+
+
+def pending_aware_handler() -> Any:
+    """kazoo's threading handler, whose select() also reports an SSL socket holding decrypted bytes.
+
+    kazoo 2.11's connection loop waits in select() on the raw socket before reading each reply; its
+    _read() looks at SSLSocket.pending(), the loop does not. When one TLS record carries several replies
+    (a server that writes replies together, as Quire does), the first recv() takes the whole record out
+    of the kernel, the socket stops being readable, and the other replies wait for the next record: at
+    the end of a burst, for the next ping (a third of the session timeout). ZooKeeper's Netty server
+    sends most replies in records of their own, so stock kazoo suffers far less against it."""
+    from kazoo.handlers.threading import SequentialThreadingHandler
+
+    class PendingAwareHandler(SequentialThreadingHandler):
+        def select(self, rlist: Any, wlist: Any, xlist: Any, timeout: float | None = None) -> Any:
+            ready = [s for s in rlist if hasattr(s, "pending") and s.pending() > 0]
+            if ready:
+                return ready, [], []
+            return super().select(rlist, wlist, xlist, timeout)
+
+    return PendingAwareHandler()
 
 
 def run(client: Any, spec: dict[str, Any]) -> None:

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -144,9 +145,10 @@ class RecoveryRun:
 
 
 @asynccontextmanager
-async def connected(hosts: Hosts) -> AsyncIterator[LedgerClient]:
-    """A LedgerClient with its own metastore session and bookie connections."""
-    async with MetaClient(hosts) as meta, BookiePool() as pool, LedgerClient(meta, pool) as ledgers:
+async def connected(hosts: Hosts, tls: Any = None) -> AsyncIterator[LedgerClient]:
+    """A LedgerClient with its own metastore session and bookie connections (over TLS with `tls`, a
+    clusterd.tls_streams.ClientTls)."""
+    async with MetaClient(hosts, tls=tls) as meta, BookiePool(tls=tls) as pool, LedgerClient(meta, pool) as ledgers:
         yield ledgers
 
 

@@ -5,15 +5,25 @@ ports; its relative data directories then resolve inside that folder. Nodes
 are started with clusterd's own `localcluster.spawn` (their output goes to
 `<data_dir>/clusterd.log`) and are children of this process, so a SIGKILLed
 node is reaped at once.
+
+`tls=True` adds a `[tls]` table with every switch at its default (peer, client
+and bookie ports all mutual TLS) and makes the material as an operator would
+(`clusterctl tls init`, then `clusterctl tls client bench` for the benchmark's
+clients); `TlsFiles` hands the client certificate to kazoo, our MetaClient and
+BookiePool, and the four-letter words.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import signal
+import ssl
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +31,38 @@ import trio
 
 from clusterd import config as cfg
 from clusterd import localcluster
+from clusterd import tlsctl
 from clusterd.admin import AdminUnavailable, fetch_status
+from clusterd.tls_context import client_context
+from clusterd.tls_streams import ClientTls
+
+BENCH_CLIENT = "bench"  # the client certificate's name (ACL identity x509:CN=bench)
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def write_config(folder: Path, *, client_protocol: str | None = None) -> Path:
+@dataclass(frozen=True)
+class TlsFiles:
+    """A client's TLS material: the CA it trusts, its certificate and key (PEM files)."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+    def context(self) -> ssl.SSLContext:
+        return client_context(self.ca, self.cert, self.key)
+
+    def kazoo_options(self) -> dict[str, object]:
+        """KazooClient's arguments for TLS, as docs/operations.md gives them (JSON-safe, for the workers)."""
+        return {"use_ssl": True, "ca": str(self.ca), "certfile": str(self.cert), "keyfile": str(self.key),
+                "verify_certs": True}
+
+    def streams(self) -> ClientTls:
+        """For our MetaClient and BookiePool (`tls=`)."""
+        return ClientTls(self.context())
+
+
+def write_config(folder: Path, *, client_protocol: str | None = None, tls: bool = False) -> Path:
     """Copy the shipped cluster.toml into `folder` with fresh ports; every host stays 127.0.0.1.
 
     `client_protocol` (e.g. "zookeeper") is set under [cluster] when given; otherwise the shipped value holds.
@@ -44,6 +80,8 @@ def write_config(folder: Path, *, client_protocol: str | None = None) -> Path:
         text = re.sub(r'(?m)^client_protocol = .*\n', "", text)
         text, n = re.subn(r"(?m)^\[cluster\]\n", f'[cluster]\nclient_protocol = "{client_protocol}"\n', text)
         assert n == 1, f"no [cluster] table in {shipped_path}"
+    if tls:
+        text = text.rstrip("\n") + "\n\n[tls]\n"  # every switch at its default: TLS on every port
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "cluster.toml"
     path.write_text(text)
@@ -53,9 +91,11 @@ def write_config(folder: Path, *, client_protocol: str | None = None) -> Path:
 class QuireCluster:
     """Three clusterd processes of one config; `stop()` (or the context manager) ends them all."""
 
-    def __init__(self, folder: Path, *, log_level: str = "info", client_protocol: str | None = None) -> None:
+    def __init__(self, folder: Path, *, log_level: str = "info", client_protocol: str | None = None,
+                 tls: bool = False) -> None:
         self.folder = folder
-        self.config = cfg.load(write_config(folder, client_protocol=client_protocol))
+        self.config = cfg.load(write_config(folder, client_protocol=client_protocol, tls=tls))
+        self.client_tls = make_tls_material(self.config) if tls else None
         self.nodes = {n.id: n for n in self.config.nodes if n.in_ensemble}
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.log_level = log_level
@@ -164,3 +204,13 @@ def all_in_broadcast(statuses: dict[int, dict[str, Any] | None]) -> bool:
     return (len(leaders) == 1 and all(s.get("phase") == "broadcast" for s in live)
             and len({s.get("epoch") for s in live}) == 1
             and all(s["role"] == "leader" or s.get("leader") == leaders[0] for s in live))
+
+
+def make_tls_material(config: cfg.ClusterConfig) -> TlsFiles:
+    """`clusterctl tls init` and `clusterctl tls client bench` for `config` (its [tls] table); the client's files."""
+    tls = config.tls
+    assert tls is not None, f"{config.path} has no [tls] table"
+    with contextlib.redirect_stdout(io.StringIO()):  # their messages are for an operator at a terminal
+        tlsctl.init(config, tls)
+        tlsctl.client(tls, BENCH_CLIENT)
+    return TlsFiles(tls.ca, tls.client_cert(BENCH_CLIENT), tls.client_key(BENCH_CLIENT))

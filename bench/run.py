@@ -1,9 +1,10 @@
-"""`python -m bench.run [--quick] [--only zab|metastore|ledger] [--no-zk] [--keep] [...]`: run the suite, write the report.
+"""`python -m bench.run [--quick] [--only zab|metastore|ledger|tls] [--no-zk] [--keep] [...]`: run the suite, write the report.
 
-Three parts run by default: the Zab layer with the KV demo client, the
-metastore (kazoo against ZooKeeper and against Quire's ZooKeeper protocol), and
-ledgers and bookies against the disk (bench/ledger.py). `--only ledger`
-rewrites only its own section of the report.
+Four parts run by default: the Zab layer with the KV demo client, the
+metastore (kazoo against ZooKeeper and against Quire's ZooKeeper protocol),
+ledgers and bookies against the disk (bench/ledger.py), and TLS on every port
+against plain text, Quire's and ZooKeeper's (bench/tls.py). `--only ledger`
+and `--only tls` rewrite only their own section of the report.
 
 Exit status 0 when every section ran, 1 when some failed (the report says
 which and why), 2 for a bad command line.
@@ -17,13 +18,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench import ledger, ledger_report, machine, report
+from bench import ledger, ledger_report, machine, report, tls, tls_report
 from bench.suite import FULL, PARTS, QUICK, QUIET_BUSY_MAX, Suite
 from bench.verify import VERIFY_END, VERIFY_START
 from bench.verify import write_section as write_verify_section
 
-ALL_PARTS = PARTS + ("ledger",)
-LEDGER_QUIET_WAIT_S = 30.0  # before the ledger part, alone or after the suite's parts
+ALL_PARTS = PARTS + ("ledger", "tls")
+LEDGER_QUIET_WAIT_S = 30.0  # before the ledger and TLS parts, alone or after the suite's parts
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -44,21 +45,26 @@ def main(argv: list[str] | None = None) -> int:
             failures += results.failures
         section = None
         if "ledger" in parts:
-            if not args.no_wait:  # after the suite's parts too: its metastore rows end saturating the machine
-                print(f"waiting up to {LEDGER_QUIET_WAIT_S:g} s for a quiet machine (below "
-                      f"{100 * QUIET_BUSY_MAX:.0f}% CPU)...")
-                machine.wait_quiet(max_busy=QUIET_BUSY_MAX, timeout_s=LEDGER_QUIET_WAIT_S)
+            _wait_quiet(args)  # after the suite's parts too: its metastore rows end saturating the machine
             ledger_results = ledger.run(workdir / "ledger", quick=args.quick)
             failures += ledger_results.failures
             section = ledger_report.render(ledger_results)
+        tls_block = tls_report.existing_section(output)
+        if "tls" in parts:
+            _wait_quiet(args)
+            tls_results = tls.run(workdir / "tls", quick=args.quick, with_zk=not args.no_zk)
+            failures += tls_results.failures
+            tls_block = tls_report.render(tls_results)
         if results is not None:
             section = section or ledger_report.existing_section(output)
             verify_block = _existing_verify_section(output)
             output.write_text(report.render(results, report.existing_analysis(output), section))
             if verify_block:  # bench.verify's own section survives a full regeneration
                 write_verify_section(output, verify_block)
-        else:
+        elif section is not None:
             output.write_text(report.ledger_only(output, section))
+        if tls_block is not None:  # written last: in place of its old self, else before the analysis
+            tls_report.splice(output, tls_block)
         print(f"bench: wrote {output}")
     finally:
         if args.keep:
@@ -72,9 +78,10 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small counts: a smoke run of a minute or two")
     parser.add_argument("--only", choices=ALL_PARTS, default=None,
-                        help="run one part: zab (KV demo client), metastore (kazoo, ZooKeeper protocol) or ledger "
-                             "(bookies and the ledger SDK against the disk); zab or metastore: the report is "
-                             "rewritten with that part only (section 8 carried over); ledger: only section 8 is")
+                        help="run one part: zab (KV demo client), metastore (kazoo, ZooKeeper protocol), ledger "
+                             "(bookies and the ledger SDK against the disk) or tls (each system plain and with TLS "
+                             "on every port); zab or metastore: the report is rewritten with that part only "
+                             "(sections 8 and 9 carried over); ledger: only section 8 is; tls: only section 9")
     parser.add_argument("--no-zk", action="store_true", help="skip the ZooKeeper reference runs "
                                                              "(and so the metastore part)")
     parser.add_argument("--no-wait", action="store_true", help="do not wait for a quiet machine first")
@@ -83,6 +90,12 @@ def _parser() -> argparse.ArgumentParser:
                                                         "its filesystem is the one measured")
     parser.add_argument("--output", default=str(REPO / "docs" / "benchmarks.md"), help="default: docs/benchmarks.md")
     return parser
+
+
+def _wait_quiet(args: argparse.Namespace) -> None:
+    if not args.no_wait:
+        print(f"waiting up to {LEDGER_QUIET_WAIT_S:g} s for a quiet machine (below {100 * QUIET_BUSY_MAX:.0f}% CPU)...")
+        machine.wait_quiet(max_busy=QUIET_BUSY_MAX, timeout_s=LEDGER_QUIET_WAIT_S)
 
 
 def _existing_verify_section(output: Path) -> str | None:

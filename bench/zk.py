@@ -9,6 +9,13 @@ zookeeper.jar manifest does not, and without them clients hang. Every port
 binds to 127.0.0.1 (clientPortAddress, server.N=127.0.0.1:quorum:election),
 the data dir lives in the benchmark's temp folder, forceSync=yes, and the
 four-letter words the benchmark uses are whitelisted.
+
+With `ZkTls` (bench/tls_systems.py makes one) the ensemble serves TLS the way a
+production ZooKeeper does: Netty's connection factory, `secureClientPort` in
+place of `clientPort` (clients must present a certificate of the CA), and
+`sslQuorum=true` with `zookeeper.ssl.quorum.*` on the quorum and election ports,
+PEM key stores throughout. `netty=True` without TLS runs the same factory in
+plain text, so that a plain/TLS ratio measures TLS alone.
 """
 
 from __future__ import annotations
@@ -16,8 +23,10 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from clusterd import localcluster
@@ -36,6 +45,25 @@ TICK_TIME_MS = 2000
 INIT_LIMIT = 10
 SYNC_LIMIT = 5
 JVM_OPTIONS = ("-Xms256m", "-Xmx1g", "-Dzookeeper.admin.enableServer=false", "-Djava.net.preferIPv4Stack=true")
+NETTY_FACTORY = "org.apache.zookeeper.server.NettyServerCnxnFactory"
+
+
+@dataclass(frozen=True)
+class ZkTls:
+    """TLS material of an ensemble: per server a PEM key store (key and certificate in one file), and the CA."""
+
+    keystores: dict[int, Path]
+    ca: Path
+
+    def jvm_options(self, i: int) -> list[str]:
+        """ZooKeeper's `zookeeper.ssl.*` (client port) and `zookeeper.ssl.quorum.*` (quorum and election
+        ports) system properties of server `i`; hostname verification stays on (the certificates name
+        127.0.0.1), client certificates are required (`ssl.clientAuth=need`, the default, made explicit)."""
+        options = []
+        for prefix in ("zookeeper.ssl", "zookeeper.ssl.quorum"):
+            options += [f"-D{prefix}.keyStore.location={self.keystores[i]}", f"-D{prefix}.keyStore.type=PEM",
+                        f"-D{prefix}.trustStore.location={self.ca}", f"-D{prefix}.trustStore.type=PEM"]
+        return options + ["-Dzookeeper.ssl.clientAuth=need"]
 
 LOG4J = """\
 log4j.rootLogger=INFO, FILE
@@ -69,22 +97,28 @@ def version() -> str:
     return done.stdout.strip() or "unknown"
 
 
-def four_letter_word(port: int, word: str, *, timeout_s: float = 1.0) -> str | None:
-    """The answer of a 4lw command on 127.0.0.1:port, or None if the server does not answer."""
+def four_letter_word(port: int, word: str, *, timeout_s: float = 1.0,
+                     context: ssl.SSLContext | None = None) -> str | None:
+    """The answer of a 4lw command on 127.0.0.1:port (over TLS with `context`), or None if the server
+    does not answer."""
+    chunks: list[bytes] = []
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as s:
-            s.sendall(word.encode())
-            chunks = []
-            while data := s.recv(65536):
-                chunks.append(data)
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as raw:
+            s = context.wrap_socket(raw, server_hostname="127.0.0.1") if context is not None else raw
+            with s:
+                s.sendall(word.encode())
+                while data := s.recv(65536):
+                    chunks.append(data)
+    except ssl.SSLEOFError:  # the server closed after its answer without close_notify: the answer stands
+        pass
     except OSError:
         return None
-    return b"".join(chunks).decode(errors="replace")
+    return b"".join(chunks).decode(errors="replace") if chunks else None
 
 
-def mode(port: int, *, timeout_s: float = 1.0) -> str | None:
+def mode(port: int, *, timeout_s: float = 1.0, context: ssl.SSLContext | None = None) -> str | None:
     """'leader', 'follower', ... per `srvr`; None while not serving (looking) or down."""
-    answer = four_letter_word(port, "srvr", timeout_s=timeout_s)
+    answer = four_letter_word(port, "srvr", timeout_s=timeout_s, context=context)
     for line in (answer or "").splitlines():
         if line.startswith("Mode:"):
             return line.split(":", 1)[1].strip()
@@ -100,8 +134,12 @@ def mntr(port: int) -> dict[str, str]:
 class ZkEnsemble:
     """Three ZooKeeper servers; `stop()` (or the context manager) ends them all."""
 
-    def __init__(self, folder: Path, size: int = 3) -> None:
+    def __init__(self, folder: Path, size: int = 3, *, tls: ZkTls | None = None, netty: bool = False,
+                 context: ssl.SSLContext | None = None) -> None:
         self.folder = folder
+        self.tls = tls
+        self.netty = netty or tls is not None  # TLS on the client port needs Netty's connection factory
+        self.context = context  # for the four-letter words on a TLS client port
         self.cp = classpath()
         self.ids = list(range(1, size + 1))
         ports = iter(localcluster.free_ports(3 * size))
@@ -131,9 +169,12 @@ class ZkEnsemble:
         self.data_dir(i).mkdir(parents=True, exist_ok=True)
         (self.data_dir(i) / "myid").write_text(f"{i}\n")
         lines = [f"tickTime={TICK_TIME_MS}", f"initLimit={INIT_LIMIT}", f"syncLimit={SYNC_LIMIT}",
-                 f"dataDir={self.data_dir(i)}", f"clientPort={self.client_ports[i]}", "clientPortAddress=127.0.0.1",
-                 "forceSync=yes", f"4lw.commands.whitelist={FOUR_LETTER_WORDS}", "admin.enableServer=false",
+                 f"dataDir={self.data_dir(i)}", "forceSync=yes", f"4lw.commands.whitelist={FOUR_LETTER_WORDS}", "admin.enableServer=false",
                  "maxClientCnxns=0", "autopurge.purgeInterval=0"]
+        if self.tls is None:
+            lines += [f"clientPort={self.client_ports[i]}", "clientPortAddress=127.0.0.1"]
+        else:
+            lines += [f"secureClientPort={self.client_ports[i]}", "secureClientPortAddress=127.0.0.1", "sslQuorum=true"]
         lines += [f"server.{j}=127.0.0.1:{self.quorum_ports[j]}:{self.election_ports[j]}" for j in self.ids]
         (self.node_dir(i) / "zoo.cfg").write_text("\n".join(lines) + "\n")
         (self.node_dir(i) / "log4j.properties").write_text(LOG4J)
@@ -147,7 +188,12 @@ class ZkEnsemble:
 
     def _spawn(self, i: int) -> subprocess.Popen[bytes]:
         node = self.node_dir(i)
-        command = ["java", *JVM_OPTIONS, f"-Dzookeeper.log.dir={node}",
+        options = [*JVM_OPTIONS]
+        if self.netty:
+            options.append(f"-Dzookeeper.serverCnxnFactory={NETTY_FACTORY}")
+        if self.tls is not None:
+            options += self.tls.jvm_options(i)
+        command = ["java", *options, f"-Dzookeeper.log.dir={node}",
                    f"-Dlog4j.configuration=file:{node / 'log4j.properties'}",
                    "-cp", self.cp, MAIN_CLASS, str(node / "zoo.cfg")]
         with open(node / "zookeeper.out", "ab") as out:
@@ -180,7 +226,7 @@ class ZkEnsemble:
         return ",".join(f"127.0.0.1:{self.client_ports[j]}" for j in ([i] if i is not None else self.ids))
 
     def modes(self) -> dict[int, str | None]:
-        return {i: mode(self.client_ports[i]) for i in self.ids}
+        return {i: mode(self.client_ports[i], context=self.context) for i in self.ids}
 
     def wait_serving(self, *, timeout_s: float = 60.0) -> int:
         """Until one server leads and the others follow; returns the leader's id."""
