@@ -417,14 +417,18 @@ class PeerTransport:
             data = await stream.receive_some(65536)
             if not data:
                 raise FrameError("connection closed before HELLO")
-            payloads = list(decoder.feed(data))
-            if payloads:
-                cluster, peer = decode_hello(payloads[0])
+            frames = decoder.feed(data)
+            hello = next(frames, None)
+            if hello is not None:
+                cluster, peer = decode_hello(hello)
                 if cluster != self.cluster:
                     raise FrameError(f"peer belongs to cluster {cluster!r}, we are {self.cluster!r}")
                 if peer not in self.addresses or peer == self.my_id:
                     raise FrameError(f"peer id {peer} is not a member of this ensemble")
-                return peer, payloads[1:]
+                # Only the HELLO is held to HELLO_MAX_BYTES: a member's large frame may follow
+                # it in this same read (FrameDecoder.feed reads the limit at every frame).
+                decoder.max_frame_bytes = self.max_frame_bytes
+                return peer, list(frames)
 
     async def _read_loop(self, stream: trio.SocketStream, decoder: FrameDecoder, peer: int,
                          early: list[bytes]) -> None:
