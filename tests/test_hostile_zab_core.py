@@ -16,7 +16,7 @@ from zab.codec import encode_frame
 from zab.config import ZabConfig
 from zab.kv_state_machine import KVStateMachine, encode_put
 from zab.messages import (Ack, AckEpoch, AckNewLeader, FollowerInfo, LeaderInfo, Notification, Ping, Request,
-                          ServerState, SyncRequest)
+                          ServerState, SyncReply, SyncRequest)
 from zab.peer import Peer
 
 SETTLE_MS = 10_000
@@ -151,3 +151,15 @@ def test_a_vote_from_an_election_round_at_the_limit_is_ignored():
             encode_frame(a.msg)  # raised struct.error: the round was 2**64
     assert p.election.logical_clock < 2**62
     assert p.election.proposal.peer_epoch < Z.EPOCH_MAX
+
+
+def test_a_syncreply_beyond_what_the_follower_committed_is_a_protocol_error_not_a_crash():
+    """FIFO links make an honest leader's SYNCREPLY follow every COMMIT it covers; one that
+    does not (a leader with a bug) drops the link and sends the follower back to election."""
+    c = settled(SimCluster(3, seed=8))
+    leader = c.leader()
+    follower = next(n for n in c.nodes if n != leader)
+    c.forge(follower, leader, SyncReply(1, 1, HUGE))
+    c.run(50)
+    assert any(f"node {follower} disconnects {leader}" in line for line in c.trace), c.describe_failure()
+    settled(c).check_final()

@@ -209,8 +209,10 @@ class LearnerRole:
         return [Send(self.leader, Ping(touches))]
 
     def _on_sync_reply(self, m: SyncReply) -> list[Action]:
-        # FIFO: every COMMIT up to m.zxid arrived before this reply and was delivered.
-        assert self.peer.last_committed >= m.zxid or self.peer.phase is not Phase.BROADCAST
+        # FIFO: every COMMIT up to m.zxid arrived before this reply and was delivered; a
+        # leader's message that says otherwise is its bug, not ours: drop the link.
+        if self.peer.phase is Phase.BROADCAST and self.peer.last_committed < m.zxid:
+            return self._fail(f"SYNCREPLY at {m.zxid:#x} beyond our committed {Z.fmt(self.peer.last_committed)}")
         return [Synced(m.session_id, m.cxid, m.zxid)]
 
     def _on_refused(self, m: Refused) -> list[Action]:
