@@ -103,8 +103,16 @@ class Connection:
                         self.idle = False
                     self._wake = trio.Event()
                     continue
-                # Replies and notifications queued meanwhile leave in one write.
                 chunks = [self.out.popleft() for _ in range(min(len(self.out), BATCH_FRAMES))]
+                if isinstance(self.stream, trio.SSLStream):
+                    # One TLS record per frame: kazoo select()s on the socket before each read, so a
+                    # second reply decrypted into its SSL buffer with the first would wait there for
+                    # the next record to arrive (the next ping, seconds later).
+                    for chunk in chunks:
+                        await self.stream.send_all(chunk)
+                        self.out_bytes -= len(chunk)
+                    continue
+                # Replies and notifications queued meanwhile leave in one write.
                 data = b"".join(chunks)
                 await self.stream.send_all(data)
                 self.out_bytes -= len(data)

@@ -31,7 +31,9 @@ from clusterd import localcluster
 from clusterd.tls_material import issue, load_authority, new_authority, node_uri, write_pair
 from clusterd.tls_streams import ClientTls
 from clusterd.tls_context import client_context
+from metastore import jute
 from metastore.acl import Id, is_valid_id
+from metastore.jute_defs import OpCode
 from metastore.client import MetaClient
 from test_cluster_processes import Cluster, copy_config
 from zab.codec import encode_hello
@@ -299,3 +301,63 @@ def test_clusterctl_znode_commands_on_a_tls_client_port(tls_cluster: Cluster):
     assert done.returncode == 0, done.stdout + done.stderr
     done = tls_cluster.ctl("get", "/from-clusterctl")
     assert done.returncode == 0 and done.stdout.strip() == "over tls", done.stdout + done.stderr
+
+
+# -- one reply per TLS record -----------------------------------------------------------
+
+def tls_records(sock: socket.socket, pending: bytearray) -> Iterator[bytes]:
+    """The raw TLS records arriving on `sock`, one at a time (5-byte header, then its length)."""
+    while True:
+        while len(pending) < 5 or len(pending) < 5 + int.from_bytes(pending[3:5], "big"):
+            data = sock.recv(65536)
+            if not data:
+                return
+            pending += data
+        size = 5 + int.from_bytes(pending[3:5], "big")
+        record = bytes(pending[:size])
+        del pending[:size]
+        yield record
+
+
+def test_pipelined_replies_over_tls_leave_in_records_of_their_own(tls_cluster: Cluster):
+    """kazoo waits on select() for the socket before each read, so plaintext already decrypted
+    into its SSL buffer sits there until the next record arrives (the next ping, seconds later):
+    a record must never carry more than one reply. Fails when the writer joins replies."""
+    node = tls_cluster.config.nodes[0]
+    tls = tls_dir(tls_cluster)
+    context = ssl.create_default_context(cafile=str(tls / "ca.pem"))
+    context.load_cert_chain(tls / "client-alice.pem", tls / "client-alice.key")
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls_object = context.wrap_bio(incoming, outgoing, server_hostname=node.host)
+    pending = bytearray()
+    with socket.create_connection((node.host, node.client_port), timeout=15) as sock:
+        records = tls_records(sock, pending)
+        while True:
+            try:
+                tls_object.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                sock.sendall(outgoing.read())
+                incoming.write(next(records))
+        requests = [jute.frame(jute.encode_connect_request(jute.ConnectRequest(0, 0, 10_000, 0, b"\0" * 16, False)))]
+        requests += [jute.frame(jute.encode_request(jute.RequestHeader(xid, OpCode.EXISTS),
+                                                     jute.ExistsRequest("/zookeeper", False)))
+                     for xid in range(1, 101)]
+        tls_object.write(b"".join(requests))
+        sock.sendall(outgoing.read())
+        plaintext, replies, most_in_one_record = bytearray(), 0, 0
+        while replies < len(requests):
+            incoming.write(next(records))
+            try:
+                while True:
+                    plaintext += tls_object.read(65536)
+            except ssl.SSLWantReadError:
+                pass
+            sock.sendall(outgoing.read())  # post-handshake messages, if any
+            completed = 0
+            while len(plaintext) >= 4 and len(plaintext) >= 4 + int.from_bytes(plaintext[:4], "big"):
+                del plaintext[:4 + int.from_bytes(plaintext[:4], "big")]
+                completed += 1
+            replies += completed
+            most_in_one_record = max(most_in_one_record, completed)
+    assert most_in_one_record == 1, f"a TLS record carried {most_in_one_record} replies"
