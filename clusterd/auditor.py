@@ -135,7 +135,10 @@ class Auditor:
             if metadata is None:
                 continue
             for lid, bookies in ledgers_to_mark([metadata], lost).items():
-                changed += await mark_under_replicated(meta, lid, bookies, acl=self.acl)
+                try:
+                    changed += await mark_under_replicated(meta, lid, bookies, acl=self.acl)
+                except NoAuth as e:  # a task whose ACL someone changed: mark the others
+                    log.warning("event=auditor_task_unwritable ledger=%s error=%s", lid, e)
         if changed:
             self.stats["ledgers_marked"] += changed
             log.warning("event=auditor_marked ledgers=%s lost=%s", changed, sorted(lost))

@@ -55,7 +55,7 @@ from ledger.replication import (FragmentChanged, FragmentRepair, ReplicationTask
                                 sources)
 from metastore.client import MetaClient
 from metastore.client_watches import Watch
-from metastore.errors import BadVersion, ConnectionLoss, NoNode, NotEmpty, SessionExpired, ZooKeeperError
+from metastore.errors import BadVersion, ConnectionLoss, NoAuth, NoNode, NotEmpty, SessionExpired, ZooKeeperError
 from metastore.recipes import Lock
 
 log = logging.getLogger("clusterd.replication")
@@ -125,7 +125,11 @@ class ReplicationWorker:
         for ledger_id in ledger_ids:
             if await paused(meta):
                 return repaired
-            found = await read_task(meta, ledger_id)
+            try:
+                found = await read_task(meta, ledger_id)
+            except NoAuth as e:  # a task whose ACL someone changed: repair the others
+                log.warning("event=replication_task_unreadable ledger=%s error=%s", ledger_id, e)
+                continue
             if found is None or not found[0].due(wall_ms()):
                 continue
             repaired += await self._take(meta, client, ledger_id)
