@@ -73,3 +73,20 @@ def test_what_a_finished_fsync_released_can_be_taken_before_its_wake_up_and_is_r
         log.close()
 
     trio.run(main)
+
+
+def test_a_flush_after_the_writer_stopped_writes_to_no_descriptor(tmp_path):
+    """A step still running in another task while a node stops may flush after run() closed the
+    wake-up pipe: that raised OSError (EBADF), or wrote into whatever file reused the number."""
+    async def main() -> None:
+        log = TxnLog.open(tmp_path / "log")
+        writer = LogWriter(log, SnapshotStore(tmp_path / "snap"), snapshots_retained=2, on_done=lambda: None)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(writer.run)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
+        writer.submit(LogAppend((Txn(zxid=1, session_id=1, cxid=1, data=b"x"),)))
+        writer.flush()
+        log.close()
+
+    trio.run(main)

@@ -92,6 +92,7 @@ class LogWriter:
         self._error: BaseException | None = None  # from the thread or from on_done, raised by run()
         self._error_event = trio.Event()
         self._stopping = False
+        self._closed = False  # run() has closed the wake-up pipe
         self.batches = 0
         self.fsync_seconds_total = 0.0
         self.snapshots_taken = 0
@@ -150,10 +151,15 @@ class LogWriter:
             # The log is closed after this returns: let a write in progress finish first.
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(thread.join)
+            self._closed = True
             os.close(self._wake_r)
             os.close(self._wake_w)
 
     def _wake(self) -> None:
+        if self._closed:
+            # The node is stopping: a step still running in another task of its nursery may flush,
+            # but the pipe is closed (and its descriptor number may already name another file).
+            return
         try:
             os.write(self._wake_w, b"\0")
         except BlockingIOError:
