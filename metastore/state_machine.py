@@ -16,7 +16,7 @@ import struct
 from dataclasses import dataclass
 
 from metastore import envelope as E
-from metastore.errors import MarshallingError
+from metastore.errors import DecodeError, MarshallingError
 from metastore.jute import decode_request
 from metastore.jute_defs import JuteError, OpCode
 from metastore.prep import CLAIM_SESSION, DEFAULT_MAX_DATA_BYTES, INIT_SECRET, Preparer
@@ -24,7 +24,7 @@ from metastore.tree import DataTree, FrozenTree
 from metastore.txn import (AlreadyApplied, Error, ErrorResult, MultiResult, Result, Transaction, apply, apply_refusal,
                            decode_txn, encode_txn, failed)
 from metastore.watches import WatchEvent, watch_events
-from zab.statemachine import Refusal
+from zab.statemachine import MalformedState, Refusal
 
 
 @dataclass(slots=True, unsafe_hash=True)
@@ -61,11 +61,18 @@ class MetastoreStateMachine:
     def refused(self, zxid: int, refusal: bytes) -> Applied:
         """A failed request's answer (an Error or failed-Multi transaction never proposed);
         its reply carries `zxid`, the last one applied here before it."""
-        t = decode_txn(refusal)
+        t = _decode_txn(refusal)
+        if not failed(t):
+            raise MalformedState("a refusal must be a failed request's transaction, not one that changes the tree")
         return Applied(zxid, t, apply_refusal(t), ())
 
+    def check(self, txn: bytes) -> None:
+        _decode_txn(txn)
+
     def apply(self, zxid: int, txn: bytes) -> Applied:
-        t = decode_txn(txn)
+        # Decoded whole before the tree is touched, so MalformedState leaves it as it was;
+        # a TxnConflict while applying a transaction that decoded is our bug: a crash.
+        t = _decode_txn(txn)
         events = watch_events(self.tree, t.body)  # before apply: a deleted znode's ACL goes with it
         result = apply(self.tree, zxid, t)
         self.prep.settled(zxid)
@@ -75,15 +82,25 @@ class MetastoreStateMachine:
         return self.tree.freeze()
 
     def restore(self, zxid: int, state: bytes) -> None:
-        tree = DataTree.from_bytes(state)
+        try:
+            tree = DataTree.from_bytes(state)
+        except DecodeError as e:
+            raise MalformedState(f"not a tree snapshot: {e}") from None
         if tree.last_zxid != zxid:
-            raise ValueError(f"snapshot holds zxid {tree.last_zxid:#x}, expected {zxid:#x}")
+            raise MalformedState(f"snapshot holds zxid {tree.last_zxid:#x}, expected {zxid:#x}")
         self.tree = tree
         self.prep.tree = tree
         self.prep.forget()
 
     def digest(self) -> str:
         return f"{self.tree.digest():016x}"
+
+
+def _decode_txn(data: bytes) -> Transaction:
+    try:
+        return decode_txn(data)
+    except DecodeError as e:  # decode_txn's only error (fuzzed in tests/test_metastore_txn_fuzz.py)
+        raise MalformedState(f"not a metastore transaction: {e}") from None
 
 
 def _decode(env: E.Envelope) -> tuple[int, object]:

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from zab.statemachine import Refusal
+from zab.statemachine import MalformedState, Refusal
 
 ANY_VERSION = None  # the request carries JSON null for "any version"
 MAX_KEY_BYTES = 1024
@@ -94,12 +94,17 @@ class KVStateMachine:
     # -- every node --------------------------------------------------------
     def refused(self, zxid: int, refusal: bytes) -> bytes:
         # `zxid`: what the answer was ordered after, so a reader can check that order.
-        t = json.loads(refusal)
+        t = _loads(refusal, "refusal")
+        if not (isinstance(t, dict) and isinstance(t.get("e"), str) and isinstance(t.get("m"), str)):
+            raise MalformedState("a refusal needs string fields e and m")
         return _dumps({"ok": False, "error": t["e"], "message": t["m"], "zxid": zxid})
+
+    def check(self, txn: bytes) -> None:
+        _decode_txn(txn)
 
     def apply(self, zxid: int, txn: bytes) -> bytes:
         assert zxid > self.last_zxid, f"apply out of order: {zxid:#x} after {self.last_zxid:#x}"
-        t = json.loads(txn)
+        t = _decode_txn(txn)  # whole, before the first change: MalformedState leaves the state as it was
         self.last_zxid = zxid
         if t["t"] == "err":  # logs written before refusals were answered without a transaction
             return _dumps({"ok": False, "error": t["e"], "message": t["m"]})
@@ -126,15 +131,43 @@ class KVStateMachine:
         return FrozenKV(self.last_zxid, dict(self.items))
 
     def restore(self, zxid: int, state: bytes) -> None:
-        doc = json.loads(state)
-        if doc["zxid"] != zxid:
-            raise ValueError(f"snapshot says zxid {doc['zxid']:#x}, expected {zxid:#x}")
+        doc = _loads(state, "snapshot")
+        if not isinstance(doc, dict) or doc.get("zxid") != zxid or not isinstance(doc.get("items"), list):
+            raise MalformedState(f"not a snapshot at zxid {zxid:#x}")
+        if not all(isinstance(i, list) and len(i) == 3 and isinstance(i[0], str) and isinstance(i[1], str)
+                   and _is_version(i[2]) for i in doc["items"]):
+            raise MalformedState("a snapshot item must be [key, value, version]")
         self.items = {k: (v, ver) for k, v, ver in doc["items"]}
         self.last_zxid = zxid
         self._prepared.clear()
 
     def digest(self) -> str:
         return hashlib.sha256(FrozenKV(0, self.items).to_bytes()).hexdigest()[:16]
+
+
+def _loads(data: bytes, what: str) -> Any:
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise MalformedState(f"{what} is not JSON: {e}") from None
+
+
+def _is_version(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+_TXN_FIELDS = {"err": {"e": str, "m": str}, "set": {"k": str, "v": str, "ver": int}, "del": {"k": str}}
+
+
+def _decode_txn(txn: bytes) -> dict[str, Any]:
+    """A transaction with every field `apply` reads, of its type; MalformedState otherwise."""
+    t = _loads(txn, "transaction")
+    fields = _TXN_FIELDS.get(t.get("t")) if isinstance(t, dict) and isinstance(t.get("t"), str) else None
+    if fields is None or not all(isinstance(t.get(f), kind) for f, kind in fields.items()):
+        raise MalformedState(f"not a transaction: {bytes(txn[:64])!r}")
+    if "ver" in fields and not _is_version(t["ver"]):
+        raise MalformedState(f"version {t['ver']!r} is not a non-negative integer")
+    return t
 
 
 def _parse_request(request: bytes) -> dict[str, Any]:

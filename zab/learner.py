@@ -22,6 +22,7 @@ from zab.actions import (Action, Answered, ClientRequest, ClientSync, Disconnect
 from zab.messages import (Ack, AckEpoch, AckNewLeader, Commit, FollowerInfo, Inform, LeaderInfo, Message, NewLeader,
                           Notification, Ping, Proposal, Refused, Reject, Request, ServerState, Sync, SyncMode, SyncReply,
                           SyncRequest, SyncTxns, UpToDate)
+from zab.statemachine import MalformedState
 from zab.txn import Txn
 
 if TYPE_CHECKING:
@@ -130,13 +131,23 @@ class LearnerRole:
             return [LogTruncate(m.zxid)]
         if m.snapshot is None:
             return self._fail("SNAP without a snapshot")
-        p.sm.restore(m.zxid, m.snapshot)
+        try:
+            p.sm.restore(m.zxid, m.snapshot)
+        except MalformedState as e:  # the state machine is as it was: nothing to undo
+            return self._fail(f"SNAP at {Z.fmt(m.zxid)} does not decode: {e}")
         p.history.reset(m.zxid)
         p.last_committed = m.zxid
         return [InstallSnapshot(m.zxid, m.snapshot)]
 
     def _append(self, txns: tuple[Txn, ...]) -> tuple[list[Txn], str | None]:
-        """Add new transactions to the history; duplicates (already logged) are skipped."""
+        """Add new transactions to the history; duplicates (already logged) are skipped.
+        None of them if one does not decode: a leader's garbage is never logged or acked."""
+        for t in txns:
+            try:
+                if t.zxid > self.peer.last_zxid:
+                    self.peer.sm.check(t.data)
+            except MalformedState as e:
+                return [], f"transaction {Z.fmt(t.zxid)} does not decode: {e}"
         fresh: list[Txn] = []
         for t in txns:
             if t.zxid <= self.peer.last_zxid:
@@ -178,7 +189,19 @@ class LearnerRole:
         if self.peer.phase is not Phase.BROADCAST:
             self.pending_commit = max(self.pending_commit, zxid)
             return []
-        return self.peer.deliver_through(zxid)
+        return self._deliver(zxid)
+
+    def _deliver(self, zxid: int) -> list[Action]:
+        out: list[Action] = []
+        try:
+            self.peer.deliver_through(zxid, out)
+        except MalformedState as e:
+            # Committed, so it cannot be skipped (later transactions were prepared on top
+            # of it) nor dropped from the log: deliver what came before, stop following
+            # this leader and resync; the state machine did not change for it.
+            return out + self._fail(f"committed transaction after {Z.fmt(self.peer.last_committed)} "
+                                    f"does not decode: {e}")
+        return out
 
     def _on_commit(self, m: Commit) -> list[Action]:
         if not self.newleader_seen:
@@ -201,7 +224,7 @@ class LearnerRole:
         if m.committed_zxid > p.last_zxid:
             return self._fail(f"UPTODATE {Z.fmt(m.committed_zxid)} beyond our history")
         p.phase = Phase.BROADCAST
-        return [RoleChanged(self.role, self.leader, p.current_epoch)] + p.deliver_through(
+        return [RoleChanged(self.role, self.leader, p.current_epoch)] + self._deliver(
             max(m.committed_zxid, self.pending_commit))
 
     def _on_ping(self, m: Ping) -> list[Action]:
@@ -220,7 +243,11 @@ class LearnerRole:
         # unless we are still synchronizing (then the request's outcome is not ours to give).
         if self.peer.last_committed < m.zxid:
             return [RequestFailed(m.session_id, m.cxid, "NoLeader")]
-        return [Answered(m.session_id, m.cxid, self.peer.sm.refused(m.zxid, m.data))]
+        try:
+            answer = self.peer.sm.refused(m.zxid, m.data)
+        except MalformedState as e:  # the client's request fails with the link (OutcomeUnknown)
+            return self._fail(f"REFUSED for {m.session_id:#x}/{m.cxid} does not decode: {e}")
+        return [Answered(m.session_id, m.cxid, answer)]
 
     def _on_reject(self, m: Reject) -> list[Action]:
         return [RequestFailed(m.session_id, m.cxid, "NoLeader")]

@@ -160,9 +160,15 @@ class Peer:
         self.current_epoch = epoch
         return PersistEpoch(current=epoch)
 
-    def deliver_through(self, zxid: int) -> list[Action]:
-        """Apply every logged transaction up to `zxid` that is not yet delivered, in order."""
-        out: list[Action] = []
+    def deliver_through(self, zxid: int, out: list[Action] | None = None) -> list[Action]:
+        """Apply every logged transaction up to `zxid` that is not yet delivered, in order,
+        adding a Delivered action to `out` for each as it goes.
+
+        A transaction the state machine cannot decode raises its MalformedState, itself
+        undelivered and the state machine untouched by it (`apply` decodes first), with
+        `out` holding what was delivered before it: a learner blames its leader and
+        resyncs (LearnerRole._deliver); on a leader it is our own bug and ends the node."""
+        out = [] if out is None else out
         if zxid <= self.last_committed:
             return out
         for txn in self.history.between(self.last_committed, zxid):

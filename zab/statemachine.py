@@ -6,6 +6,13 @@ from dataclasses import dataclass
 from typing import Protocol
 
 
+class MalformedState(ValueError):
+    """Bytes from another node that this state machine cannot decode: a leader's
+    snapshot (`restore`), a committed transaction's payload (`apply`, `check`) or a
+    refusal (`refused`). Raised before the state changes at all, so the caller can
+    treat it as the sender's fault: a follower drops its leader and resyncs."""
+
+
 @dataclass(frozen=True, slots=True)
 class Refusal:
     """What `prepare` returns for a request that fails without changing the state.
@@ -36,6 +43,10 @@ class StateMachine(Protocol):
     idempotent transaction against the leader's view of the future state (paper
     section 1); every node calls `apply` for each committed transaction, in
     zxid order, exactly once per incarnation of the state.
+
+    Bytes that come from another node (a leader's snapshot, transactions, refusals)
+    may be garbage if that node has a bug: the methods that decode them raise
+    MalformedState, and only for that, so the learner can blame its leader.
     """
 
     last_zxid: int
@@ -47,20 +58,29 @@ class StateMachine(Protocol):
 
     def refused(self, zxid: int, refusal: bytes) -> object:
         """The result for the waiting client of a refused request (Refusal.data), answered
-        once this node has applied everything through `zxid`; the state does not change."""
+        once this node has applied everything through `zxid`; the state does not change.
+        MalformedState if `refusal` does not decode to a refusal."""
+
+    def check(self, txn: bytes) -> None:
+        """MalformedState if `apply` could not decode `txn`; nothing else, and no change.
+        A learner checks each transaction its leader sends before logging or acking it."""
 
     def forget_prepared(self) -> None:
         """Drop the leader's view of prepared but unapplied transactions (leadership ended or began)."""
 
     def apply(self, zxid: int, txn: bytes) -> object:
         """Apply one committed transaction; returns the result for the waiting client
-        (any object: it stays in this process)."""
+        (any object: it stays in this process). It decodes `txn` whole before changing
+        anything: bytes that do not decode raise MalformedState with the state as it was
+        (a follower then resyncs instead of ending); anything raised while applying a
+        transaction that decoded is our own bug and ends the node."""
 
     def freeze(self) -> Frozen:
         """A consistent copy at `last_zxid`, cheap to take, serialised later."""
 
     def restore(self, zxid: int, state: bytes) -> None:
-        """Replace the whole state with a snapshot taken at `zxid`."""
+        """Replace the whole state with a snapshot taken at `zxid`; MalformedState, with
+        the state unchanged, if `state` does not decode to a snapshot at `zxid`."""
 
     def digest(self) -> str:
         """A hash of the whole state: equal on every node at the same zxid."""
