@@ -73,10 +73,10 @@ async def paused(meta: MetaClient) -> bool:
     return await meta.exists(PAUSED) is not None
 
 
-async def set_paused(meta: MetaClient, pause: bool) -> None:
-    """Create or delete the pause flag (idempotent)."""
+async def set_paused(meta: MetaClient, pause: bool, acl: Sequence[J.ACL] | None = None) -> None:
+    """Create (with `acl`; None: open) or delete the pause flag (idempotent)."""
     if pause:
-        await meta.ensure_path(PAUSED)
+        await meta.ensure_path(PAUSED, acl=acl)
         return
     try:
         await meta.delete(PAUSED)

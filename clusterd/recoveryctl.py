@@ -18,14 +18,17 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Sequence
 from typing import Any
 
-from clusterd import zkctl
+from bookie.registration import DAEMON_ACL
+from clusterd import daemon_identity, zkctl
 from clusterd.autorecovery import (DECOMMISSIONED, ELECTION, TASKS, decommissioned, list_tasks,
                                    mark_under_replicated, paused, read_task, set_paused, worker_progress)
 from clusterd.config import ClusterConfig
 from ledger.errors import NoSuchLedger
 from ledger.manager import LedgerManager
+from metastore import jute_records as J
 from metastore.client import MetaClient
 from metastore.errors import NoNode
 from metastore.recipes import LeaderElection
@@ -47,7 +50,7 @@ def cmd_recovery(config: ClusterConfig, args: argparse.Namespace) -> int:
             report = c.run(lambda: status(c.client))
             print(json.dumps(report, indent=2) if args.json else format_status(report))
             return 0
-        c.run(lambda: set_paused(c.client, args.action == "pause"))
+        c.run(lambda: set_paused(c.client, args.action == "pause", operator_acl(config)))
         print("AutoRecovery paused" if args.action == "pause" else "AutoRecovery resumed")
         return 0
 
@@ -83,15 +86,22 @@ def format_status(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def operator_acl(config: ClusterConfig) -> Sequence[J.ACL] | None:
+    """The ACL of what clusterctl creates under /quire (flag, tasks): the daemons' (only they change
+    it, the auditor and workers included) when clusterctl authenticates as them, else open."""
+    return DAEMON_ACL if daemon_identity.operator_auth(config.path) else None
+
+
 # -- decommission -----------------------------------------------------------------------------------
 
-async def decommission(meta: MetaClient, bookie_id: int) -> int:
-    """Flag the bookie as decommissioned and mark its ledgers; how many ledgers reference it."""
-    await meta.ensure_path(f"{DECOMMISSIONED}/{bookie_id}")
-    return len(await mark_ledgers_on(meta, bookie_id))
+async def decommission(meta: MetaClient, bookie_id: int, acl: Sequence[J.ACL] | None = None) -> int:
+    """Flag the bookie as decommissioned and mark its ledgers (flag and tasks created with `acl`);
+    how many ledgers reference it."""
+    await meta.ensure_path(f"{DECOMMISSIONED}/{bookie_id}", acl=acl)
+    return len(await mark_ledgers_on(meta, bookie_id, acl))
 
 
-async def mark_ledgers_on(meta: MetaClient, bookie_id: int) -> list[int]:
+async def mark_ledgers_on(meta: MetaClient, bookie_id: int, acl: Sequence[J.ACL] | None = None) -> list[int]:
     """Mark (again: idempotent) every ledger with a fragment on the bookie; their ids."""
     manager, found = LedgerManager(meta), []
     for ledger_id in await manager.list_ledgers():
@@ -101,7 +111,7 @@ async def mark_ledgers_on(meta: MetaClient, bookie_id: int) -> list[int]:
             continue
         if bookie_id in metadata.bookies:
             found.append(ledger_id)
-            await mark_under_replicated(meta, ledger_id, {bookie_id})
+            await mark_under_replicated(meta, ledger_id, {bookie_id}, acl=acl)
     return found
 
 
@@ -115,7 +125,8 @@ async def recommission(meta: MetaClient, bookie_id: int) -> None:
 def cmd_decommission(config: ClusterConfig, args: argparse.Namespace, bookie_id: int) -> int:
     """`bookie decommission ID`: drain, then wait until no ledger references the bookie."""
     with zkctl._client(config) as c:
-        count = c.run(lambda: decommission(c.client, bookie_id))
+        acl = operator_acl(config)
+        count = c.run(lambda: decommission(c.client, bookie_id, acl))
         print(f"bookie {bookie_id}: decommissioned; {count} ledger(s) reference it")
         if args.no_wait:
             return 0
@@ -126,7 +137,7 @@ def cmd_decommission(config: ClusterConfig, args: argparse.Namespace, bookie_id:
                       "(see `clusterctl recovery status`)")
                 return EXIT_FAILED
             time.sleep(POLL_S)
-            remaining = c.run(lambda: mark_ledgers_on(c.client, bookie_id))  # also marks ledgers made since
+            remaining = c.run(lambda: mark_ledgers_on(c.client, bookie_id, acl))  # also marks ledgers made since
             if len(remaining) != count:
                 print(f"bookie {bookie_id}: {len(remaining)} ledger(s) left")
             count = len(remaining)

@@ -7,6 +7,13 @@
         r = await ledgers.open(w.ledger_id, b"pw")
         entries = await r.read(0, r.last_entry)
 
+The ledgers belong to the identity `meta` authenticates with, when it has one
+(`MetaClient(hosts, auth=(("digest", "app:secret"),))`, or a TLS client
+certificate): only that identity and the cluster's daemons may then write,
+recover or delete them; anyone may still open them with the password
+(ledger/manager.py, docs/ledger.md "Who owns a ledger"). Without credentials a
+ledger is open to every client, as before.
+
 Bookie addresses come from the metastore's registrations (bookie.registration)
 merged into the pool; placement (ledger/placement.py) spreads new ensembles
 over the writable bookies. Metadata goes through LedgerManager, the only path
@@ -161,7 +168,8 @@ class LedgerClient:
         return result
 
     async def delete(self, ledger_id: int) -> None:
-        """Remove the ledger's metadata; bookies reclaim its entries by garbage collection."""
+        """Remove the ledger's metadata; bookies reclaim its entries by garbage collection. An owned
+        ledger only by its owner (or the daemons): NoAuth for anyone else."""
         await self.manager.delete(ledger_id)
 
     async def list_ledgers(self) -> list[int]:

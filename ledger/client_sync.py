@@ -32,7 +32,7 @@ from metastore.trio_thread import TrioThread
 
 
 class SyncLedgerClient:
-    """`with SyncLedgerClient(meta_hosts, bookie_addresses=None, **LedgerClient options) as c:`.
+    """`with SyncLedgerClient(meta_hosts, bookie_addresses=None, auth=(), **LedgerClient options) as c:`.
 
     Bookie addresses come from the metastore's registrations; `bookie_addresses`
     ({id: (host, port)}) adds known ones. `meta_factory` replaces the MetaClient
@@ -41,9 +41,12 @@ class SyncLedgerClient:
     def __init__(self, meta_hosts: Sequence[tuple[str, int]], bookie_addresses: dict[int, tuple[str, int]] | None = None,
                  *, manager: LedgerManager | None = None,
                  meta_factory: Callable[[], AbstractAsyncContextManager[Any]] | None = None,
-                 meta_tls: Any = None, bookie_tls: Any = None, **options: Any) -> None:
+                 meta_tls: Any = None, bookie_tls: Any = None, auth: Sequence[tuple[str, bytes | str]] = (),
+                 **options: Any) -> None:
         # meta_tls, bookie_tls: TLS for the client and bookie ports (clusterd.tls_streams.ClientTls); None: plain TCP.
-        self._meta_factory = meta_factory or partial(MetaClient, list(meta_hosts), tls=meta_tls)
+        # auth: the application's metastore credentials, e.g. (("digest", "app:secret"),); with them (or a
+        # client certificate in meta_tls) the ledgers it creates are its own (ledger/manager.py).
+        self._meta_factory = meta_factory or partial(MetaClient, list(meta_hosts), tls=meta_tls, auth=auth)
         self._bookie_tls = bookie_tls
         self._addresses = dict(bookie_addresses or {})
         self._manager = manager

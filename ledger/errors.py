@@ -75,6 +75,12 @@ class NoSuchLedger(LedgerError):
     """No ledger with this id exists in the metadata store (never created, or deleted)."""
 
 
+class NotLedgerOwner(LedgerError):
+    """The ledger belongs to another identity (the one whose session created it, ledger/manager.py):
+    only it and the cluster's daemons may write, recover or delete it. Authenticate the ledger client's
+    MetaClient as that identity (auth=..., or its TLS client certificate)."""
+
+
 class WrongPassword(LedgerError):
     """The password does not match the ledger's: use the password the ledger was created with."""
 

@@ -73,12 +73,10 @@ def ledgers_in(tree: DataTree, root: str) -> tuple[list[LedgerMetadata], list[st
         path = stack.pop()
         children = tree.children(path)
         stack.extend(f"{path}/{c}" for c in children)
-        if children or path == root:
-            continue
         try:
             ledger_id_from_path(root, path)
         except LedgerMetadataError:
-            continue  # an intermediate level without ledgers yet
+            continue  # a folder level, or an owned ledger's guard child (ledger/manager.py)
         try:
             found.append(decode(tree.get(path)[0]))
         except (LedgerMetadataError, ValueError, KeyError) as err:
