@@ -241,9 +241,10 @@ CORRUPTIONS = {
 @pytest.mark.parametrize("relation", ["follower-into-leader", "leader-into-follower", "follower-into-follower"])
 def test_valid_hello_then_corrupt_frame_is_closed_and_the_ensemble_keeps_committing(tmp_path: Path,
                                                                                      relation: str) -> None:
-    """A connection that says HELLO as a real member displaces that member's link into
-    the target (HELLO is not authenticated; the newest connection wins). The corrupt
-    frame that follows must close it, and the ensemble must go on committing."""
+    """A connection that says HELLO as a real member (a HELLO proves nothing without TLS)
+    never displaces that member's live link into the target, and the corrupt frame that
+    follows in the same write closes it at once, before it has waited its turn behind that
+    link; the ensemble goes on committing."""
 
     async def story(ens: Ensemble) -> None:
         leader = await ens.wait_leader()
@@ -261,8 +262,11 @@ def test_valid_hello_then_corrupt_frame_is_closed_and_the_ensemble_keeps_committ
 
 def test_a_protocol_violation_from_the_leaders_link_sends_the_follower_back_to_election(tmp_path: Path) -> None:
     """Well-formed bytes, illegal protocol: a COMMIT far beyond the follower's log, on a
-    link that says it is the leader. The follower drops its links with the leader (the
-    Disconnect action closes this connection too), returns to election and rejoins."""
+    link that says it is the leader. While the leader's own link is up the impostor waits
+    its turn (transport.REPLACE_WAIT_S) and is closed with its COMMIT never delivered; a
+    violation that does reach the core sends the follower back to election
+    (tests/test_hostile_zab_core.py, test_hostile_leader_bytes.py). Either way the
+    ensemble keeps committing."""
 
     async def story(ens: Ensemble) -> None:
         leader = await ens.wait_leader()

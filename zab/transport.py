@@ -360,7 +360,10 @@ class PeerTransport:
                 return
         try:
             with trio.fail_after(HELLO_TIMEOUT_S):
-                peer, early = await self._read_hello(stream, decoder)
+                peer, frames = await self._read_hello(stream, decoder)
+            # Frames that came with the HELLO are decoded now: a corrupt one ends the connection
+            # at once, not after it has waited its turn behind the member's live link.
+            early = [decode_message(payload) for payload in frames]
         except (FrameError, trio.TooSlowError, OSError, trio.BrokenResourceError) as e:
             self.stats.bad_frames += 1
             log.warning("event=peer_rejected error=%r", e)
@@ -431,9 +434,9 @@ class PeerTransport:
                 return peer, list(frames)
 
     async def _read_loop(self, stream: trio.SocketStream, decoder: FrameDecoder, peer: int,
-                         early: list[bytes]) -> None:
-        for payload in early:
-            self.deliver(Received(peer, decode_message(payload)))
+                         early: list[Message]) -> None:
+        for msg in early:
+            self.deliver(Received(peer, msg))
         while True:
             if self.wait_room is not None:
                 await self.wait_room()
