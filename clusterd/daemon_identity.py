@@ -48,6 +48,7 @@ from metastore.client import MetaClient
 from metastore.client_ops import ANYONE
 from metastore.errors import NodeExists
 from metastore.jute_defs import Perms
+from zab.snapshot import FILE_MODE
 
 log = logging.getLogger("clusterd.daemon_identity")
 
@@ -117,7 +118,7 @@ def _create_secret(path: Path) -> None:
     """Write a fresh secret; nodes starting together race, and exactly one file wins whole (a
     complete temporary file is linked into place, which fails if the name exists)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
     try:
         os.write(fd, (secrets.token_bytes(SECRET_BYTES).hex() + "\n").encode())
         os.fsync(fd)
