@@ -96,6 +96,7 @@ class QuireCluster:
         self.folder = folder
         self.config = cfg.load(write_config(folder, client_protocol=client_protocol, tls=tls))
         self.client_tls = make_tls_material(self.config) if tls else None
+        self._admin_tls = self.client_tls.streams() if self.client_tls else None  # [tls] admin is on too
         self.nodes = {n.id: n for n in self.config.nodes if n.in_ensemble}
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.log_level = log_level
@@ -159,7 +160,7 @@ class QuireCluster:
     async def status(self, node_id: int, *, timeout_s: float = 1.0) -> dict[str, Any] | None:
         node = self.nodes[node_id]
         try:
-            return await fetch_status(node.host, node.admin_port, timeout_s=timeout_s)
+            return await fetch_status(node.host, node.admin_port, timeout_s=timeout_s, tls=self._admin_tls)
         except AdminUnavailable:
             return None
 

@@ -3,6 +3,10 @@
     GET /status   -> the node's status as JSON
     GET /metrics  -> Prometheus text format
 
+With [tls] admin = true (the default of a [tls] table) the port speaks HTTPS and
+requires a client certificate of the cluster CA (curl --cacert ca.pem --cert
+client-NAME.pem --key client-NAME.key https://host:port/status).
+
 One request per connection (the response says `Connection: close`). The request
 head is bounded in size and must arrive within a timeout, so a stuck or hostile
 client costs one small task for a few seconds; anything else gets 400, 404 or
@@ -19,6 +23,8 @@ from collections.abc import Callable
 from typing import Any
 
 import trio
+
+from clusterd.tls_streams import ClientTls, ServerTls
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +50,15 @@ class AdminUnavailable(Exception):
 class AdminServer:
     """Answers /status and /metrics from `status`, a function returning the node's status."""
 
-    def __init__(self, status: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, status: Callable[[], dict[str, Any]], *, tls: ServerTls | None = None) -> None:
         self._status = status
+        self._tls = tls
 
-    async def handle_connection(self, stream: trio.abc.Stream) -> None:
+    async def handle_connection(self, stream: trio.SocketStream) -> None:
+        if self._tls is not None:
+            stream = await self._tls.accept(stream)  # None: refused, closed and logged by the TLS layer
+            if stream is None:
+                return
         try:
             async with stream:
                 await stream.send_all(await self._respond(stream))
@@ -140,11 +151,13 @@ def _metric_name(key: str) -> str:
     return re.sub(r"[^a-zA-Z0-9_]", "_", str(key))
 
 
-async def fetch_status(host: str, port: int, *, timeout_s: float = 2.0) -> dict[str, Any]:
-    """GET /status from a node's admin port; AdminUnavailable if it does not answer well."""
+async def fetch_status(host: str, port: int, *, timeout_s: float = 2.0,
+                       tls: ClientTls | None = None) -> dict[str, Any]:
+    """GET /status from a node's admin port (over HTTPS with `tls`); AdminUnavailable if it does
+    not answer well."""
     try:
         with trio.fail_after(timeout_s):
-            raw = await _http_get(host, port, "/status")
+            raw = await _http_get(host, port, "/status", tls)
     except (OSError, trio.BrokenResourceError, trio.TooSlowError) as e:
         raise AdminUnavailable(f"{host}:{port}: {e or type(e).__name__}") from None
     head, _, body = raw.partition(b"\r\n\r\n")
@@ -159,8 +172,10 @@ async def fetch_status(host: str, port: int, *, timeout_s: float = 2.0) -> dict[
     return status
 
 
-async def _http_get(host: str, port: int, path: str) -> bytes:
-    stream = await trio.open_tcp_stream(host, port)
+async def _http_get(host: str, port: int, path: str, tls: ClientTls | None) -> bytes:
+    stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
+    if tls is not None:
+        stream = await tls.wrap(stream, host)
     async with stream:
         await stream.send_all(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
         chunks, size = [], 0

@@ -21,6 +21,7 @@ from typing import Any
 import trio
 
 import clusterd
+from clusterd import tls_node
 from clusterd.admin import AdminUnavailable, fetch_status
 from clusterd.config import ClusterConfig, NodeConfig
 from zab.snapshot import FILE_MODE, ensure_directory
@@ -133,12 +134,14 @@ def stop(pids: dict[int, int], *, timeout_s: float = 10.0) -> dict[int, str]:
 
 
 async def fetch_statuses(config: ClusterConfig, *, timeout_s: float = 2.0) -> dict[int, dict[str, Any] | None]:
-    """Every node's admin /status, None for a node that does not answer."""
+    """Every node's admin /status, None for a node that does not answer (over HTTPS with
+    clusterctl's certificate when [tls] admin is on)."""
     statuses: dict[int, dict[str, Any] | None] = {}
+    tls = tls_node.operator_tls(config, "admin")
 
     async def one(node: NodeConfig) -> None:
         try:
-            statuses[node.id] = await fetch_status(node.host, node.admin_port, timeout_s=timeout_s)
+            statuses[node.id] = await fetch_status(node.host, node.admin_port, timeout_s=timeout_s, tls=tls)
         except AdminUnavailable:
             statuses[node.id] = None
 

@@ -146,7 +146,8 @@ async def _start_services(nursery: trio.Nursery, config: ClusterConfig, node: No
             out["bookie"] = bookie.status()
         return out
 
-    await nursery.start(trio.serve_listeners, AdminServer(node_status).handle_connection,
+    admin = AdminServer(node_status, tls=tls_node.admin_port_tls(config, node))
+    await nursery.start(trio.serve_listeners, admin.handle_connection,
                         await _listen(node.host, node.admin_port, "admin"))
 
 

@@ -9,6 +9,7 @@
     peer = true                  # Zab peer links: mutual TLS, the certificate names the node id
     client = true                # the client port serves TLS only (ZooKeeper's secureClientPort)
     bookie = true                # the bookie port: TLS with client certificates
+    admin = true                 # the admin port (HTTP /status, /metrics): HTTPS with client certificates
     client_auth = "need"         # the client port: "need" (a certificate is required) or "want"
     handshake_timeout_ms = 5000  # a connection that has not finished its TLS handshake by then is closed
 
@@ -42,6 +43,7 @@ class TlsConfig:
     peer: bool = True
     client: bool = True
     bookie: bool = True
+    admin: bool = True
     client_auth: str = "need"
     handshake_timeout_ms: int = 5_000
 
@@ -67,7 +69,7 @@ class TlsConfig:
         values: dict[str, Any] = {
             "dir": rel(self.dir, folder), "ca": rel(self.ca, self.dir), "ca_key": rel(self.ca_key, self.dir),
             "cert": self.cert_template,
-            "key": self.key_template, "peer": self.peer, "client": self.client, "bookie": self.bookie,
+            "key": self.key_template, "peer": self.peer, "client": self.client, "bookie": self.bookie, "admin": self.admin,
             "client_auth": self.client_auth, "handshake_timeout_ms": self.handshake_timeout_ms}
         return ["[tls]"] + [f"{k} = {_toml(v)}" for k, v in values.items()]
 
@@ -81,7 +83,7 @@ def _toml(value: Any) -> str:
 
 
 _KINDS: dict[str, type] = {"dir": str, "ca": str, "ca_key": str, "cert": str, "key": str, "peer": bool,
-                           "client": bool, "bookie": bool, "client_auth": str, "handshake_timeout_ms": int}
+                           "client": bool, "bookie": bool, "admin": bool, "client_auth": str, "handshake_timeout_ms": int}
 
 
 def parse_tls(raw: dict[str, Any], config_path: Path) -> TlsConfig:
@@ -108,5 +110,5 @@ def parse_tls(raw: dict[str, Any], config_path: Path) -> TlsConfig:
     return TlsConfig(
         dir=directory, ca=directory / raw.get("ca", "ca.pem"), ca_key=directory / raw.get("ca_key", "ca.key"),
         cert_template=raw.get("cert", "node-{id}.pem"), key_template=raw.get("key", "node-{id}.key"),
-        peer=raw.get("peer", True), client=raw.get("client", True), bookie=raw.get("bookie", True),
+        peer=raw.get("peer", True), client=raw.get("client", True), bookie=raw.get("bookie", True), admin=raw.get("admin", True),
         client_auth=raw.get("client_auth", "need"), handshake_timeout_ms=timeout)

@@ -46,6 +46,15 @@ def bookie_port_tls(config: ClusterConfig, node: NodeConfig) -> ServerTls | None
     return ServerTls(server_context(tls, node.id, client_cert="need"), "bookie", _timeout_s(config))
 
 
+def admin_port_tls(config: ClusterConfig, node: NodeConfig) -> ServerTls | None:
+    """HTTPS with a required client certificate of the cluster CA on the admin port ([tls] admin =
+    true): its /status names every session's node and load, which is nobody else's business."""
+    tls = config.tls
+    if tls is None or not tls.admin:
+        return None
+    return ServerTls(server_context(tls, node.id, client_cert="need"), "admin", _timeout_s(config))
+
+
 def metastore_client_tls(config: ClusterConfig, node: NodeConfig) -> ClientTls | None:
     """What the node's own metastore clients (bookie registration, GC, AutoRecovery) dial the
     client ports with: the node's certificate, the server's host checked."""
@@ -64,10 +73,11 @@ def bookie_client_tls(config: ClusterConfig, node: NodeConfig) -> ClientTls | No
 
 
 def operator_tls(config: ClusterConfig, port: str = "client") -> ClientTls | None:
-    """What clusterctl dials a TLS client port (or with port="bookie", a TLS bookie port) with:
-    the certificate `tls init` made for it (client-clusterctl.pem, ACL identity x509:CN=clusterctl)."""
+    """What clusterctl dials a TLS client port (or with port="bookie" or "admin", a TLS bookie or
+    admin port) with: the certificate `tls init` made for it (client-clusterctl.pem, ACL identity
+    x509:CN=clusterctl)."""
     tls = config.tls
-    if tls is None or not (tls.bookie if port == "bookie" else tls.client):
+    if tls is None or not {"client": tls.client, "bookie": tls.bookie, "admin": tls.admin}[port]:
         return None
     return ClientTls(client_context(tls.ca, tls.client_cert("clusterctl"), tls.client_key("clusterctl")),
                      _timeout_s(config))
@@ -93,6 +103,8 @@ def plaintext_ports(config: ClusterConfig, node: NodeConfig) -> list[str]:
         plain.append(f"client_port {node.client_port}")
     if node.is_bookie and (tls is None or not tls.bookie):
         plain.append(f"bookie_port {node.bookie_port}")
+    if tls is None or not tls.admin:
+        plain.append(f"admin_port {node.admin_port}")
     return plain
 
 

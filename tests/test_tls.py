@@ -184,9 +184,11 @@ def test_kazoo_over_tls_writes_and_reads_and_its_certificate_is_its_acl_identity
     try:
         alice.create("/alice-only", b"secret", acl=[make_acl("x509", "CN=alice", all=True)])
         assert alice.get("/alice-only")[0] == b"secret"
+        bob.sync("/alice-only")  # bob may be on another node: it must see the node to be refused it
         with pytest.raises(NoAuthError):
             bob.get("/alice-only")
         bob.create("/bobs", b"b")
+        alice.sync("/bobs")
         assert alice.get("/bobs")[0] == b"b"
     finally:
         for zk in (alice, bob):
@@ -361,3 +363,33 @@ def test_pipelined_replies_over_tls_leave_in_records_of_their_own(tls_cluster: C
             replies += completed
             most_in_one_record = max(most_in_one_record, completed)
     assert most_in_one_record == 1, f"a TLS record carried {most_in_one_record} replies"
+
+
+def test_the_admin_port_speaks_https_to_cluster_certificates_only(tls_cluster: Cluster):
+    """[tls] admin (on by default in a [tls] table): /status over HTTPS with a client certificate of
+    the cluster CA; plain HTTP and a client without a certificate get nothing."""
+    node = tls_cluster.config.nodes[0]
+    tls = tls_dir(tls_cluster)
+    request = f"GET /status HTTP/1.1\r\nHost: {node.host}\r\nConnection: close\r\n\r\n".encode()
+    with socket.create_connection((node.host, node.admin_port), timeout=10) as s:
+        s.sendall(request)
+        try:
+            assert s.recv(64) == b""  # not HTTP: the TLS handshake fails and the port closes
+        except ConnectionResetError:
+            pass
+    bare = ssl.create_default_context(cafile=str(tls / "ca.pem"))
+    with socket.create_connection((node.host, node.admin_port), timeout=10) as raw:
+        with pytest.raises((ssl.SSLError, ConnectionError)):
+            with bare.wrap_socket(raw, server_hostname=node.host) as s:
+                s.sendall(request)  # TLS 1.3: the refusal arrives after the client's side of the handshake
+                assert s.recv(64) == b""
+                raise ConnectionError("closed")
+    context = ssl.create_default_context(cafile=str(tls / "ca.pem"))
+    context.load_cert_chain(tls / "client-alice.pem", tls / "client-alice.key")
+    with context.wrap_socket(socket.create_connection((node.host, node.admin_port), timeout=10),
+                             server_hostname=node.host) as s:
+        s.sendall(request)
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200 ") and b'"role"' in answer

@@ -107,7 +107,7 @@ def test_plaintext_ports_are_the_ones_without_tls_on_a_non_loopback_host(tmp_pat
     assert plaintext_ports(exposed, exposed.nodes[0]) == [f"client_port {exposed.nodes[0].client_port}"]
     plain = cfg.parse(path.read_text().replace("[tls]\nclient = false\n", "")
                       .replace('host = "127.0.0.1"', 'host = "db1.example.net"'), path)
-    assert len(plaintext_ports(plain, plain.nodes[0])) == 3
+    assert len(plaintext_ports(plain, plain.nodes[0])) == 4  # peer, client, bookie and admin
 
 
 def test_a_node_in_plain_text_on_a_non_loopback_address_warns_once_at_start(tmp_path: Path):
