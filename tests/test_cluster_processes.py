@@ -80,6 +80,23 @@ class Cluster:
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout)
 
+    def pids(self) -> dict[int, int | None]:
+        return {n.id: localcluster.read_pid_file(n) for n in self.config.nodes}
+
+    def assert_running(self, pids: dict[int, int | None]) -> None:
+        """Every node of `pids` (from pids()) is still the same running process."""
+        for node in self.config.nodes:
+            assert localcluster.is_clusterd(pids[node.id]), \
+                f"node {node.id} exited:\n" + localcluster.tail(localcluster.log_path(node), 40)
+
+    def down(self) -> None:
+        """Stop every node, resuming first any a test left SIGSTOPped (so none is left behind)."""
+        for node in self.config.nodes:
+            pid = localcluster.read_pid_file(node)
+            if pid is not None and localcluster.is_clusterd(pid):
+                os.kill(pid, signal.SIGCONT)
+        self.ctl("down", "--timeout", "5")
+
 
 def start_cluster(cluster: Cluster) -> Cluster:
     up = cluster.ctl("up")

@@ -15,8 +15,6 @@ change.
 
 from __future__ import annotations
 
-import os
-import signal
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -27,7 +25,7 @@ from kazoo.security import OPEN_ACL_UNSAFE
 
 from bookie.client import BookiePool
 from bookie.entry import DigestType
-from clusterd import daemon_identity, localcluster
+from clusterd import daemon_identity
 from clusterd.autorecovery import DECOMMISSIONED, task_path
 from ledger.client import LedgerClient
 from ledger.errors import NoSuchLedger, NotLedgerOwner
@@ -49,11 +47,7 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
     up = c.ctl("up", timeout=120)
     assert up.returncode == 0, up.stdout + up.stderr
     yield c
-    for node in c.config.nodes:
-        pid = localcluster.read_pid_file(node)
-        if pid is not None and localcluster.is_clusterd(pid):
-            os.kill(pid, signal.SIGCONT)
-    c.ctl("down", "--timeout", "5")
+    c.down()
 
 
 def in_sdk(cluster: Cluster, body: Callable[[LedgerClient], object], auth=APP) -> object:
@@ -106,12 +100,10 @@ def daemons(cluster: Cluster) -> Iterator[KazooClient]:
 
 def fails(cluster: Cluster, attempt: Callable[[], object], *errors: type[Exception]) -> None:
     """The attempt fails with one of `errors`, and every node keeps running and serving."""
-    pids = {n.id: localcluster.read_pid_file(n) for n in cluster.config.nodes}
+    pids = cluster.pids()
     with pytest.raises(errors or (NoAuthError,)):
         attempt()
-    for node in cluster.config.nodes:
-        assert localcluster.is_clusterd(pids[node.id]), \
-            f"node {node.id} exited:\n" + localcluster.tail(localcluster.log_path(node), 40)
+    cluster.assert_running(pids)
 
 
 def test_a_stranger_cannot_delete_or_rewrite_an_owned_ledgers_metadata(cluster, intruder):

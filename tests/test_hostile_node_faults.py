@@ -63,11 +63,7 @@ def start_cluster(folder) -> Cluster:
 def cluster(tmp_path) -> Iterator[Cluster]:
     c = start_cluster(tmp_path)
     yield c
-    for node in c.config.nodes:  # a test that failed mid-pause must not leave a stopped process behind
-        pid = localcluster.read_pid_file(node)
-        if pid is not None and localcluster.is_clusterd(pid):
-            os.kill(pid, signal.SIGCONT)
-    c.ctl("down", "--timeout", "5")
+    c.down()  # a test that failed mid-pause must not leave a stopped process behind
 
 
 # --- clients that write through every node -------------------------------------------------------

@@ -14,8 +14,6 @@ serving, every bookie still registered; the ledger still reads back.
 from __future__ import annotations
 
 import json
-import os
-import signal
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -45,11 +43,7 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
     up = c.ctl("up", timeout=120)
     assert up.returncode == 0, up.stdout + up.stderr
     yield c
-    for node in c.config.nodes:
-        pid = localcluster.read_pid_file(node)
-        if pid is not None and localcluster.is_clusterd(pid):
-            os.kill(pid, signal.SIGCONT)
-    c.ctl("down", "--timeout", "5")
+    c.down()
 
 
 @pytest.fixture(scope="module")
@@ -81,9 +75,7 @@ def intruder(cluster: Cluster) -> Iterator[KazooClient]:
 
 
 def every_node_serves(cluster: Cluster, pids: dict[int, int]) -> None:
-    for node in cluster.config.nodes:
-        assert localcluster.is_clusterd(pids[node.id]), \
-            f"node {node.id} exited:\n" + localcluster.tail(localcluster.log_path(node), 40)
+    cluster.assert_running(pids)
 
     async def settled() -> None:
         await localcluster.wait_settled(cluster.config, list(cluster.config.nodes), timeout_s=30)
@@ -92,7 +84,7 @@ def every_node_serves(cluster: Cluster, pids: dict[int, int]) -> None:
 
 def refused(cluster: Cluster, attempt: Callable[[], object]) -> None:
     """The attempt fails with NoAuth, and every node keeps running and serving."""
-    pids = {n.id: localcluster.read_pid_file(n) for n in cluster.config.nodes}
+    pids = cluster.pids()
     with pytest.raises(NoAuthError):
         attempt()
     every_node_serves(cluster, pids)

@@ -35,10 +35,10 @@ from metastore import jute
 from metastore.jute_defs import Err, OpCode
 from metastore.jute_records import (ACL, ConnectRequest, CreateRequest, GetACLRequest, GetDataRequest,
                                     GetSASLRequest, Id, RequestHeader)
-from metastore.sasl_digest import (DIGEST_URI, DigestMD5Server, SaslFailure, check_rspauth, digest_response,
+from metastore.sasl_digest import (DigestMD5Server, SaslFailure, check_rspauth, digest_response,
                                    make_nonce, parse_directives)
 from metastore.sasl_users import JaasError, parse_jaas_users
-from test_cluster_processes import Cluster, copy_config
+from test_cluster_processes import Cluster, copy_config, start_cluster
 
 USERS = {"alice": "secret", "bob": "bobpw"}
 JAAS = """
@@ -333,11 +333,8 @@ def ensemble(tmp_path_factory) -> Iterator[Cluster]:
     text = text.replace("[cluster]\n", '[cluster]\nsasl_users_file = "jaas.conf"\n'
                         'enforce_auth_schemes = "sasl,digest"\n', 1)
     path.write_text(text)
-    cluster = Cluster(path)
-    up = cluster.ctl("up")
-    assert up.returncode == 0, up.stdout + up.stderr
-    yield cluster
-    cluster.ctl("down", "--timeout", "5")
+    yield start_cluster(Cluster(path))
+    Cluster(path).down()
 
 
 def nodes(cluster: Cluster) -> list[cfg.NodeConfig]:

@@ -22,7 +22,7 @@ from clusterd.tls_node import plaintext_ports
 from clusterd.tls_streams import ClientTls
 from ledger.client import LedgerClient
 from metastore.client import MetaClient
-from test_cluster_processes import ENV, Cluster, copy_config
+from test_cluster_processes import Cluster, copy_config, start_cluster
 
 pytestmark = pytest.mark.multiprocess
 
@@ -36,10 +36,8 @@ def tls_everywhere(tmp_path_factory) -> Iterator[Cluster]:
     for args in (("tls", "init"), ("tls", "client", "app")):
         done = cluster.ctl(*args)
         assert done.returncode == 0, done.stdout + done.stderr
-    up = cluster.ctl("up")
-    assert up.returncode == 0, up.stdout + up.stderr
-    yield cluster
-    cluster.ctl("down", "--timeout", "5")
+    yield start_cluster(cluster)
+    cluster.down()
 
 
 def app_tls(cluster: Cluster, *, certificate: bool = True) -> ClientTls:
