@@ -159,7 +159,10 @@ class BookieNode:
             storage: BookieStorage | None = None
             try:
                 async with MetaClient(self.hosts, start_timeout_s=10.0, auth=self.identity.auth) as meta:
-                    await daemon_identity.secure_layout(meta, self.identity)  # /quire is the daemons'
+                    try:
+                        await daemon_identity.secure_layout(meta, self.identity)  # /quire is the daemons'
+                    except daemon_identity.DaemonSecretError as e:
+                        raise BookieStartupError(f"bookie {node.id}: {e}") from None
                     recorded = await read_cookie(meta, node.id)
                     try:
                         storage = await BookieStorage.open(directory, node.id, storage_config(self.config),

@@ -46,7 +46,7 @@ from metastore import jute_records as J
 from metastore.acl import generate_digest
 from metastore.client import MetaClient
 from metastore.client_ops import ANYONE
-from metastore.errors import NodeExists
+from metastore.errors import NodeExists, NoNode
 from metastore.jute_defs import Perms
 from zab.snapshot import FILE_MODE
 
@@ -150,7 +150,10 @@ def layout(identity: DaemonIdentity) -> list[tuple[str, list[J.ACL]]]:
 async def secure_layout(meta: MetaClient, identity: DaemonIdentity) -> None:
     """Create /quire's folders with their ACLs, or put those ACLs back; `meta` is authenticated as
     the daemons. /quire's data names the daemons' ACL id (for ledger clients storing a key).
-    NoAuth if a folder's ACL no longer lets the daemons change it (a superuser must fix it)."""
+    NoAuth if a folder's ACL no longer lets the daemons change it (a superuser must fix it);
+    DaemonSecretError if /quire names another daemon identity (this node's secret file is not
+    the cluster's: retrying could never succeed)."""
+    await _check_published_identity(meta, identity)
     doc = json.dumps({"daemon_acl_id": identity.acl_id.id}).encode()
     for path, acl in layout(identity):
         data = doc if path == QUIRE_ROOT else b""
@@ -165,6 +168,22 @@ async def secure_layout(meta: MetaClient, identity: DaemonIdentity) -> None:
             await meta.set_acl(path, acl)
         if path == QUIRE_ROOT and (await meta.get(path))[0] != doc:
             await meta.set(path, doc)
+
+
+async def _check_published_identity(meta: MetaClient, identity: DaemonIdentity) -> None:
+    try:
+        data, _ = await meta.get(QUIRE_ROOT)
+    except NoNode:
+        return
+    try:
+        published = json.loads(data).get("daemon_acl_id") if data else None
+    except (ValueError, AttributeError):
+        published = None  # unreadable: secure_layout writes it again
+    if published and published != identity.acl_id.id:
+        raise DaemonSecretError(
+            f"this node's {SECRET_FILE} is not the cluster's: {QUIRE_ROOT} belongs to the daemon identity "
+            f"digest:{published}, this node would be digest:{identity.acl_id.id}; copy {SECRET_FILE} from a node "
+            "of this cluster beside this node's cluster.toml (every node needs the same file), then start it again")
 
 
 def _key(acl: J.ACL) -> tuple[int, str, str]:

@@ -24,7 +24,7 @@ from kazoo.security import OPEN_ACL_UNSAFE, make_digest_acl
 
 from bookie.client import BookiePool
 from bookie.entry import DigestType
-from clusterd import localcluster
+from clusterd import daemon_identity, localcluster
 from ledger.client import LedgerClient
 from ledger.manager import DEFAULT_KEYS
 from ledger.metadata import ledger_path
@@ -142,3 +142,17 @@ def test_an_unauthenticated_client_cannot_lock_the_daemons_out_of_a_ledger(clust
                 reader = await client.open(ledger_id, PASSWORD)
                 return [e.payload for e in await reader.read(0, len(payloads) - 1)]
     assert trio.run(read_back) == payloads
+
+
+def test_a_node_with_another_daemon_secret_is_told_to_copy_the_clusters(cluster):
+    """A host whose quire-daemon.secret was not copied from the others would be a stranger to
+    /quire: NoAuth on every call, retried forever. It is told what to do instead."""
+    stranger = daemon_identity.DaemonIdentity(b"\x01" * 32)
+
+    async def lay_out() -> None:
+        async with MetaClient(cluster.config.client_addresses(), auth=stranger.auth) as meta:
+            await daemon_identity.secure_layout(meta, stranger)
+
+    with pytest.raises(daemon_identity.DaemonSecretError, match="copy quire-daemon.secret from a node"):
+        trio.run(lay_out)
+    every_node_serves(cluster, cluster.pids())
