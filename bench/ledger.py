@@ -35,6 +35,7 @@ from typing import Any
 
 import trio
 
+from bench.steps import recorded_step
 from bench import bookie_storage, cpu_profile, disk, logscan, machine, write_floor
 from bench import ledger_load as workloads
 from bench.ledger_load import AppendRun, LatencyRun, Quorum, ReadRun, RecoveryRun
@@ -224,13 +225,8 @@ class LedgerBench:
         return r
 
     def _step(self, name: str, body: Callable[[], Any]) -> Any:
-        self.progress(f"[{time.strftime('%H:%M:%S')}] ledger: {name} (load average {os.getloadavg()[0]:.2f}) ...")
-        try:
-            return body()
-        except Exception:  # noqa: BLE001 - recorded in the report, the part goes on
-            self.results.failures.append(f"{name}:\n{traceback.format_exc()}")
-            self.progress(f"  FAILED: {traceback.format_exc().splitlines()[-1]}")
-            return None
+        return recorded_step(name, body, progress=self.progress, failures=self.results.failures,
+                             label=f"ledger: {name} (load average {os.getloadavg()[0]:.2f})")
 
     async def _astep(self, name: str, body: Callable[[], Awaitable[Any]]) -> Any:
         self._check_nodes(name)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from bench.steps import recorded_step
 from bench import disk, election, kzbench, logscan, machine, profile, stats, throughput, timeline, zk
 from bench.quire import QuireCluster
 
@@ -147,13 +148,7 @@ class Suite:
 
     def _step(self, name: str, body: Callable[[], T]) -> T | None:
         """A step inside a section: failures recorded like a section's, without waiting for a quiet machine."""
-        self.progress(f"[{time.strftime('%H:%M:%S')}] {name} ...")
-        try:
-            return body()
-        except Exception:  # noqa: BLE001 - recorded in the report, the suite goes on
-            self.results.failures.append(f"{name}:\n{traceback.format_exc()}")
-            self.progress(f"  FAILED: {traceback.format_exc().splitlines()[-1]}")
-            return None
+        return recorded_step(name, body, progress=self.progress, failures=self.results.failures)
 
     def _metastore(self) -> None:
         s, r = self.sizes, self.results

@@ -40,6 +40,7 @@ from typing import Any
 
 import trio
 
+from bench.steps import recorded_step
 from bench import kzbench, ledger, machine, stats, zk
 from bench import ledger_load as workloads
 from bench.kzbench import QuireSystem, ZkSystem
@@ -216,13 +217,8 @@ class TlsBench:
         return r
 
     def _step(self, name: str, body: Callable[[], Any]) -> Any:
-        self.progress(f"[{time.strftime('%H:%M:%S')}] tls: {name} (load average {os.getloadavg()[0]:.2f}) ...")
-        try:
-            return body()
-        except Exception:  # noqa: BLE001 - recorded in the report, the part goes on
-            self.results.failures.append(f"{name}:\n{traceback.format_exc()}")
-            self.progress(f"  FAILED: {traceback.format_exc().splitlines()[-1]}")
-            return None
+        return recorded_step(name, body, progress=self.progress, failures=self.results.failures,
+                             label=f"tls: {name} (load average {os.getloadavg()[0]:.2f})")
 
     def _quire(self) -> None:
         copies = {PLAIN: QuireSystem(self.folder / "quire-plain"),

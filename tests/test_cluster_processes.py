@@ -98,8 +98,8 @@ class Cluster:
         self.ctl("down", "--timeout", "5")
 
 
-def start_cluster(cluster: Cluster) -> Cluster:
-    up = cluster.ctl("up")
+def start_cluster(cluster: Cluster, *, timeout: float = 60) -> Cluster:
+    up = cluster.ctl("up", timeout=timeout)
     assert up.returncode == 0, up.stdout + up.stderr
     return cluster
 

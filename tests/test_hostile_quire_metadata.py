@@ -29,7 +29,7 @@ from ledger.client import LedgerClient
 from ledger.manager import DEFAULT_KEYS
 from ledger.metadata import ledger_path
 from metastore.client import MetaClient
-from test_cluster_processes import Cluster, copy_config
+from test_cluster_processes import Cluster, copy_config, start_cluster
 
 pytestmark = pytest.mark.multiprocess
 
@@ -40,9 +40,7 @@ INTRUDER = make_digest_acl("intruder", "intruder", all=True)
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> Iterator[Cluster]:
     c = Cluster(copy_config(tmp_path_factory.mktemp("quire_metadata"), client_protocol="zookeeper"))
-    up = c.ctl("up", timeout=120)
-    assert up.returncode == 0, up.stdout + up.stderr
-    yield c
+    yield start_cluster(c, timeout=120)
     c.down()
 
 
