@@ -43,7 +43,7 @@ import trio
 from bookie import protocol as P
 from bookie.errors import BookieError, EntryCorrupt, EntryTooLarge, NoSuchEntry, Overloaded, StorageError
 from bookie.service_config import BookieServiceConfig
-from zab.sockets import write_now
+from zab.sockets import ConnectionCounts, write_now
 
 if TYPE_CHECKING:
     from bookie.storage import BookieStorage
@@ -201,7 +201,9 @@ class BookieService:
         self._fatal: StorageError | None = None  # a batch of adds failed to reach the disk: stop serving
         self._fatal_event = trio.Event()
         self._closed = trio.Event()  # set and replaced whenever a connection closes
-        self._open_per_address: Counter[str] = Counter()
+        self._connections = ConnectionCounts(self.cfg.max_connections_per_address, self.cfg.max_connections,
+                                             per_address_setting="bookie_max_connections_per_address",
+                                             total_setting="bookie_max_connections")
 
     async def wait_connections_at_most(self, count: int) -> None:
         """Return once at most `count` client connections are open."""
@@ -251,10 +253,12 @@ class BookieService:
         except OSError:  # reset before it was served
             await stream.aclose()
             return
-        if not self._admit_connection(address):
+        refused = self._connections.admit(address)
+        if refused is not None:
+            self.stats["connections_refused"] += 1
+            log.info("event=connection_refused address=%s reason=%r", address, refused)
             await stream.aclose()
             return
-        self._open_per_address[address] += 1
         try:
             deadline = trio.current_time() + self.cfg.handshake_timeout_ms / 1000
             if self.tls is not None:
@@ -267,21 +271,7 @@ class BookieService:
                 stream = accepted
             await self._serve_connection(stream, deadline)
         finally:
-            self._open_per_address[address] -= 1
-            if not self._open_per_address[address]:
-                del self._open_per_address[address]
-
-    def _admit_connection(self, address: str) -> bool:
-        cfg = self.cfg
-        if sum(self._open_per_address.values()) >= cfg.max_connections:
-            why = f"{cfg.max_connections} connections open (max_connections)"
-        elif self._open_per_address[address] >= cfg.max_connections_per_address:
-            why = f"{cfg.max_connections_per_address} connections open from {address} (max_connections_per_address)"
-        else:
-            return True
-        self.stats["connections_refused"] += 1
-        log.info("event=connection_refused address=%s reason=%r", address, why)
-        return False
+            self._connections.release(address)
 
     async def _serve_connection(self, stream: trio.SocketStream, handshake_deadline: float) -> None:
         conn = _Connection(next(self._ids), stream, self.cfg.max_outgoing_bytes)

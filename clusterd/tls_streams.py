@@ -21,6 +21,7 @@ import trio
 
 from clusterd.tls_context import certificate_node_ids, certificate_subject
 from metastore.acl import Id
+from zab.sockets import peer_address
 
 log = logging.getLogger("quire.tls")
 
@@ -58,15 +59,6 @@ def _reason(e: BaseException) -> str:
     return str(e) or type(e).__name__
 
 
-def _remote(stream: trio.abc.Stream) -> str:
-    sock = getattr(getattr(stream, "transport_stream", stream), "socket", None)
-    try:
-        host, port = sock.getpeername()[:2]
-        return f"{host}:{port}"
-    except (AttributeError, OSError):
-        return "?"
-
-
 async def handshake(stream: trio.abc.Stream, context: ssl.SSLContext, *, server_side: bool,
                     timeout_s: float, server_hostname: str | None = None) -> trio.SSLStream:
     """The TLS handshake on `stream`, bounded by `timeout_s`. https_compatible: a peer may end the
@@ -94,7 +86,7 @@ class ServerTls:
             return await handshake(stream, self.context, server_side=True, timeout_s=self.timeout_s)
         except _HANDSHAKE_ERRORS as e:
             self.refused += 1
-            self._refusals.refused(self.port_name, _remote(stream), _reason(e))
+            self._refusals.refused(self.port_name, peer_address(stream), _reason(e))
             await trio.aclose_forcefully(stream)
             return None
         except BaseException:  # cancelled mid-handshake: the socket is ours to close
@@ -121,14 +113,14 @@ class PeerTls(ServerTls):
             return True
         self.refused += 1
         named = ", ".join(map(str, sorted(ids))) or "no node"
-        self._refusals.refused("peer", _remote(stream),
+        self._refusals.refused("peer", peer_address(stream),
                                f"HELLO claims node {peer}, the certificate names {named}")
         return False
 
     async def dial(self, stream: trio.SocketStream, peer: int) -> trio.SSLStream:
         """The handshake of a link we dialed to `peer`; TlsRefused (an OSError) unless the server's
         certificate names `peer`. The raw stream is closed on refusal."""
-        remote = _remote(stream)
+        remote = peer_address(stream)
         try:
             tls = await handshake(stream, self.client_context, server_side=False, timeout_s=self.timeout_s)
         except _HANDSHAKE_ERRORS as e:

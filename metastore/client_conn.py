@@ -1,5 +1,5 @@
 """One client connection of the client port (trio edge): its outgoing queue, counted
-in bytes, and the task that writes it; and the per-address connection count.
+in bytes, and the task that writes it.
 
 A client that stops reading its replies is cut off once what is queued for it
 exceeds `ClientLimits.outgoing_max_bytes` (never waited for: the queue is what
@@ -119,42 +119,6 @@ class Connection:
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         scope.cancel()
-
-
-class AddressCounts:
-    """Open connections per client address and in total (maxClientCnxns, maxCnxns)."""
-
-    def __init__(self, per_address: int, total: int) -> None:
-        self.per_address, self.total = per_address, total
-        self._counts: collections.Counter[str] = collections.Counter()
-        self._open = 0
-
-    def admit(self, host: str) -> str | None:
-        """Count a new connection from `host`; the reason it is refused, or None."""
-        if self._counts[host] >= self.per_address:
-            return f"too many connections from {host}: max is {self.per_address} (max_client_connections)"
-        if self._open >= self.total:
-            return f"too many client connections: max is {self.total} (max_connections)"
-        self._counts[host] += 1
-        self._open += 1
-        return None
-
-    def release(self, host: str) -> None:
-        self._counts[host] -= 1
-        self._open -= 1
-        if self._counts[host] <= 0:
-            del self._counts[host]
-
-
-def peer_of(stream: trio.abc.Stream) -> str:
-    sock = getattr(stream, "socket", None)
-    if sock is None:  # a TLS stream: the socket is under it
-        sock = getattr(getattr(stream, "transport_stream", None), "socket", None)
-    try:
-        host, port = sock.getpeername()[:2]
-        return f"{host}:{port}"
-    except (OSError, AttributeError):
-        return "?"
 
 
 async def receive_exactly(stream: trio.abc.Stream, n: int) -> bytes | None:

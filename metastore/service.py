@@ -27,7 +27,7 @@ import trio
 from metastore import envelope as E
 from metastore import jute
 from metastore import cluster_secret as CS
-from metastore.client_conn import AddressCounts, Connection, Job, peer_of, receive_exactly
+from metastore.client_conn import Connection, Job, receive_exactly
 from metastore.edge_guard import CLIENT_FAULTS, ClientLimits, ClientRefused, check_auth, check_connect, check_reply
 from metastore.acl import SUPER_SCHEME, Id, digest_auth_ids
 from metastore.four_letter import answer_four_letter_word
@@ -42,6 +42,7 @@ from metastore.watches import WatchKind, WatchManager
 from zab.actions import Phase, Role
 from zab.driver import Pending, PeerDriver
 from zab.errors import NoLeader, OutcomeUnknown
+from zab.sockets import ConnectionCounts, peer_address
 
 log = logging.getLogger("quire.metastore")
 
@@ -84,7 +85,9 @@ class MetastoreService:
         self.stats = {"requests": 0, "notifications": 0, "connections": 0, "connections_refused": 0,
                       "outstanding": 0, "outstanding_max": 0, "outstanding_bytes": 0, "outstanding_bytes_max": 0,
                       "throttled": 0, "cut_off": 0}
-        self._addresses = AddressCounts(config.limits.max_client_connections, config.limits.max_connections)
+        self._addresses = ConnectionCounts(config.limits.max_client_connections, config.limits.max_connections,
+                                           per_address_setting="max_client_connections",
+                                           total_setting="max_client_connections_total")
         self.sasl = SaslEdge(config.sasl)
         self._below_limit = trio.Event()  # set when outstanding requests drop below the global limit
         self._initializing_secret = False
@@ -201,7 +204,7 @@ class MetastoreService:
 
     # -- connections ---------------------------------------------------------------------
     async def _handle(self, stream: trio.SocketStream) -> None:
-        host = peer_of(stream).rsplit(":", 1)[0]
+        host = peer_address(stream).rsplit(":", 1)[0]
         refused = self._addresses.admit(host)
         if refused is not None:
             self.stats["connections_refused"] += 1
@@ -218,7 +221,7 @@ class MetastoreService:
             stream = await self.cfg.tls.accept(stream)  # None: refused, closed and logged by the TLS layer
             if stream is None:
                 return
-        conn = Connection(next(self._conn_ids), stream, peer_of(stream), self.cfg.limits.outgoing_max_bytes)
+        conn = Connection(next(self._conn_ids), stream, peer_address(stream), self.cfg.limits.outgoing_max_bytes)
         # As in ZooKeeper, every connection is authenticated by its address (the ip scheme).
         conn.auth.append(Id("ip", conn.host))
         if self.cfg.tls is not None:  # and by its certificate, as ZooKeeper's x509 scheme

@@ -1,6 +1,7 @@
-"""Write-through on a trio socket stream (trio edge), shared by every connection that
-has a writer task: Zab's peer links, the metastore's client port, the bookie's
-client and service.
+"""Socket helpers shared by every port (trio edge): write-through on a trio socket stream,
+for every connection that has a writer task (Zab's peer links, the metastore's client
+port, the bookie's client and service); the remote address of a stream; and the count
+of open connections per client address that the client and bookie ports admit against.
 
 A lone message (a proposal to an idle follower, a reply, one add awaited at a
 time) would otherwise wait for its connection's writer task to run in a later
@@ -14,6 +15,7 @@ socket did not take for its writer task.
 
 from __future__ import annotations
 
+import collections
 import os
 from contextvars import ContextVar
 from typing import Any
@@ -41,3 +43,42 @@ def write_now(stream: trio.SocketStream, data: bytes) -> bytes | memoryview:
     except OSError:  # BlockingIOError (the send buffer is full), or a broken connection
         return data
     return memoryview(data)[sent:] if sent < len(data) else b""
+
+
+def peer_address(stream: trio.abc.Stream) -> str:
+    """"host:port" of the remote end of a socket stream, or of the socket under a TLS stream;
+    "?" once the connection is gone (reset before it was asked)."""
+    sock = getattr(getattr(stream, "transport_stream", stream), "socket", None)
+    try:
+        host, port = sock.getpeername()[:2]
+        return f"{host}:{port}"
+    except (AttributeError, OSError):
+        return "?"
+
+
+class ConnectionCounts:
+    """Open connections per client address and in total, admitted against two limits
+    (ZooKeeper's maxClientCnxns and maxCnxns); the setting names go into the refusal."""
+
+    def __init__(self, per_address: int, total: int, *, per_address_setting: str, total_setting: str) -> None:
+        self.per_address, self.total = per_address, total
+        self._settings = per_address_setting, total_setting
+        self._counts: collections.Counter[str] = collections.Counter()
+        self._open = 0
+
+    def admit(self, host: str) -> str | None:
+        """Count a new connection from `host`; the reason it is refused (then not counted), or None."""
+        if self._counts[host] >= self.per_address:
+            return f"too many connections from {host}: max is {self.per_address} ({self._settings[0]})"
+        if self._open >= self.total:
+            return f"too many connections: max is {self.total} ({self._settings[1]})"
+        self._counts[host] += 1
+        self._open += 1
+        return None
+
+    def release(self, host: str) -> None:
+        """A connection admitted from `host` has ended."""
+        self._counts[host] -= 1
+        self._open -= 1
+        if self._counts[host] <= 0:
+            del self._counts[host]
