@@ -69,7 +69,8 @@ class LogWriter:
         # returns the rest (in order) for take_done. Only ever given ACK-only lists (see send_acks).
         self.send_now = send_now
         self._pending: list[Action] = []  # submitted in this step, not yet handed to the thread
-        self._todo: queue.SimpleQueue[list[Action] | None] = queue.SimpleQueue()
+        # Each item: the actions of one flush() and the bytes they hold (counted once, on submit).
+        self._todo: queue.SimpleQueue[tuple[list[Action], int] | None] = queue.SimpleQueue()
         # The thread sleeps in os.read on this pipe; flush() wakes it with os.write, which releases
         # the GIL for the system call, so the thread takes the GIL and starts its write at once
         # rather than waiting for the event loop's pass to end (SimpleQueue.put holds the GIL).
@@ -105,9 +106,10 @@ class LogWriter:
         """Hand what was submitted to the thread in one piece: a proposal's LogAppend and
         its LogSync then share one fsync instead of racing the thread into two."""
         if self._pending:
+            nbytes = sum(map(_action_bytes, self._pending))
             self._submitted += len(self._pending)
-            self._bytes_submitted += sum(map(_action_bytes, self._pending))
-            self._todo.put(self._pending)
+            self._bytes_submitted += nbytes
+            self._todo.put((self._pending, nbytes))
             self._pending = []
             self._wake()
 
@@ -168,12 +170,13 @@ class LogWriter:
     def _thread_main(self, token: trio.lowlevel.TrioToken) -> None:
         while True:
             try:
-                batch = self._todo.get_nowait()
+                item = self._todo.get_nowait()
             except queue.Empty:
                 os.read(self._wake_r, 4096)  # wake-ups are counted by the queue, not the pipe
                 continue
-            if batch is None:
+            if item is None:
                 return
+            batch, nbytes = item
             while True:  # group commit: everything queued meanwhile shares this fsync
                 try:
                     more = self._todo.get_nowait()
@@ -182,14 +185,15 @@ class LogWriter:
                 if more is None:
                     self._todo.put(None)
                     break
-                batch += more
+                batch += more[0]
+                nbytes += more[1]
             try:
                 then, error = self._write(batch), None
             except BaseException as e:  # reported to the trio thread, which raises it
                 then, error = [], e
             self.batches += 1
             self._performed += len(batch)
-            self._bytes_performed += sum(map(_action_bytes, batch))
+            self._bytes_performed += nbytes
             if self._room_wanted:
                 self._room_wanted = False
                 try:
