@@ -224,10 +224,7 @@ class TlsBench:
         copies = {PLAIN: QuireSystem(self.folder / "quire-plain"),
                   TLS: QuireSystem(self.folder / "quire-tls", tls=True)}
         try:
-            for system in copies.values():
-                system.start()
-            for copy, system in copies.items():
-                self._warm(system, copy)
+            self._start_and_warm(copies)
             self._kazoo_rounds(copies)
             trio.run(self._append_rounds, copies)
         finally:
@@ -244,14 +241,17 @@ class TlsBench:
         copies = {PLAIN: ZkSystem(self.folder / "zk-plain", netty=True),
                   TLS: ZkSystem(self.folder / "zk-tls", tls=client_tls, server_tls=server_tls)}
         try:
-            for system in copies.values():
-                system.start()
-            for copy, system in copies.items():
-                self._warm(system, copy)
+            self._start_and_warm(copies)
             self._kazoo_rounds(copies)
         finally:
             for system in copies.values():
                 system.stop()
+
+    def _start_and_warm(self, copies: dict[str, kzbench.System]) -> None:
+        for system in copies.values():
+            system.start()
+        for copy, system in copies.items():
+            self._warm(system, copy)
 
     def _warm(self, system: kzbench.System, copy: str) -> None:
         """Serving, the bench's znodes, then one untimed saturating row (the JVM's JIT, connections, caches)."""

@@ -34,6 +34,7 @@ from metastore.state_machine import MetastoreStateMachine
 from metastore.txn import ErrorResult
 from metastore.watches import WatchKind, WatchManager
 from test_cluster_processes import Cluster, copy_config
+from test_kazoo import started_kazoo
 from test_metastore_prepare import answer
 from zab import zxid as Z
 
@@ -189,11 +190,7 @@ def ensemble(tmp_path_factory) -> Iterator[Cluster]:
 
 
 def kazoo(cluster: Cluster, node_id: int | None = None, auth: str | None = None) -> KazooClient:
-    nodes = [n for n in cfg.load(cluster.path).nodes if node_id is None or n.id == node_id]
-    zk = KazooClient(hosts=",".join(f"{n.host}:{n.client_port}" for n in nodes), timeout=5,
-                     auth_data=[("digest", auth)] if auth else None)
-    zk.start(timeout=20)
-    return zk
+    return started_kazoo(cluster, node_id, auth_data=[("digest", auth)] if auth else None)
 
 
 @pytest.fixture(scope="module")

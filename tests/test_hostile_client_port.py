@@ -29,6 +29,7 @@ from metastore.acl import OPEN_ACL_UNSAFE
 from metastore.edge_guard import MAX_AUTH_IDS
 from metastore.jute_defs import OpCode
 from test_cluster_processes import Cluster, copy_config
+from test_kazoo import started_kazoo, wait_for
 
 pytestmark = pytest.mark.multiprocess
 
@@ -44,10 +45,7 @@ def ensemble(tmp_path_factory) -> Iterator[Cluster]:
 
 
 def kazoo(cluster: Cluster, node_id: int | None = None) -> KazooClient:
-    nodes = [n for n in cfg.load(cluster.path).nodes if node_id is None or n.id == node_id]
-    zk = KazooClient(hosts=",".join(f"{n.host}:{n.client_port}" for n in nodes), timeout=5)
-    zk.start(timeout=20)
-    return zk
+    return started_kazoo(cluster, node_id)
 
 
 def followers(cluster: Cluster) -> list[cfg.NodeConfig]:
@@ -244,15 +242,6 @@ def rss_bytes(node: cfg.NodeConfig) -> int:
     return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) * 1024
 
 
-def wait_for(predicate, timeout_s: float = 30) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
-
-
 def test_a_client_that_never_reads_is_cut_off_and_the_node_holds_little(limited: Cluster):
     """Replies queued for one connection are counted in bytes: a client that sends reads
     and never takes the replies is disconnected past client_outgoing_max_bytes (1 MiB
@@ -274,7 +263,7 @@ def test_a_client_that_never_reads_is_cut_off_and_the_node_holds_little(limited:
             sent += 1
     except (BlockingIOError, BrokenPipeError, ConnectionResetError):
         pass  # the server stopped reading us or cut us off
-    assert wait_for(lambda: client_stats(node)["cut_off"] >= 1), "the silent client was not cut off"
+    assert wait_for(lambda: client_stats(node)["cut_off"] >= 1, timeout_s=30), "the silent client was not cut off"
     assert zk.get("/big")[0] == b"x" * 60_000  # another client is served meanwhile
     assert rss_bytes(node) - before < 48 << 20, "the node holds what the silent client did not read"
     s.setblocking(True)
@@ -295,7 +284,7 @@ def test_connection_61_from_one_address_is_refused(ensemble: Cluster, acked):
     held = [socket.create_connection((node.host, node.client_port), timeout=10) for _ in range(80)]
     try:
         # Every connection is accepted or refused well inside the 10 s handshake timeout.
-        assert wait_for(lambda: client_stats(node)["connections_refused"] >= 20)
+        assert wait_for(lambda: client_stats(node)["connections_refused"] >= 20, timeout_s=30)
         open_ones = []
         for s in held:
             s.setblocking(False)

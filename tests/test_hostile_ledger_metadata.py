@@ -33,6 +33,7 @@ from ledger.manager import DEFAULT_KEYS, DEFAULT_ROOT, LedgerManager
 from ledger.metadata import ledger_path
 from metastore.client import MetaClient
 from test_cluster_processes import Cluster, copy_config, start_cluster
+from test_kazoo import kazoo_session
 
 pytestmark = pytest.mark.multiprocess
 
@@ -78,22 +79,16 @@ def read_back(cluster: Cluster, ledger_id: int) -> list[bytes]:
 
 @pytest.fixture
 def intruder(cluster: Cluster) -> Iterator[KazooClient]:
-    zk = KazooClient(hosts=",".join(f"127.0.0.1:{n.client_port}" for n in cluster.config.nodes), timeout=10.0)
-    zk.start(timeout=30)
-    yield zk
-    zk.stop()
-    zk.close()
+    with kazoo_session(cluster, timeout=10.0, start_timeout_s=30) as zk:
+        yield zk
 
 
 @pytest.fixture
 def daemons(cluster: Cluster) -> Iterator[KazooClient]:
     """A kazoo client with the daemons' identity: sees what a stranger cannot (the key znodes)."""
-    zk = KazooClient(hosts=",".join(f"127.0.0.1:{n.client_port}" for n in cluster.config.nodes), timeout=10.0,
-                     auth_data=[("digest", daemon_identity.load_or_create(cluster.path).credential)])
-    zk.start(timeout=30)
-    yield zk
-    zk.stop()
-    zk.close()
+    with kazoo_session(cluster, timeout=10.0, start_timeout_s=30,
+                       auth_data=[("digest", daemon_identity.load_or_create(cluster.path).credential)]) as zk:
+        yield zk
 
 
 def fails(cluster: Cluster, attempt: Callable[[], object], *errors: type[Exception]) -> None:

@@ -37,6 +37,7 @@ from ledger.errors import LedgerError
 from metastore.client import MetaClient
 from metastore.errors import MetastoreError
 from test_cluster_processes import Cluster, copy_config
+from test_kazoo import kazoo_session
 
 pytestmark = pytest.mark.multiprocess
 
@@ -211,18 +212,13 @@ async def check_ledgers(cluster: Cluster, acked: dict[int, dict[int, bytes]]) ->
 
 
 def check_znodes(cluster: Cluster, writers: list[ZnodeWriter]) -> None:
-    zk = KazooClient(hosts=",".join(f"127.0.0.1:{n.client_port}" for n in cluster.config.nodes), timeout=10.0)
-    zk.start(timeout=30)
-    try:
+    with kazoo_session(cluster, timeout=10.0, start_timeout_s=30) as zk:
         zk.sync("/")
         for w in writers:
             assert w.acked, f"no create through {w.folder} was acknowledged"
             present = {f"{w.folder}/{c}" for c in zk.get_children(w.folder)}
             missing = [p for p in w.acked if p not in present]
             assert not missing, f"{len(missing)} acknowledged znodes lost, e.g. {missing[:3]}"
-    finally:
-        zk.stop()
-        zk.close()
 
 
 def test_pausing_or_killing_one_node_ends_no_other_and_loses_nothing_acknowledged(cluster: Cluster):

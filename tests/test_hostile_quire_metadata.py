@@ -30,6 +30,7 @@ from ledger.manager import DEFAULT_KEYS
 from ledger.metadata import ledger_path
 from metastore.client import MetaClient
 from test_cluster_processes import Cluster, copy_config, start_cluster
+from test_kazoo import kazoo_session
 
 pytestmark = pytest.mark.multiprocess
 
@@ -65,11 +66,8 @@ def ledgers(cluster: Cluster) -> list[tuple[int, list[bytes]]]:
 
 @pytest.fixture
 def intruder(cluster: Cluster) -> Iterator[KazooClient]:
-    zk = KazooClient(hosts=",".join(f"127.0.0.1:{n.client_port}" for n in cluster.config.nodes), timeout=10.0)
-    zk.start(timeout=30)
-    yield zk
-    zk.stop()
-    zk.close()
+    with kazoo_session(cluster, timeout=10.0, start_timeout_s=30) as zk:
+        yield zk
 
 
 def every_node_serves(cluster: Cluster, pids: dict[int, int]) -> None:

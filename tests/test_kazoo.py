@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from kazoo.client import KazooClient
@@ -41,13 +42,29 @@ def hosts(cluster: Cluster, only: int | None = None) -> str:
     return ",".join(f"{n.host}:{n.client_port}" for n in nodes if only is None or n.id == only)
 
 
+def started_kazoo(cluster: Cluster, only: int | None = None, *, timeout: float = 5, start_timeout_s: float = 20,
+                  **options) -> KazooClient:
+    """A kazoo client of the cluster's nodes (or of node `only`), connected; the caller stops it."""
+    client = KazooClient(hosts=hosts(cluster, only), timeout=timeout, **options)
+    client.start(timeout=start_timeout_s)
+    return client
+
+
+@contextmanager
+def kazoo_session(cluster: Cluster, only: int | None = None, **options) -> Iterator[KazooClient]:
+    """started_kazoo, stopped and closed at the end of the block."""
+    client = started_kazoo(cluster, only, **options)
+    try:
+        yield client
+    finally:
+        client.stop()
+        client.close()
+
+
 @pytest.fixture
 def zk(ensemble: Cluster) -> Iterator[KazooClient]:
-    client = KazooClient(hosts=hosts(ensemble), timeout=5)
-    client.start(timeout=15)
-    yield client
-    client.stop()
-    client.close()
+    with kazoo_session(ensemble, start_timeout_s=15) as client:
+        yield client
 
 
 def wait_for(predicate, timeout_s: float = 10) -> bool:
