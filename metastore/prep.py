@@ -260,11 +260,11 @@ def envelope_auth(env: Envelope, secret: bytes | None) -> list[A.Id]:
     """The ids a request acts with. A "super" id counts only with the token its origin
     node derives from the cluster secret (cluster_secret.super_token): super is granted
     by a node's own authentication, never taken from bytes that came over the network."""
-    token = CS.super_token(secret) if secret is not None else None
     out = []
     for scheme, ident in env.auth:
         if scheme == A.SUPER_SCHEME:
-            if token is not None and hmac.compare_digest(ident.encode(), token.encode()):
+            # The token (an HMAC) only when a super id is there: not on every request's path.
+            if secret is not None and hmac.compare_digest(ident.encode(), CS.super_token(secret).encode()):
                 out.append(A.Id(A.SUPER_SCHEME, ""))
             continue
         out.append(A.Id(scheme, ident))
