@@ -7,8 +7,10 @@ there is no shipped default a client could know: a client that learns a session
 id (ephemeralOwner from exists()) cannot resume or close that session without its
 password. The secret lives in the znode SECRET_PATH, whose ACL grants nothing to
 anyone who can authenticate (a digest id of random bytes nobody knows the
-password of), and which the preparer refuses to let any client write, delete or
-create (metastore.prep); only the leader's INIT_SECRET envelope creates it, once.
+password of), whose data the read handlers refuse to every client, super included
+(metastore.responses: super passes every ACL), and which the preparer refuses to let
+any client write, delete or create (metastore.prep); only the leader's INIT_SECRET
+envelope creates it, once.
 
 Pure: the service (an edge) draws the random bytes and hands them in.
 """

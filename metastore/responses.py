@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from metastore import acl as A
+from metastore import cluster_secret as CS
 from metastore import jute_records as J
-from metastore.errors import MarshallingError, NoNode, Unimplemented, ZooKeeperError
+from metastore.errors import MarshallingError, NoAuth, NoNode, Unimplemented, ZooKeeperError
 from metastore.jute_defs import DEFAULT_MAX_FRAME_BYTES, OpCode, WatcherType
 from metastore.tree import DataTree, Node
 from metastore.txn import (CheckResult, CreateResult, DeleteResult, ErrorResult, MultiResult, SetACLResult,
@@ -101,6 +102,8 @@ def _exists(tree, req: J.ExistsRequest, session_id, auth) -> Reply:
 
 def _get_data(tree, req: J.GetDataRequest, session_id, auth) -> Reply:
     node = _node(tree, req.path)
+    if CS.is_protected(req.path):  # its ACL stops everyone but super, and super must not read it either
+        raise NoAuth(req.path, "the cluster secret is Quire's own: no client reads it, super included")
     A.require(node.acl, A.Perm.READ, auth, req.path)
     data, stat = tree.get(req.path)
     return Reply(0, J.GetDataResponse(data, stat), (req.path, WatchKind.DATA) if req.watch else None)
