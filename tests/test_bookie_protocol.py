@@ -214,13 +214,13 @@ def extreme_requests(draw):
             return P.Fence(rid, ledger, draw(KEY32))
 
 
-@settings(max_examples=400, deadline=None)
+@settings(derandomize=True, database=None, max_examples=400, deadline=None)
 @given(extreme_requests())
 def test_requests_with_extreme_values_in_range_round_trip(req):
     assert P.decode_request(body_of(P.encode_request(req))) == req
 
 
-@settings(max_examples=300, deadline=None)
+@settings(derandomize=True, database=None, max_examples=300, deadline=None)
 @given(st.sampled_from([P.Kind.ADD, P.Kind.READ, P.Kind.READ_LAC, P.Kind.LONG_POLL, P.Kind.WRITE_LAC,
                         P.Kind.FENCE]), st.integers(MAX_ID + 1, 2**64 - 1), U64)
 def test_a_ledger_id_beyond_a_java_long_is_refused_with_its_request_id(kind, ledger, rid):
@@ -233,7 +233,7 @@ def test_a_ledger_id_beyond_a_java_long_is_refused_with_its_request_id(kind, led
     assert e.value.request_id == rid
 
 
-@settings(max_examples=300, deadline=None)
+@settings(derandomize=True, database=None, max_examples=300, deadline=None)
 @given(U64, IDS, IDS, LACS, st.one_of(st.none(), st.binary(max_size=16)), st.sampled_from(list(P.Status)))
 def test_responses_with_extreme_values_round_trip(rid, ledger, entry, lac, data, status):
     kind_fields = [(P.Kind.ADD, {"entry_id": entry}), (P.Kind.READ, {"entry_id": entry, "data": data or b""}),

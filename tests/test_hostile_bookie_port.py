@@ -358,7 +358,7 @@ async def _answers_until_done_or_closed(stream: trio.SocketStream, expected: int
     return answers
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(derandomize=True, database=None, max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(hostile_sessions())
 def test_well_formed_requests_with_extreme_values_get_a_declared_answer_and_lose_nothing(tmp_path_factory, bodies):
     """Each request is answered with a declared status, or its connection is closed (BAD_REQUEST first

@@ -162,7 +162,7 @@ def test_nonces_come_from_the_random_source():
     assert make_nonce(os.urandom) != make_nonce(os.urandom)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(derandomize=True, database=None, max_examples=400, deadline=None)
 @given(first=st.binary(max_size=64), second=st.binary(max_size=600), third=st.binary(max_size=64))
 def test_arbitrary_tokens_only_ever_fail_as_sasl_failures(first, second, third):
     server = exchange()
@@ -174,7 +174,7 @@ def test_arbitrary_tokens_only_ever_fail_as_sasl_failures(first, second, third):
     assert not server.complete
 
 
-@settings(max_examples=200, deadline=None)
+@settings(derandomize=True, database=None, max_examples=200, deadline=None)
 @given(mutation=st.tuples(st.integers(0, 400), st.binary(min_size=1, max_size=8)))
 def test_mutated_responses_never_log_in_with_a_wrong_password(mutation):
     at, junk = mutation
