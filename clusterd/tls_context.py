@@ -46,6 +46,7 @@ def client_context(ca: Path, cert: Path | None = None, key: Path | None = None, 
     """A client's context: trusts `ca`, presents `cert`/`key` when given."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.options |= ssl.OP_NO_RENEGOTIATION  # TLS 1.2: one handshake per connection, as TLS 1.3
     _load_ca(context, ca)
     if cert is not None:
         _load_chain(context, cert, key)
@@ -56,6 +57,7 @@ def client_context(ca: Path, cert: Path | None = None, key: Path | None = None, 
 
 def _common(context: ssl.SSLContext, tls: TlsConfig, cert: Path, key: Path) -> None:
     context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.options |= ssl.OP_NO_RENEGOTIATION  # TLS 1.2: a client may not ask for another handshake
     _load_chain(context, cert, key)
     _load_ca(context, tls.ca)
 
@@ -78,7 +80,7 @@ def _load_ca(context: ssl.SSLContext, ca: Path) -> None:
 
 def certificate_node_ids(connection: Any) -> set[int]:
     """The node ids a verified peer certificate names (URI SANs quire:node:<id>); empty if none.
-    `connection`: anything with ssl's getpeercert (an SSLObject, a trio.SSLStream)."""
+    `connection`: anything with ssl's getpeercert (an SSLObject, clusterd.tls_stream.TlsStream)."""
     cert = connection.getpeercert()
     ids = set()
     for kind, value in (cert or {}).get("subjectAltName", ()):

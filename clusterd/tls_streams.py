@@ -20,6 +20,7 @@ import ssl
 import trio
 
 from clusterd.tls_context import certificate_node_ids, certificate_subject
+from clusterd.tls_stream import TlsStream
 from metastore.acl import Id
 from zab.sockets import peer_address
 
@@ -59,12 +60,10 @@ def _reason(e: BaseException) -> str:
     return str(e) or type(e).__name__
 
 
-async def handshake(stream: trio.abc.Stream, context: ssl.SSLContext, *, server_side: bool,
-                    timeout_s: float, server_hostname: str | None = None) -> trio.SSLStream:
-    """The TLS handshake on `stream`, bounded by `timeout_s`. https_compatible: a peer may end the
-    connection without close_notify (frames carry their own length, so truncation is seen)."""
-    tls = trio.SSLStream(stream, context, server_side=server_side, server_hostname=server_hostname,
-                         https_compatible=True)
+async def handshake(stream: trio.SocketStream, context: ssl.SSLContext, *, server_side: bool,
+                    timeout_s: float, server_hostname: str | None = None) -> TlsStream:
+    """The TLS handshake on `stream`, bounded by `timeout_s` (clusterd/tls_stream.py)."""
+    tls = TlsStream(stream, context, server_side=server_side, server_hostname=server_hostname)
     with trio.fail_after(timeout_s):
         await tls.do_handshake()
     return tls
@@ -80,7 +79,7 @@ class ServerTls:
         self._refusals = _RefusalLog()
         self.refused = 0
 
-    async def accept(self, stream: trio.SocketStream) -> trio.SSLStream | None:
+    async def accept(self, stream: trio.SocketStream) -> TlsStream | None:
         """The handshake of an accepted connection; None when refused (closed and logged)."""
         try:
             return await handshake(stream, self.context, server_side=True, timeout_s=self.timeout_s)
@@ -95,7 +94,7 @@ class ServerTls:
 
     def identities(self, stream: trio.abc.Stream) -> list[Id]:
         """The ACL ids a TLS client authenticated as: x509:<subject DN> when it sent a certificate."""
-        subject = certificate_subject(stream) if isinstance(stream, trio.SSLStream) else None
+        subject = certificate_subject(stream) if isinstance(stream, TlsStream) else None
         return [Id("x509", subject)] if subject else []
 
 
@@ -117,7 +116,7 @@ class PeerTls(ServerTls):
                                f"HELLO claims node {peer}, the certificate names {named}")
         return False
 
-    async def dial(self, stream: trio.SocketStream, peer: int) -> trio.SSLStream:
+    async def dial(self, stream: trio.SocketStream, peer: int) -> TlsStream:
         """The handshake of a link we dialed to `peer`; TlsRefused (an OSError) unless the server's
         certificate names `peer`. The raw stream is closed on refusal."""
         remote = peer_address(stream)
@@ -147,7 +146,7 @@ class ClientTls:
         self.context = context
         self.timeout_s = timeout_s
 
-    async def wrap(self, stream: trio.SocketStream, host: str) -> trio.SSLStream:
+    async def wrap(self, stream: trio.SocketStream, host: str) -> TlsStream:
         """The handshake on a connected stream; TlsRefused (an OSError) on failure, stream closed."""
         try:
             return await handshake(stream, self.context, server_side=False, timeout_s=self.timeout_s,

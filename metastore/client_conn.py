@@ -104,13 +104,14 @@ class Connection:
                     self._wake = trio.Event()
                     continue
                 chunks = [self.out.popleft() for _ in range(min(len(self.out), BATCH_FRAMES))]
-                if isinstance(self.stream, trio.SSLStream):
-                    # One TLS record per frame: kazoo select()s on the socket before each read, so a
-                    # second reply decrypted into its SSL buffer with the first would wait there for
-                    # the next record to arrive (the next ping, seconds later).
-                    for chunk in chunks:
-                        await self.stream.send_all(chunk)
-                        self.out_bytes -= len(chunk)
+                send_frames = getattr(self.stream, "send_frames", None)
+                if send_frames is not None:
+                    # TLS: one record per frame, all in one write. kazoo select()s on the socket before
+                    # each read, so a second reply decrypted into its SSL buffer with the first would wait
+                    # there for the next record to arrive (the next ping, seconds later); a record of its
+                    # own stays in the kernel until kazoo reads it, and select() sees it.
+                    await send_frames(chunks)
+                    self.out_bytes -= sum(map(len, chunks))
                     continue
                 # Replies and notifications queued meanwhile leave in one write.
                 data = b"".join(chunks)

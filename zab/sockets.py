@@ -10,7 +10,8 @@ is a measurable slice of a sub-millisecond round trip. `write_now` hands the
 bytes to the kernel at once instead. The caller guarantees that no `send_all`
 is in progress on the stream and that nothing it queued earlier is still
 unsent (otherwise bytes would interleave or reorder), and queues whatever the
-socket did not take for its writer task.
+socket did not take for its writer task. Over TLS the same holds, the
+ciphertext being sealed at once (clusterd/tls_stream.py).
 """
 
 from __future__ import annotations
@@ -34,10 +35,11 @@ BOOKIE_CLIENT_TLS: ContextVar[Any] = ContextVar("quire_bookie_client_tls", defau
 def write_now(stream: trio.SocketStream, data: bytes) -> bytes | memoryview:
     """Write `data` without waiting; returns the part the socket did not take (empty: all sent).
     An error leaves everything unsent: the writer task's send_all meets it again and ends the
-    connection the usual way. A TLS stream (no `socket`) takes nothing here: its bytes must be
-    encrypted, so they always go through the writer task's send_all."""
+    connection the usual way. A TLS stream (clusterd/tls_stream.py) seals the bytes first, and may return OWED: no plaintext is left
+    but ciphertext is, which the caller's next send_all writes first (queue it as any rest)."""
     if not isinstance(stream, trio.SocketStream):
-        return data
+        direct = getattr(stream, "write_now", None)
+        return data if direct is None else direct(data)
     try:
         sent = os.write(stream.socket.fileno(), data)
     except OSError:  # BlockingIOError (the send buffer is full), or a broken connection
