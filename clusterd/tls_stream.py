@@ -58,7 +58,7 @@ class TlsStream(trio.abc.Stream):
                                      server_hostname=server_hostname)
         self._plain = b""  # decrypted and not yet returned
         self._eof = False
-        self._owed = b""  # ciphertext sealed but not yet on the socket; it goes out before anything else
+        self._owed: bytes | memoryview = b""  # sealed, not yet on the socket; it goes out before anything else
         self._sending = self._receiving = False
         self._broken: BaseException | None = None
         self._loop_thread = threading.get_ident()  # SSLObject is not safe from two threads
@@ -137,10 +137,8 @@ class TlsStream(trio.abc.Stream):
                 break
             chunks.append(chunk)
         self._plain = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        if self._outgoing.pending:  # a post-handshake reply (TLS 1.3 key update): out with the next write
-            self._owed += self._outgoing.read()
-            if not self._sending:
-                self._write_sealed_now()
+        if self._outgoing.pending and not self._sending:  # a post-handshake reply (TLS 1.3 key update)
+            self._write_sealed_now()  # what the socket does not take goes out with the next write
 
     def _take(self, max_bytes: int | None) -> bytes:
         plain = self._plain
@@ -187,7 +185,6 @@ class TlsStream(trio.abc.Stream):
         except ssl.SSLError as e:
             self._broken = e
             return data  # the writer task's send_all meets the broken stream and ends the connection
-        self._owed = self._outgoing.read()
         self._write_sealed_now()
         return OWED if self._owed else b""
 
@@ -198,19 +195,24 @@ class TlsStream(trio.abc.Stream):
 
     def _write_sealed_now(self) -> None:
         """Hand the owed ciphertext to the kernel without waiting; keep what it does not take."""
-        if self._outgoing.pending:
-            self._owed += self._outgoing.read()
-        if not self._owed:
+        owed = self._take_sealed()
+        if not owed:
             return
         try:
-            sent = os.write(self.transport_stream.socket.fileno(), self._owed)
+            sent = os.write(self.transport_stream.socket.fileno(), owed)
         except OSError:  # full, or broken: the next send_all meets it
-            return
-        self._owed = self._owed[sent:]
+            sent = 0
+        self._owed = memoryview(owed)[sent:] if sent < len(owed) else b""  # a view: megabytes are not copied again
+
+    def _take_sealed(self) -> bytes | memoryview:
+        """All ciphertext not yet on the socket, the owed first; none is left behind."""
+        owed, self._owed = self._owed, b""
+        if not self._outgoing.pending:
+            return owed
+        return b"".join((owed, self._outgoing.read())) if owed else self._outgoing.read()
 
     async def _send_sealed(self) -> None:
-        data = self._owed + self._outgoing.read() if self._owed else self._outgoing.read()
-        self._owed = b""
+        data = self._take_sealed()
         if data:
             await self.transport_stream.send_all(data)
 
