@@ -16,7 +16,8 @@ from pathlib import Path
 
 from metastore.acl import OPEN_ACL_UNSAFE
 from metastore.state_machine import MetastoreStateMachine
-from metastore.txn import Create, SetData, Transaction, encode_txn
+from metastore.txn import Create, SetData, Transaction
+from metastore.txn_codec import encode_txn
 from zab import zxid as Z
 from zab.recovery import SNAPSHOT_DIR, TXNLOG_DIR
 from zab.snapshot import SnapshotStore

@@ -11,7 +11,7 @@ request and again after a loss; requests from any number of tasks are pipelined
 and matched to their answers by request id (answers may come out of order).
 Requests queued while a send is in progress leave together in one send; a
 request that is the only one in flight (an add awaited at a time) is written to
-the socket in the step that starts it (zab/sockets.py), not a scheduler
+the socket in the step that starts it (edge/sockets.py), not a scheduler
 pass later by the connection's writer task.
 
 `start_*` methods are synchronous: they queue the request and return a
@@ -42,7 +42,7 @@ import trio
 
 from bookie import protocol as P
 from bookie.errors import BookieError, BookieUnavailable
-from zab.sockets import BOOKIE_CLIENT_TLS, write_now
+from edge.sockets import BOOKIE_CLIENT_TLS, write_now
 
 log = logging.getLogger("quire.bookie.client")
 

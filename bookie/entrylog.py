@@ -28,7 +28,7 @@ from bookie.index import Location, record_size
 from bookie.storage_batch import Admitted, encode_entry_records
 from bookie.storage_codec import (ENTRY_LOG_MAGIC, FILE_HEADER_BYTES, CorruptRecord, TornRecord, decode_entry_record,
                                   decode_file_header, encode_entry_record, encode_file_header)
-from zab.snapshot import FILE_MODE, ensure_directory, fsync_directory, write_all
+from edge.files import FILE_MODE, ensure_directory, fsync_directory, write_all
 
 _log = logging.getLogger("quire.bookie.entrylog")
 _NAME = re.compile(r"entrylog\.([0-9a-f]{16})")

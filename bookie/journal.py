@@ -38,7 +38,7 @@ from typing import TypeVar
 from bookie.errors import StorageError
 from bookie.storage_codec import (FILE_HEADER_BYTES, FRAME_BYTES, JOURNAL_MAGIC, CorruptRecord, JournalRecord,
                                   decode_file_header, decode_journal_record, encode_file_header, scan_journal)
-from zab.snapshot import FILE_MODE, ensure_directory, fsync_directory, write_all, write_preallocated
+from edge.files import FILE_MODE, ensure_directory, fsync_directory, write_all, write_preallocated
 
 _log = logging.getLogger("quire.bookie.journal")
 _T = TypeVar("_T")

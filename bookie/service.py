@@ -12,7 +12,7 @@ comes before any other of those in its socket read and need not wait (its
 ledger's key is bound here); a long poll is answered from the step that raises
 its ledger's LAC (storage.watch_lac: an add's LAC field, an explicit LAC), its
 task only bounding the wait by the poll's timeout. An answer leaves at once, from the step that completes it, when
-nothing is queued before it (zab/sockets.py); otherwise answers are queued
+nothing is queued before it (edge/sockets.py); otherwise answers are queued
 and leave in one send per wakeup of the connection's writer. Either way they
 leave in whatever order they complete (responses carry their request's id).
 
@@ -43,7 +43,7 @@ import trio
 from bookie import protocol as P
 from bookie.errors import BookieError, EntryCorrupt, EntryTooLarge, NoSuchEntry, Overloaded, StorageError
 from bookie.service_config import BookieServiceConfig
-from zab.sockets import ConnectionCounts, write_now
+from edge.sockets import ConnectionCounts, write_now
 
 if TYPE_CHECKING:
     from bookie.storage import BookieStorage
@@ -85,7 +85,7 @@ class _Connection:
         with self.lock:
             self._take_leftover()
             if not self.out and not self.sending and not self.closing:
-                # Nothing queued before it: to the kernel now (zab/sockets.py), not a scheduler pass
+                # Nothing queued before it: to the kernel now (edge/sockets.py), not a scheduler pass
                 # later from the writer task; the writer only sends what the socket did not take.
                 frame = write_now(self.stream, frame)
                 if not frame:

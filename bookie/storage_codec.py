@@ -41,7 +41,7 @@ from crc32c import crc32c
 
 from bookie.errors import StorageError
 from bookie.storage_config import MASTER_KEY_BYTES, MAX_ENTRY_BYTES_LIMIT
-from zab.record import is_zero_fill
+from edge.zero_fill import is_zero_fill
 
 Buffer = bytes | bytearray | memoryview
 

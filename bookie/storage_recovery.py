@@ -27,7 +27,7 @@ from bookie.index import Index, record_size
 from bookie.journal import Journal
 from bookie.storage_codec import JournalRecord, Kind
 from bookie.storage_config import BookieStorageConfig
-from zab.snapshot import ensure_directory, fsync_directory, write_atomically
+from edge.files import ensure_directory, fsync_directory, write_atomically
 
 _log = logging.getLogger("quire.bookie.storage")
 COOKIE = "cookie"

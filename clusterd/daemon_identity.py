@@ -48,7 +48,7 @@ from metastore.client import MetaClient
 from metastore.client_ops import ANYONE
 from metastore.errors import NodeExists, NoNode
 from metastore.jute_defs import Perms
-from zab.snapshot import FILE_MODE
+from edge.files import FILE_MODE
 
 log = logging.getLogger("clusterd.daemon_identity")
 

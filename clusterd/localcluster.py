@@ -24,7 +24,7 @@ import clusterd
 from clusterd import tls_node
 from clusterd.admin import AdminUnavailable, fetch_status
 from clusterd.config import ClusterConfig, NodeConfig
-from zab.snapshot import FILE_MODE, ensure_directory
+from edge.files import FILE_MODE, ensure_directory
 from zab.zxid import fmt
 
 PID_FILE = "clusterd.pid"
@@ -97,7 +97,7 @@ def is_clusterd(pid: int) -> bool:
 
 def spawn(config: ClusterConfig, node: NodeConfig, *, log_level: str = "warning") -> subprocess.Popen[bytes]:
     """Start `clusterd --id N` detached from this terminal, output appended to its log file."""
-    ensure_directory(node.data_dir)  # 0700, as everything under it (zab/snapshot.py)
+    ensure_directory(node.data_dir)  # 0700, as everything under it (edge/files.py)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_SOURCE_ROOT), env.get("PYTHONPATH")]))
     command = [sys.executable, "-m", "clusterd.main", "--id", str(node.id),

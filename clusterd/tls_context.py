@@ -80,7 +80,7 @@ def _load_ca(context: ssl.SSLContext, ca: Path) -> None:
 
 def certificate_node_ids(connection: Any) -> set[int]:
     """The node ids a verified peer certificate names (URI SANs quire:node:<id>); empty if none.
-    `connection`: anything with ssl's getpeercert (an SSLObject, clusterd.tls_stream.TlsStream)."""
+    `connection`: anything with ssl's getpeercert (an SSLObject, edge.tls_stream.TlsStream)."""
     cert = connection.getpeercert()
     ids = set()
     for kind, value in (cert or {}).get("subjectAltName", ()):

@@ -12,7 +12,7 @@ import logging
 from clusterd.config import ClusterConfig, NodeConfig
 from clusterd.tls_context import client_context, node_client_context, server_context
 from clusterd.tls_streams import ClientTls, PeerTls, ServerTls
-from zab.sockets import BOOKIE_CLIENT_TLS, METASTORE_CLIENT_TLS
+from edge.sockets import BOOKIE_CLIENT_TLS, METASTORE_CLIENT_TLS
 
 log = logging.getLogger("clusterd")
 
@@ -86,7 +86,7 @@ def operator_tls(config: ClusterConfig, port: str = "client") -> ClientTls | Non
 def use_node_certificate(config: ClusterConfig, node: NodeConfig) -> None:
     """Make the node's own metastore and bookie clients, in the calling task and every task it
     starts from now on, dial with TLS and the node's certificate where [tls] says so
-    (zab/sockets.py METASTORE_CLIENT_TLS, BOOKIE_CLIENT_TLS). Call it at the root of the node."""
+    (edge/sockets.py METASTORE_CLIENT_TLS, BOOKIE_CLIENT_TLS). Call it at the root of the node."""
     METASTORE_CLIENT_TLS.set(metastore_client_tls(config, node))
     BOOKIE_CLIENT_TLS.set(bookie_client_tls(config, node))
 

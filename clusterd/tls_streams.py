@@ -20,9 +20,9 @@ import ssl
 import trio
 
 from clusterd.tls_context import certificate_node_ids, certificate_subject
-from clusterd.tls_stream import TlsStream
+from edge.tls_stream import TlsStream
 from metastore.acl import Id
-from zab.sockets import peer_address
+from edge.sockets import peer_address
 
 log = logging.getLogger("quire.tls")
 
@@ -62,7 +62,7 @@ def _reason(e: BaseException) -> str:
 
 async def handshake(stream: trio.SocketStream, context: ssl.SSLContext, *, server_side: bool,
                     timeout_s: float, server_hostname: str | None = None) -> TlsStream:
-    """The TLS handshake on `stream`, bounded by `timeout_s` (clusterd/tls_stream.py)."""
+    """The TLS handshake on `stream`, bounded by `timeout_s` (edge/tls_stream.py)."""
     tls = TlsStream(stream, context, server_side=server_side, server_hostname=server_hostname)
     with trio.fail_after(timeout_s):
         await tls.do_handshake()

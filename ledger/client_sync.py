@@ -28,7 +28,7 @@ from ledger.handles import ReadHandle, WriteHandle
 from ledger.manager import LedgerManager
 from ledger.metadata import LedgerMetadata
 from metastore.client import MetaClient
-from metastore.trio_thread import TrioThread
+from edge.trio_thread import TrioThread
 
 
 class SyncLedgerClient:

@@ -17,7 +17,7 @@ import trio
 
 from metastore import jute
 from metastore.acl import Id
-from zab.sockets import write_now
+from edge.sockets import write_now
 
 log = logging.getLogger("quire.metastore")
 Job = tuple[object, Callable[[], bool]]  # (the Pending write it waits for or None, answer it: False closes)

@@ -30,7 +30,7 @@ from metastore.client_watches import PersistentWatch, Watch
 from metastore.errors import AuthFailed, ConnectionLoss, SessionExpired, ZooKeeperError, error_for_code
 from metastore.jute_defs import (DEFAULT_MAX_BUFFER_BYTES, DEFAULT_MAX_FRAME_BYTES, PASSWORD_BYTES, Err, EventType,
                                  JuteError, KeeperState, OpCode, Xid)
-from zab.sockets import METASTORE_CLIENT_TLS
+from edge.sockets import METASTORE_CLIENT_TLS
 
 log = logging.getLogger("quire.metastore.client")
 

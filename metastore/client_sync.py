@@ -27,7 +27,7 @@ from metastore.client_core import ANY_VERSION, State, Version, WatchEvent
 from metastore.client_ops import Op
 from metastore.client_watches import Watch
 from metastore.stat import Stat
-from metastore.trio_thread import TrioThread
+from edge.trio_thread import TrioThread
 
 
 class SyncMetaClient:

@@ -24,6 +24,7 @@ from metastore.envelope import Envelope
 from metastore.errors import (BadArguments, BadVersion, NoChildrenForEphemerals, NodeExists, NoNode, NotEmpty,
                               RuntimeInconsistency, SessionExpired, SessionMoved, Unimplemented, ZooKeeperError)
 from metastore.jute_defs import CreateMode, OpCode
+from metastore.snapshot_codec import decode_snapshot, encode_tree
 from metastore.tree import (CONTAINER_OWNER, DataTree, EphemeralType, Node, ephemeral_type, i32, is_session_id,
                             next_version, ttl_owner)
 from metastore.txn import (Check, CloseSession, Create, CreateSession, Delete, Error, Multi, SetACL, SetData,
@@ -69,7 +70,7 @@ class Preparer:
     def _view(self) -> DataTree:
         if self._future is None:
             # O(size of the tree): only when leadership changes.
-            self._future = DataTree.from_bytes(self.tree.to_bytes())
+            self._future = decode_snapshot(encode_tree(self.tree))
             for zxid, txn in self._pending:
                 apply(self._future, zxid, txn)
         return self._future

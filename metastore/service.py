@@ -42,7 +42,7 @@ from metastore.watches import WatchKind, WatchManager
 from zab.actions import Phase, Role
 from zab.driver import Pending, PeerDriver
 from zab.errors import NoLeader, OutcomeUnknown
-from zab.sockets import ConnectionCounts, peer_address
+from edge.sockets import ConnectionCounts, peer_address
 
 log = logging.getLogger("quire.metastore")
 

@@ -20,9 +20,11 @@ from metastore.errors import DecodeError, MarshallingError
 from metastore.jute import decode_request
 from metastore.jute_defs import JuteError, OpCode
 from metastore.prep import CLAIM_SESSION, DEFAULT_MAX_DATA_BYTES, INIT_SECRET, Preparer
-from metastore.tree import DataTree, FrozenTree
+from metastore.snapshot_codec import FrozenTree, decode_snapshot
+from metastore.tree import DataTree
 from metastore.txn import (AlreadyApplied, Error, ErrorResult, MultiResult, Result, Transaction, apply, apply_refusal,
-                           decode_txn, encode_txn, failed)
+                           failed)
+from metastore.txn_codec import decode_txn, encode_txn
 from metastore.watches import WatchEvent, watch_events
 from zab.statemachine import MalformedState, Refusal
 
@@ -79,11 +81,11 @@ class MetastoreStateMachine:
         return Applied(zxid, t, result, _events(result, events))
 
     def freeze(self) -> FrozenTree:
-        return self.tree.freeze()
+        return FrozenTree.of(self.tree)
 
     def restore(self, zxid: int, state: bytes) -> None:
         try:
-            tree = DataTree.from_bytes(state)
+            tree = decode_snapshot(state)
         except DecodeError as e:
             raise MalformedState(f"not a tree snapshot: {e}") from None
         if tree.last_zxid != zxid:

@@ -16,7 +16,7 @@ and rollback() undo a half-applied multi in O(its changes).
 
 digest() is O(1): a sum of per-znode and per-session hashes kept up to date.
 freeze() is a copy-on-write view (an O(n) copy of references, then each znode
-is copied the first time it changes); to_bytes() is deterministic and exact.
+is copied the first time it changes); its bytes are metastore/snapshot_codec.py's.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import enum
 import hashlib
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from metastore import paths
 from metastore.acl import ACL, OPEN_ACL_UNSAFE, READ_ACL_UNSAFE, encode_acl
@@ -516,21 +515,16 @@ class DataTree:
         self._insert(path, node)
 
     # -- snapshots ---------------------------------------------------------------
-    def freeze(self) -> FrozenTree:
-        """A consistent view at last_zxid: O(n) copy of references; nodes are then copied on write."""
+    def freeze(self) -> tuple[int, dict[str, Node], dict[int, int], int]:
+        """A consistent view at last_zxid, (last_zxid, nodes, sessions, digest): an O(n) copy of
+        references, after which each znode is copied the first time it changes, so the view stays
+        as it was (metastore/snapshot_codec.py encodes it, later and on another thread)."""
         self._epoch += 1
-        return FrozenTree(self.last_zxid, dict(self._nodes), dict(self._sessions), self._digest)
+        return self.last_zxid, dict(self._nodes), dict(self._sessions), self._digest
 
-    def to_bytes(self) -> bytes:
-        """The snapshot of the tree at last_zxid (layout: metastore.txn.encode_snapshot)."""
-        from metastore.txn import encode_snapshot  # txn.py holds every byte format; it imports this module
-        return encode_snapshot(self.last_zxid, self._nodes, self._sessions, self._digest)
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> DataTree:
-        """The tree a snapshot describes; DecodeError if it is malformed or inconsistent."""
-        from metastore.txn import decode_snapshot
-        return decode_snapshot(data)
+    def contents(self) -> tuple[int, dict[str, Node], dict[int, int], int]:
+        """(last_zxid, nodes, sessions, digest) as they are, not copied: to encode at once."""
+        return self.last_zxid, self._nodes, self._sessions, self._digest
 
     @classmethod
     def assemble(cls, last_zxid: int, sessions: dict[int, int], records: Sequence[NodeRecord]) -> DataTree:
@@ -581,18 +575,3 @@ class DataTree:
             raise ValueError(f"{path!r} is the child of an ephemeral")
         if ephemeral_type(owner) is EphemeralType.NORMAL and owner not in self._sessions:
             raise ValueError(f"{path!r} belongs to no session")
-
-
-@dataclass(frozen=True, slots=True)
-class FrozenTree:
-    """An immutable view of a DataTree at `zxid` (zab's Frozen), serialisable later and elsewhere."""
-
-    zxid: int
-    nodes: dict[str, Node]
-    sessions: dict[int, int]
-    digest: int
-
-    def to_bytes(self) -> bytes:
-        from metastore.txn import encode_snapshot
-        return encode_snapshot(self.zxid, self.nodes, self.sessions, self.digest)
-

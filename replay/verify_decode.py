@@ -4,7 +4,7 @@ The Spark verifiers (replay/spark_source.py) read files and hand their bytes to
 these functions inside Spark tasks; the plain scan of bench/verify_scan.py calls
 the same ones. Every byte is parsed by the project's own decoders: record
 framing and CRC by zab.record, segment headers by zab.txnlog, snapshot files by
-zab.snapshot, metastore transactions by metastore.txn, snapshot states by the
+zab.snapshot, metastore transactions by metastore.txn_codec, snapshot states by the
 state machines' own restore. Nothing here reads a file.
 
 A segment is decoded in two steps so that one big file can feed several Spark
@@ -23,10 +23,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from metastore.errors import DecodeError
-from metastore.txn import (CloseSession, Create, CreateSession, Delete, Error, Multi, SetACL, SetData,
-                           decode_txn)
+from metastore.txn import CloseSession, Create, CreateSession, Delete, Error, Multi, SetACL, SetData
+from metastore.txn_codec import decode_txn
 from zab import zxid as Z
-from zab.record import RECORD_HEADER_BYTES, checked_length, decode_record, is_zero_fill
+from edge.zero_fill import is_zero_fill
+from zab.record import RECORD_HEADER_BYTES, checked_length, decode_record
 from zab.storage_errors import CorruptRecordError, RecordError, TornRecordError
 from zab.txnlog import SEGMENT_HEADER_BYTES, UNKNOWN_PREV_ZXID, decode_segment_header
 

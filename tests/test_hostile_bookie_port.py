@@ -32,7 +32,7 @@ from bookie_fixtures import serving_bookie, trio_test
 from ledger.client import LedgerClient
 from metastore.client import MetaClient
 from test_cluster_processes import REPO, Cluster, copy_config
-from zab.snapshot import ensure_directory
+from edge.files import ensure_directory
 
 KEY = master_key(b"secret")
 DIGESTER = Digester(DigestType.CRC32C, b"secret")
@@ -398,7 +398,7 @@ def test_well_formed_requests_with_extreme_values_get_a_declared_answer_and_lose
 
 # -- 4. files: 0600, directories 0700, each directory fsynced into its parent ------------------
 
-DAEMON_PACKAGES = ("bookie", "zab", "metastore", "ledger", "clusterd", "stream", "tablespace")
+DAEMON_PACKAGES = ("edge", "bookie", "zab", "metastore", "ledger", "clusterd", "stream", "tablespace")
 # Files written outside any data dir, with modes of their own: TLS material (keys 0600, certificates
 # 0644, in a 0700 directory) and the demo's scratch directory with its cluster.toml.
 OUTSIDE_DATA_DIRS = ("clusterd/tls_material.py", "clusterd/demo.py")
@@ -419,13 +419,13 @@ def _creation_sites(pattern: re.Pattern[str]) -> list[str]:
 def test_every_directory_is_created_through_ensure_directory():
     """ensure_directory makes it 0700 and fsyncs it into its parent (a directory entry not fsynced
     can vanish in a crash with everything written inside it); nothing else calls mkdir."""
-    sites = [s for s in _creation_sites(_CREATES_DIRECTORY) if not s.startswith(OUTSIDE_DATA_DIRS + ("zab/snapshot.py",))]
-    assert sites == [], "create directories with zab.snapshot.ensure_directory:\n" + "\n".join(sites)
+    sites = [s for s in _creation_sites(_CREATES_DIRECTORY) if not s.startswith(OUTSIDE_DATA_DIRS + ("edge/files.py",))]
+    assert sites == [], "create directories with edge.files.ensure_directory:\n" + "\n".join(sites)
 
 
 def test_every_file_is_created_with_the_private_mode():
     sites = [s for s in _creation_sites(_CREATES_FILE) if "FILE_MODE" not in s and not s.startswith(OUTSIDE_DATA_DIRS)]
-    assert sites == [], "create files with zab.snapshot.FILE_MODE (0600):\n" + "\n".join(sites)
+    assert sites == [], "create files with edge.files.FILE_MODE (0600):\n" + "\n".join(sites)
 
 
 def test_ensure_directory_creates_each_missing_directory_0700_and_fsyncs_it_into_its_parent(tmp_path):

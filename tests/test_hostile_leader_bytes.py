@@ -16,7 +16,8 @@ import pytest
 
 from metastore import envelope as E
 from metastore.state_machine import MetastoreStateMachine
-from metastore.txn import Error, Transaction, encode_txn
+from metastore.txn import Error, Transaction
+from metastore.txn_codec import encode_txn
 from sim.cluster import ClientOp, SimCluster
 from zab import zxid as Z
 from zab.actions import Answered, Delivered, Disconnect, InstallSnapshot, LogAppend, Received, Send

@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ["zab", "metastore", "bookie", "ledger", "clusterd", "replay", "sim"]
+PACKAGES = ["edge", "zab", "metastore", "bookie", "ledger", "clusterd", "replay", "sim"]
 
 # Edge modules: the only ones allowed to touch sockets, files, clocks and threads.
 EDGE = {
-    "zab/driver.py", "zab/transport.py", "zab/log_writer.py", "zab/sockets.py",
+    "edge/files.py", "edge/sockets.py", "edge/tls_stream.py", "edge/trio_thread.py",
+    "zab/driver.py", "zab/transport.py", "zab/log_writer.py",
     "zab/txnlog.py", "zab/snapshot.py", "zab/epochfile.py", "zab/recovery.py",
     "bookie/journal.py", "bookie/entrylog.py", "bookie/storage.py", "bookie/storage_commit.py",
     "bookie/storage_recovery.py",
@@ -46,7 +47,7 @@ def imported_roots(path: Path) -> set[str]:
     return roots
 
 
-PURE = [p for pkg in ("zab", "replay", "sim", "ledger") for p in modules(pkg) if str(p.relative_to(REPO)) not in EDGE]
+PURE = [p for pkg in ("edge", "zab", "replay", "sim", "ledger") for p in modules(pkg) if str(p.relative_to(REPO)) not in EDGE]
 PURE += [REPO / "bookie/protocol.py"]  # the bookie wire codec: bytes in, messages out
 PURE += [REPO / "metastore/sasl_digest.py", REPO / "metastore/sasl_users.py"]  # SASL: tokens and text in, answers out
 
@@ -65,6 +66,13 @@ def test_pure_modules_take_randomness_as_input(path: Path):
         assert rel.startswith("sim/"), f"{rel} imports random: take a random.Random as a parameter"
         text = path.read_text()
         assert "random.random(" not in text and "random.randint(" not in text, f"{rel} uses global randomness"
+
+
+def test_the_edge_layer_is_below_every_service():
+    """edge/ is the I/O the services share: it imports none of Quire's other packages."""
+    for path in modules("edge"):
+        above = imported_roots(path) & (set(PACKAGES) - {"edge"})
+        assert not above, f"{path.relative_to(REPO)} imports {sorted(above)}: edge/ sits below them"
 
 
 def test_cores_never_import_the_daemon():

@@ -13,9 +13,10 @@ import pytest
 from metastore import envelope as E
 from metastore import jute
 from metastore.jute_defs import OpCode
+from metastore.snapshot_codec import decode_snapshot
 from metastore.state_machine import MetastoreStateMachine
-from metastore.tree import DataTree
-from metastore.txn import apply, decode_txn
+from metastore.txn import apply
+from metastore.txn_codec import decode_txn
 from sim.cluster import SimCluster
 
 OPEN = (jute.ACL(31, jute.Id("world", "anyone")),)
@@ -51,7 +52,7 @@ def random_request(rng: random.Random) -> tuple[bytes, int]:
 
 
 def replayed_digest(snapshot: bytes, log, upto: int) -> str:
-    tree = DataTree.from_bytes(snapshot)
+    tree = decode_snapshot(snapshot)
     for txn in log:
         if tree.last_zxid < txn.zxid <= upto:
             apply(tree, txn.zxid, decode_txn(txn.data))

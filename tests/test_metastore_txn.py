@@ -9,10 +9,12 @@ import pytest
 
 from metastore.acl import ACL, OPEN_ACL_UNSAFE, Id, Perm
 from metastore.errors import DecodeError, TxnConflict
+from metastore.snapshot_codec import encode_tree
 from metastore.tree import CONTAINER_OWNER, DataTree
 from metastore.txn import (AlreadyApplied, Check, CheckResult, CloseSession, Create, CreateResult, CreateSession,
                            Delete, DeleteResult, Error, ErrorResult, Multi, MultiResult, SessionCreated, SetACL,
-                           SetData, SetDataResult, Transaction, apply, decode_txn, encode_txn)
+                           SetData, SetDataResult, Transaction, apply)
+from metastore.txn_codec import decode_txn, encode_txn
 
 SESSION = 0x0100_0000_0000_0001
 ZXID = 0x2_0000_0001
@@ -109,24 +111,24 @@ def test_a_multi_applies_every_op_under_one_zxid():
 
 def test_a_failed_multi_changes_nothing_and_reports_each_op():
     tree = DataTree()
-    before, digest = tree.to_bytes(), tree.digest()
+    before, digest = encode_tree(tree), tree.digest()
     failed = Multi((Error(0), Error(-101), Error(-2)))
     result = commit(tree, failed)
     assert result == MultiResult((ErrorResult(0), ErrorResult(-101), ErrorResult(-2)))
     assert result.code == -101
     assert tree.digest() == digest
-    assert tree.to_bytes()[13:] == before[13:]  # only last_zxid (bytes 5..12) moved
+    assert encode_tree(tree)[13:] == before[13:]  # only last_zxid (bytes 5..12) moved
 
 
 def test_a_multi_that_does_not_fit_is_a_conflict_and_is_undone_first():
     tree = DataTree()
     commit(tree, Create("/keep", b"v", OPEN_ACL_UNSAFE, 0, 1))
-    before, digest = tree.to_bytes(), tree.digest()
+    before, digest = encode_tree(tree), tree.digest()
     bad = Multi((Create("/x", b"", OPEN_ACL_UNSAFE, 0, 2), SetData("/keep", b"w", 1), Delete("/keep"),
                  Check("/x", 3)))
     with pytest.raises(TxnConflict):
         commit(tree, bad, ZXID + 1)
-    assert tree.to_bytes() == before and tree.digest() == digest == tree.recompute_digest()
+    assert encode_tree(tree) == before and tree.digest() == digest == tree.recompute_digest()
 
 
 def test_equal_acl_bytes_decode_to_one_shared_tuple():

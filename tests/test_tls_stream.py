@@ -1,4 +1,4 @@
-"""clusterd/tls_stream.py on real sockets (a loopback pair) with real TLS, in process.
+"""edge/tls_stream.py on real sockets (a loopback pair) with real TLS, in process.
 
 What the ports rely on: every record one socket read brought comes back from one receive_some;
 send_frames puts each frame in records of its own; write_now seals and writes at once, owes the
@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from clusterd.tls_context import client_context
 from clusterd.tls_material import issue, new_authority, node_uri, write_cert, write_pair
-from clusterd.tls_stream import OWED, TlsStream
+from edge.tls_stream import OWED, TlsStream
 
 APPLICATION_DATA = 23
 

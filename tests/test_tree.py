@@ -12,6 +12,7 @@ import pytest
 from metastore import paths
 from metastore.acl import ACL, OPEN_ACL_UNSAFE, READ_ACL_UNSAFE, Id, Perm
 from metastore.errors import (BadArguments, DecodeError, NoChildrenForEphemerals, NoNode, NotEmpty, TxnConflict)
+from metastore.snapshot_codec import FrozenTree, decode_snapshot, encode_tree
 from metastore.tree import (CONTAINER_OWNER, MAX_TTL_MS, DataTree, EphemeralType, ephemeral_type, i32,
                             next_version, ttl_owner)
 from metastore.txn import (AlreadyApplied, CloseSession, Create, CreateSession, Delete, SessionClosed, SetACL,
@@ -190,12 +191,12 @@ def test_system_znodes_cannot_be_deleted_and_config_is_local(zk):
             zk.tree.delete(path, zk.zxid + 1)
     with pytest.raises(BadArguments):
         zk.tree.create("/zookeeper/config/x", b"", OPEN_ACL_UNSAFE, 0, 1, zk.zxid + 1, 0)
-    digest, snapshot = zk.tree.digest(), zk.tree.to_bytes()
+    digest, snapshot = zk.tree.digest(), encode_tree(zk.tree)
     zk.tree.set_config_node(b"server.1=a:2888:3888:participant\nversion=100000000", 0x1_0000_0000, 123)
     data, stat = zk.tree.get("/zookeeper/config")
     assert data.startswith(b"server.1") and (stat.version, stat.mzxid) == (-1, 0x1_0000_0000)
     assert zk.tree.digest() == digest == zk.tree.recompute_digest()
-    assert zk.tree.to_bytes() == snapshot
+    assert encode_tree(zk.tree) == snapshot
 
 
 def test_quota_subtree_is_ordinary_data(zk):
@@ -219,10 +220,10 @@ def test_stale_or_repeated_transactions_are_detected(zk):
     zk.create("/a", b"1")
     set_again = SetData("/a", b"2", 1)
     zk.commit(set_again)
-    before = zk.tree.to_bytes()
+    before = encode_tree(zk.tree)
     # Replay of a zxid the tree already holds: ignored, whole.
     assert apply(zk.tree, zk.zxid, Transaction(0, set_again)) == AlreadyApplied(zk.zxid)
-    assert zk.tree.to_bytes() == before
+    assert encode_tree(zk.tree) == before
     # The same transaction under a new zxid (prepared against a stale view): absolute values no longer fit.
     for body in (set_again, Create("/a", b"", OPEN_ACL_UNSAFE, 0, 2), Delete("/nope"), SetACL("/a", (), 7)):
         with pytest.raises(TxnConflict):
@@ -233,8 +234,8 @@ def test_freeze_is_a_view_the_tree_never_changes(zk):
     zk.commit(CreateSession(SESSION, 10_000))
     zk.create("/a", b"before")
     zk.create("/a/e", owner=SESSION)
-    snapshot = zk.tree.to_bytes()
-    frozen = zk.tree.freeze()
+    snapshot = encode_tree(zk.tree)
+    frozen = FrozenTree.of(zk.tree)
     zk.set_data("/a", b"after")
     zk.create("/a/b")
     zk.commit(CloseSession(SESSION, ("/a/e",)))
@@ -250,7 +251,7 @@ def test_a_snapshot_keeps_sessions_ephemerals_containers_ttls_and_counters(zk):
     zk.create("/cache", b"x" * 100, owner=ttl_owner(5))
     zk.commit(Delete("/cache"))
     zk.create("/cache", owner=ttl_owner(5), acl=(ACL(Perm.ALL, Id("ip", "10.0.0.0/8")),))
-    restored = DataTree.from_bytes(zk.tree.to_bytes())
+    restored = decode_snapshot(encode_tree(zk.tree))
     assert restored.last_zxid == zk.tree.last_zxid and restored.digest() == zk.tree.digest()
     assert restored.sessions() == {SESSION: 10_000}
     assert restored.ephemerals(SESSION) == ["/locks/lock-0000000000"]
@@ -264,15 +265,15 @@ def test_a_snapshot_keeps_sessions_ephemerals_containers_ttls_and_counters(zk):
 
 def test_a_damaged_snapshot_is_refused(zk):
     zk.create("/a", b"payload")
-    good = zk.tree.to_bytes()
+    good = encode_tree(zk.tree)
     flipped = bytearray(good)
     flipped[good.index(b"payload")] ^= 1
     with pytest.raises(DecodeError, match="digest"):
-        DataTree.from_bytes(bytes(flipped))
+        decode_snapshot(bytes(flipped))
     with pytest.raises(DecodeError):
-        DataTree.from_bytes(good[:-1])
+        decode_snapshot(good[:-1])
     with pytest.raises(DecodeError):
-        DataTree.from_bytes(good + b"\0")
+        decode_snapshot(good + b"\0")
 
 
 def test_the_digest_follows_every_change_and_tells_states_apart(zk):
@@ -295,19 +296,19 @@ def test_nested_savepoints_undo_exactly_their_own_changes(zk):
     zk.commit(CreateSession(SESSION, 10_000))
     zk.create("/q")
     zk.create("/q/e", owner=SESSION)
-    start = zk.tree.to_bytes()
+    start = encode_tree(zk.tree)
     outer = zk.tree.savepoint()
     zk.tree.create("/q/a", b"1", READ_ACL_UNSAFE, 0, 2, zk.zxid + 1, 7)
     zk.tree.delete("/q/e", zk.zxid + 1)
-    middle = zk.tree.to_bytes()
+    middle = encode_tree(zk.tree)
     inner = zk.tree.savepoint()
     zk.tree.set_data("/q/a", b"2", 1, zk.zxid + 2, 8)
     zk.tree.set_acl("/q", READ_ACL_UNSAFE, 1)
     zk.tree.delete("/q/a", zk.zxid + 2)
     zk.tree.rollback(inner)
-    assert zk.tree.to_bytes() == middle and zk.tree.digest() == zk.tree.recompute_digest()
+    assert encode_tree(zk.tree) == middle and zk.tree.digest() == zk.tree.recompute_digest()
     zk.tree.rollback(outer)
-    assert zk.tree.to_bytes() == start and zk.tree.digest() == zk.tree.recompute_digest()
+    assert encode_tree(zk.tree) == start and zk.tree.digest() == zk.tree.recompute_digest()
     assert zk.tree.ephemerals(SESSION) == ["/q/e"]
     kept = zk.tree.savepoint()
     zk.tree.create("/q/b", b"", OPEN_ACL_UNSAFE, 0, 2, zk.zxid + 1, 7)

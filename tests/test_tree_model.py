@@ -27,11 +27,12 @@ from hypothesis import strategies as st
 from metastore import errors, paths
 from metastore.acl import ACL, OPEN_ACL_UNSAFE, READ_ACL_UNSAFE, Id, Perm, check
 from metastore.stat import Stat
+from metastore.snapshot_codec import FrozenTree, decode_snapshot, encode_tree
 from metastore.tree import CONTAINER_OWNER, DataTree, next_version, ttl_owner
-from metastore.txn import (AlreadyApplied, Check, CloseSession, Create, CreateResult, CreateSession,
-                           CheckResult, Delete, DeleteResult, Error, ErrorResult, Multi, MultiResult,
-                           SessionClosed, SessionCreated, SetACL, SetACLResult, SetData, SetDataResult,
-                           Transaction, apply, decode_txn, encode_txn)
+from metastore.txn import (AlreadyApplied, Check, CloseSession, Create, CreateResult, CreateSession, CheckResult,
+                           Delete, DeleteResult, Error, ErrorResult, Multi, MultiResult, SessionClosed,
+                           SessionCreated, SetACL, SetACLResult, SetData, SetDataResult, Transaction, apply)
+from metastore.txn_codec import decode_txn, encode_txn
 
 EXAMPLES = 2000 if os.environ.get("QUIRE_SOAK") else 150
 MODEL = settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
@@ -297,7 +298,7 @@ def run(ops: list, snapshot_at: int):
     snapshot, frozen = None, None
     for step, op in enumerate(ops):
         if step == snapshot_at:
-            snapshot, frozen = tree.to_bytes(), tree.freeze()
+            snapshot, frozen = encode_tree(tree), FrozenTree.of(tree)
         zxid, time_ms = 0x1_0000_0000 + step + 1, 1_700_000_000_000 + 10 * step
         body = prepare(model, op, zxid, time_ms)
         raw = encode_txn(Transaction(time_ms, body))
@@ -313,14 +314,14 @@ def run(ops: list, snapshot_at: int):
 def test_tree_matches_the_model_and_replay_from_any_snapshot_is_exact(ops, snapshot_at):
     _, tree, log, snapshot, frozen = run(ops, snapshot_at)
     if snapshot is None:
-        snapshot, frozen = tree.to_bytes(), tree.freeze()
+        snapshot, frozen = encode_tree(tree), FrozenTree.of(tree)
     assert frozen.to_bytes() == snapshot, "a frozen view changed after the tree moved on"
-    restored = DataTree.from_bytes(snapshot)
+    restored = decode_snapshot(snapshot)
     for zxid, raw in log:
         result = apply(restored, zxid, decode_txn(raw))
         assert isinstance(result, AlreadyApplied) == (zxid <= frozen.zxid)
     assert restored.digest() == tree.digest() == restored.recompute_digest()
-    assert restored.to_bytes() == tree.to_bytes()
+    assert encode_tree(restored) == encode_tree(tree)
     assert restored.last_zxid == tree.last_zxid
 
 
@@ -330,9 +331,9 @@ def test_tree_matches_the_model_and_replay_from_any_snapshot_is_exact(ops, snaps
 def test_rollback_restores_the_tree_exactly(history, attempt):
     """A half-applied multi on the leader's view: every change since the savepoint is undone."""
     model, tree, _, _, _ = run(history, snapshot_at=-1)
-    before, digest = tree.to_bytes(), tree.digest()
+    before, digest = encode_tree(tree), tree.digest()
     ephemerals = {s: tree.ephemerals(s) for s in tree.sessions()}
-    frozen = tree.freeze()
+    frozen = FrozenTree.of(tree)
     savepoint = tree.savepoint()
     zxid = tree.last_zxid + 1
     for op in attempt:
@@ -348,7 +349,7 @@ def test_rollback_restores_the_tree_exactly(history, attempt):
                     SetACL: lambda b: tree.set_acl(b.path, b.acl, b.version)}[type(body)]
         apply_op(body)
     tree.rollback(savepoint)
-    assert tree.to_bytes() == before == frozen.to_bytes()
+    assert encode_tree(tree) == before == frozen.to_bytes()
     assert tree.digest() == digest == tree.recompute_digest()
     assert {s: tree.ephemerals(s) for s in tree.sessions()} == ephemerals
-    assert tree.containers() == DataTree.from_bytes(before).containers()
+    assert tree.containers() == decode_snapshot(before).containers()

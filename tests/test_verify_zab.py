@@ -25,7 +25,7 @@ from kazoo.retry import KazooRetry
 
 from clusterd import config as cfg
 from clusterd import localcluster
-from metastore.tree import DataTree
+from metastore.snapshot_codec import decode_snapshot, encode_tree
 from replay.logs import check_logs_agree
 from replay.spark_zab_checks import (AGREEMENT, CHECK_NAMES, CHECKSUMS, EPOCH_ORDER, PREFIX, QUORUM, REPLAY,
                                      SKIPPED)
@@ -239,10 +239,10 @@ def test_an_uncommitted_tail_of_an_old_epoch_is_not_a_violation(spark, dirs):
 def test_a_snapshot_with_another_tree_breaks_replay(spark, dirs):
     store = SnapshotStore(dirs[1] / SNAPSHOT_DIR)
     zxid, path = store.files()[-1]
-    tree = DataTree.from_bytes(path.read_bytes()[32:])
+    tree = decode_snapshot(path.read_bytes()[32:])
     data, stat = tree.get("/v/counter")
     tree.set_data("/v/counter", b"forged", stat.version + 1, zxid, 0)
-    store.write(zxid, tree.to_bytes())  # valid CRCs and a self-consistent digest: only replay can tell
+    store.write(zxid, encode_tree(tree))  # valid CRCs and a self-consistent digest: only replay can tell
     verdict = run_verify(dirs)
     replay = verdict.check(REPLAY)
     assert failed(verdict) == {REPLAY}

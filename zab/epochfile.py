@@ -24,7 +24,7 @@ from pathlib import Path
 from crc32c import crc32c
 
 from zab import zxid as zxids
-from zab.snapshot import ensure_directory, write_atomically
+from edge.files import ensure_directory, write_atomically
 from zab.storage_errors import EpochFileError
 
 ACCEPTED_EPOCH = "acceptedEpoch"

@@ -48,7 +48,8 @@ from zab.actions import Action, InstallSnapshot, LogAppend, LogSync, LogTruncate
 from zab.history import txn_bytes
 from zab.messages import Ack
 from zab.recovery import purge
-from zab.snapshot import SnapshotStore, fsync_directory
+from edge.files import fsync_directory
+from zab.snapshot import SnapshotStore
 from zab.txnlog import TxnLog
 
 log = logging.getLogger("quire.zab.log_writer")

@@ -33,6 +33,7 @@ from zab.storage_errors import (
     RecordReason,
     TornRecordError,
 )
+from edge.zero_fill import is_zero_fill
 from zab.txn import Txn
 
 _HEADER = struct.Struct(">II")
@@ -135,11 +136,6 @@ def checked_length(view: memoryview, offset: int) -> int:
             offset=offset,
         )
     return length
-
-
-def is_zero_fill(view: Buffer) -> bool:
-    """Whether `view` holds only zero bytes: what preallocation leaves after the last record."""
-    return not bytes(view).strip(b"\0")
 
 
 def scan_records(buf: Buffer, offset: int = 0) -> ScanResult:

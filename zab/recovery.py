@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zab.epochfile import read_epochs
-from zab.snapshot import SnapshotStore, ensure_directory
+from edge.files import ensure_directory
+from zab.snapshot import SnapshotStore
 from zab.storage_errors import MissingHistoryError
 from zab.txn import Txn
 from zab.txnlog import DEFAULT_SEGMENT_MAX_BYTES, TxnLog

@@ -39,7 +39,7 @@ from zab.actions import PeerDisconnected, Received
 from zab.codec import FrameDecoder, decode_hello, decode_message, encode_frame, encode_hello
 from zab.errors import FrameError
 from zab.messages import Message
-from zab.sockets import write_now
+from edge.sockets import write_now
 
 log = logging.getLogger("quire.zab.transport")
 

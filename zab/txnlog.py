@@ -52,7 +52,7 @@ from typing import TypeVar
 from crc32c import crc32c
 
 from zab.record import RECORD_HEADER_BYTES, decode_record, encode_record, scan_records
-from zab.snapshot import FILE_MODE, ensure_directory, fsync_directory, write_all, write_preallocated
+from edge.files import FILE_MODE, ensure_directory, fsync_directory, write_all, write_preallocated
 from zab.storage_errors import LogCorruptError, RecordError, RecordReason, StorageError
 from zab.txn import Txn
 

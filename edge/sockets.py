@@ -11,7 +11,7 @@ bytes to the kernel at once instead. The caller guarantees that no `send_all`
 is in progress on the stream and that nothing it queued earlier is still
 unsent (otherwise bytes would interleave or reorder), and queues whatever the
 socket did not take for its writer task. Over TLS the same holds, the
-ciphertext being sealed at once (clusterd/tls_stream.py).
+ciphertext being sealed at once (edge/tls_stream.py).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ BOOKIE_CLIENT_TLS: ContextVar[Any] = ContextVar("quire_bookie_client_tls", defau
 def write_now(stream: trio.SocketStream, data: bytes) -> bytes | memoryview:
     """Write `data` without waiting; returns the part the socket did not take (empty: all sent).
     An error leaves everything unsent: the writer task's send_all meets it again and ends the
-    connection the usual way. A TLS stream (clusterd/tls_stream.py) seals the bytes first, and may return OWED: no plaintext is left
+    connection the usual way. A TLS stream (edge/tls_stream.py) seals the bytes first, and may return OWED: no plaintext is left
     but ciphertext is, which the caller's next send_all writes first (queue it as any rest)."""
     if not isinstance(stream, trio.SocketStream):
         direct = getattr(stream, "write_now", None)

@@ -7,7 +7,7 @@ load (docs/benchmarks.md, section 9):
   and one call per record cost a scheduler pass each.
 - `send_frames` seals each frame in records of its own (kazoo needs that, see
   metastore/client_conn.py) and hands them all to the socket in one write.
-- `write_now` lets the write-through of zab/sockets.py work under TLS: a lone reply or proposal
+- `write_now` lets the write-through of edge/sockets.py work under TLS: a lone reply or proposal
   is encrypted and handed to the kernel at once instead of a scheduler pass later.
 
 Semantics are trio's `SSLStream(https_compatible=True)`: a peer may end the connection without
@@ -173,7 +173,7 @@ class TlsStream(trio.abc.Stream):
             self._sending = False
 
     def write_now(self, data: bytes | memoryview) -> bytes | memoryview:
-        """zab/sockets.write_now for this stream: seal `data` and hand it to the kernel without
+        """edge/sockets.write_now for this stream: seal `data` and hand it to the kernel without
         waiting. Returns b"" when all of it went, `data` itself when none of it was sealed (a send is
         in progress, ciphertext is owed, or the caller is not trio's thread), else OWED (true,
         length 0): the rest of the ciphertext waits for the caller's next send_all."""
