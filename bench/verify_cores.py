@@ -22,7 +22,6 @@ from pathlib import Path
 from replay.spark_replay import ReplayTask, plan_replays, run_task
 from replay.spark_source import parse_dirs
 from replay.verify_decode import walk_segment
-from replay.verify_replay import ZOOKEEPER
 from zab.recovery import SNAPSHOT_DIR, TXNLOG_DIR
 
 DEFAULT_TASKS = 8
@@ -44,7 +43,7 @@ def sample_tasks(dirs: list[str], count: int) -> list[ReplayTask]:
             continue
         # Between snapshots only: every such task replays the same number of txns.
         planned = plan_replays({n.node: segments}, {n.node: snaps}, paths, {n.node: snaps[0]},
-                               {n.node: snaps[-1]}, set(snaps), ZOOKEEPER, starts)
+                               {n.node: snaps[-1]}, set(snaps), starts)
         tasks += planned[len(planned) // 3:]  # from the middle of the log, not its start
     step = max(1, len(tasks) // count)
     return tasks[::step][:count]

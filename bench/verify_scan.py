@@ -19,7 +19,7 @@ from pathlib import Path
 from replay.spark_replay import plan_replays, run_task
 from replay.spark_source import parse_dirs
 from replay.verify_decode import ORDER_NAMES, ORDER_OK, ORDER_UNKNOWN, decode_chunk, walk_segment
-from replay.verify_replay import ZOOKEEPER, check_snapshot
+from replay.verify_replay import check_snapshot
 from zab.recovery import SNAPSHOT_DIR, TXNLOG_DIR
 
 
@@ -83,14 +83,14 @@ def _replay(nodes, segments: dict, tops: dict, c: int,  # noqa: ANN001
     for n in nodes:
         for path in sorted((Path(n.path) / SNAPSHOT_DIR).glob("snapshot.*")):
             zxid = int(path.name.split(".")[1], 16)
-            info = check_snapshot(path.read_bytes(), zxid, ZOOKEEPER, str(path))
+            info = check_snapshot(path.read_bytes(), zxid, str(path))
             if info.status == "ok":
                 snaps.setdefault(n.node, []).append(zxid)
                 paths[(n.node, zxid)] = str(path)
                 digests.setdefault(zxid, []).append(info.digest)
     checkpoints = {z for zs in snaps.values() for z in zs} | set(tops.values()) | {c}
     bases = {n.node: 0 for n in nodes}
-    for task in plan_replays(segments, snaps, paths, bases, tops, checkpoints, ZOOKEEPER, chunk_starts):
+    for task in plan_replays(segments, snaps, paths, bases, tops, checkpoints, chunk_starts):
         for row in run_task(task):
             if row.digest is not None:
                 digests.setdefault(row.zxid, []).append(row.digest)

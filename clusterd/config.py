@@ -38,7 +38,7 @@ VOTER = "voter"
 OBSERVER = "observer"
 BOOKIE = "bookie"
 ROLES = (VOTER, OBSERVER, BOOKIE)
-MAX_NODE_ID = 255  # ids are packed into session ids (see clusterd.kvservice)
+MAX_NODE_ID = 255  # ids are packed into session ids and request ids (metastore/sessions.py, zab waiters)
 PORT_KEYS = ("peer_port", "client_port", "admin_port")
 BOOKIE_PORT = "bookie_port"  # required on, and only on, nodes with the bookie role
 BOOKIE_JOURNAL_DIR = "bookie_journal_dir"  # optional, only on nodes with the bookie role
@@ -115,9 +115,9 @@ class ClusterConfig:
     send_queue_max: int = 10_000
     send_queue_max_bytes: int = 128 << 20  # bytes queued per peer link (zab/transport.py)
     log_queue_max_bytes: int = 64 << 20  # log writes queued for the disk before new work waits (zab/log_writer.py)
-    # What the client port speaks: "kv" (the demo key-value protocol over the demo state
-    # machine) or "zookeeper" (the metastore: ZooKeeper's client protocol, kazoo, zkCli).
-    client_protocol: str = "kv"
+    # What the client port speaks: only "zookeeper" (the metastore: ZooKeeper's client protocol,
+    # kazoo, zkCli). The key stays so that a config naming the retired "kv" demo protocol is told so.
+    client_protocol: str = "zookeeper"
     min_session_timeout_ms: int = 2_000
     max_session_timeout_ms: int = 60_000
     # Optional: mixed into the session-password key, which derives from the cluster secret the
@@ -143,7 +143,7 @@ class ClusterConfig:
     enforce_auth_schemes: str = ""
     # Four-letter words answered on the client port (comma-separated allow-list).
     four_letter_words: str = "ruok,srvr,stat,mntr,conf,envi,isro"
-    # Bookies (nodes with the bookie role; they run only when client_protocol is "zookeeper").
+    # Bookies (nodes with the bookie role).
     bookie_max_entry_bytes: int = 5 << 20  # the largest packaged entry a bookie stores
     bookie_max_in_flight: int = 10_000  # requests served at once per bookie connection; more: OVERLOADED
     # The bookie port's limits (bookie/service_config.py): per connection, then per address and in total.
@@ -232,7 +232,7 @@ CLUSTER_DEFAULTS: dict[str, Any] = {
     f.name: f.default for f in fields(ClusterConfig) if f.name not in ("path", "nodes", "tls")}
 
 
-CLIENT_PROTOCOLS = ("kv", "zookeeper")
+CLIENT_PROTOCOLS = ("zookeeper",)
 _MAY_BE_EMPTY = frozenset({"super_digest", "session_secret", "sasl_users_file", "enforce_auth_schemes"})  # empty: the setting is off
 # Secrets once shipped as defaults: everyone knows them (issue 17).
 _KNOWN_SECRETS = frozenset({"quire-change-me", "quire"})
@@ -342,8 +342,9 @@ def _check_cluster(config: ClusterConfig) -> None:
     _check_unique(path, "address", [((n.host, port), f"node {n.id} {key}")
                                     for n in config.nodes for key, port in n.ports.items()])
     if config.client_protocol not in CLIENT_PROTOCOLS:
-        raise ConfigError(f"{path}: [cluster]: key 'client_protocol': must be one of {', '.join(CLIENT_PROTOCOLS)}, "
-                          f"got {config.client_protocol!r}")
+        retired = " (the kv demo protocol was retired)" if config.client_protocol == "kv" else ""
+        raise ConfigError(f"{path}: [cluster]: key 'client_protocol': the client port speaks only \"zookeeper\", "
+                          f"got {config.client_protocol!r}{retired}; remove the key")
     unknown_words = set(config.four_letter_word_set) - KNOWN_FOUR_LETTER_WORDS
     if unknown_words:
         raise ConfigError(f"{path}: [cluster]: key 'four_letter_words': unknown {sorted(unknown_words)} "

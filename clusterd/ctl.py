@@ -1,8 +1,8 @@
 """`clusterctl`: start, stop, inspect and use a local cluster described by a cluster.toml.
 
-    clusterctl [--config FILE] up | down | status [--json] | put KEY VALUE [--version N] | get KEY | demo
-    and, on a client_protocol = "zookeeper" cluster, the metastore commands of clusterd/zkctl.py
-    (ls, get PATH, stat, create, set, rm, cas); `get` reads a znode there, a KV key otherwise.
+    clusterctl [--config FILE] up | down | status [--json] | demo
+    and the metastore commands of clusterd/zkctl.py (ls, get PATH, stat, create, set, rm, cas), the
+    bookie, ledger, recovery, verify and tls commands.
 
 Exit status: 0 done, 1 the operation failed, 2 the command line or the config was refused.
 """
@@ -19,9 +19,7 @@ import trio
 
 from clusterd import bookiectl, demo, ledgerctl, localcluster, recoveryctl, tlsctl, verifyctl, zkctl
 from clusterd.config import ClusterConfig, ConfigError, NodeConfig, load
-from clusterd.kvclient import KVError, SyncKVClient
 from clusterd.localcluster import ClusterError
-from zab.zxid import fmt
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -35,8 +33,8 @@ def main(argv: list[str] | None = None) -> None:
         _fail(EXIT_USAGE, str(e))
     try:
         sys.exit(args.command(config, args))
-    except (ClusterError, KVError) as e:
-        _fail(EXIT_FAILED, f"{type(e).__name__}: {e}" if isinstance(e, KVError) else str(e))
+    except ClusterError as e:
+        _fail(EXIT_FAILED, str(e))
 
 
 def _fail(status: int, message: str) -> None:
@@ -63,14 +61,11 @@ def _parser() -> argparse.ArgumentParser:
     down.add_argument("--timeout", type=float, default=10.0, help="seconds before SIGKILL (default 10)")
     status = command("status", cmd_status, "one line per node: pid, role, epoch, zxids, peers")
     status.add_argument("--json", action="store_true", help="a JSON list, one object per node")
-    put = command("put", cmd_put, "set KEY to VALUE through the cluster")
-    put.add_argument("key")
-    put.add_argument("value")
-    put.add_argument("--version", type=int, default=None, help="only if KEY is at this version (0: absent)")
-    get = command("get", cmd_get, "print KEY's value as a node sees it (version and zxid on stderr); "
-                  "zookeeper: znode PATH's data")
-    get.add_argument("key", metavar="KEY|PATH")
-    get.add_argument("--json", action="store_true", help="zookeeper: print JSON")
+    put = command("put", cmd_put, "retired with the kv demo protocol: use create or set")
+    put.add_argument("words", nargs="*", help=argparse.SUPPRESS)
+    get = command("get", zkctl.cmd_get_zk, "print znode PATH's data as a node sees it (version and zxid on stderr)")
+    get.add_argument("key", metavar="PATH")
+    get.add_argument("--json", action="store_true", help="print JSON")
     zkctl.add_commands(command)
     bookiectl.add_commands(command)
     ledgerctl.add_commands(command)
@@ -134,26 +129,10 @@ def cmd_status(config: ClusterConfig, args: argparse.Namespace) -> int:
     return 0
 
 
-# -- put / get ----------------------------------------------------------------
+# -- put (retired) --------------------------------------------------------------
 
 def cmd_put(config: ClusterConfig, args: argparse.Namespace) -> int:
-    if config.client_protocol == "zookeeper":
-        return zkctl.refuse_put(config)
-    written = SyncKVClient(config.client_addresses(), retry_for_s=10.0).put(args.key, args.value, args.version)
-    print(f"ok version={written.version} zxid={fmt(written.zxid)}")
-    return 0
-
-
-def cmd_get(config: ClusterConfig, args: argparse.Namespace) -> int:
-    if config.client_protocol == "zookeeper":
-        return zkctl.cmd_get_zk(config, args)
-    item = SyncKVClient(config.client_addresses(), retry_for_s=10.0).get(args.key)
-    if item is None:
-        print(f"clusterctl: no key {args.key!r}", file=sys.stderr)
-        return EXIT_FAILED
-    print(item.value)
-    print(f"version={item.version} zxid={fmt(item.zxid)}", file=sys.stderr)
-    return 0
+    return zkctl.refuse_put(config)
 
 
 def cmd_demo(config: ClusterConfig, args: argparse.Namespace) -> int:

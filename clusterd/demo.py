@@ -14,8 +14,7 @@ if anything acknowledged is missing. clusterd/demo_writers.py has the clients an
 the naming scheme that makes every outcome knowable; clusterd/demo_check.py the
 reading back.
 
-The demo needs `client_protocol = "zookeeper"` (the shipped cluster.toml's) and
-never touches the config's own data directories: it runs on a copy of the config
+The demo never touches the config's own data directories: it runs on a copy of the config
 under `<config folder>/data/demo/<timestamp>/`, kept afterwards for inspection
 (`clusterctl --config <that>/cluster.toml status` and the logs).
 """
@@ -42,7 +41,6 @@ from zab.zxid import fmt
 
 START_TIMEOUT_S = 30.0
 CONVERGE_TIMEOUT_S = 60.0
-EXIT_USAGE = 2
 
 
 class Demo:
@@ -83,10 +81,6 @@ class Demo:
 def run(config: ClusterConfig, *, writes: int, clients: int, kill: str, ledger_entries: int = 5000,
         verify: bool = True) -> int:
     """Run the demo on a copy of `config` with fresh data; the process exit status."""
-    if config.client_protocol != "zookeeper":
-        print(f"clusterctl: the demo drives the metastore, so it needs client_protocol = \"zookeeper\" under "
-              f"[cluster] in {config.path} (this config says {config.client_protocol!r})", file=sys.stderr)
-        return EXIT_USAGE
     if len(config.voters) < 3 or writes < 3 or clients < 1:
         raise ClusterError("the demo needs at least 3 voters (a quorum survives a SIGKILL), 3 writes and 1 client")
     _refuse_if_running(config)

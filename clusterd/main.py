@@ -1,8 +1,8 @@
 """`clusterd --id N [--config cluster.toml]`: run one node of a Quire cluster.
 
 One trio nursery holds the node's services: the Zab peer driver and the client
-port (on voters and observers), the bookie (on nodes with the bookie role, when
-the cluster speaks the ZooKeeper protocol: clusterd/bookie_node.py) and the
+port (on voters and observers: the ZooKeeper client protocol), the bookie (on nodes
+with the bookie role: clusterd/bookie_node.py) and the
 admin HTTP port. A bookie-only node runs no Zab peer: its bookie reaches the
 metastore through the ensemble's client ports. SIGTERM or SIGINT
 cancels the nursery and the process exits 0. Exit status 2 means the
@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import random
 import signal
 import sys
 import time
@@ -26,14 +25,12 @@ from clusterd import localcluster, tls_node
 from clusterd.admin import AdminServer
 from clusterd.bookie_node import BookieNode, BookieStartupError
 from clusterd.config import ClusterConfig, ConfigError, NodeConfig, load
-from clusterd.kvservice import INCARNATION_BITS, KVService
 from clusterd.tls_context import TlsSetupError
 from metastore.edge_guard import ClientLimits
 from metastore.sasl_edge import SaslConfigError, SaslSettings, load_settings
 from metastore.service import MetastoreConfig, MetastoreService
 from metastore.state_machine import MetastoreStateMachine
 from zab.driver import PeerDriver
-from zab.kv_state_machine import KVStateMachine
 
 log = logging.getLogger("clusterd")
 
@@ -50,7 +47,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     args = _parse_args(argv)
     try:
         config = load(args.config)
-        node = _runnable_node(config, args.id)
+        node = config.node(args.id)
     except ConfigError as e:
         _die(EXIT_BAD_CONFIG, str(e))
     _setup_logging(args.log_level, node.id)
@@ -73,15 +70,6 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--config", default="cluster.toml", help="cluster config file (default: ./cluster.toml)")
     parser.add_argument("--log-level", default="warning", choices=LOG_LEVELS, help="default: warning")
     return parser.parse_args(argv)
-
-
-def _runnable_node(config: ClusterConfig, node_id: int) -> NodeConfig:
-    node = config.node(node_id)
-    if not node.in_ensemble and config.client_protocol != "zookeeper":
-        raise ConfigError(f"{config.path}: node {node_id} is bookie-only, but bookies register in the metastore, "
-                          f'which needs client_protocol = "zookeeper" (this cluster speaks '
-                          f"{config.client_protocol!r}): set it in [cluster], or give the node the voter role")
-    return node
 
 
 def _claim_data_dir(node: NodeConfig) -> None:
@@ -128,14 +116,9 @@ async def _start_services(nursery: trio.Nursery, config: ClusterConfig, node: No
     else:
         status = {"status": lambda: {"role": "bookie", "peers": []}}
     bookie = None
-    if node.is_bookie and config.client_protocol == "zookeeper":
+    if node.is_bookie:
         bookie = BookieNode(config, node)
         await nursery.start(bookie.run)
-    elif node.is_bookie:
-        # Bookies register in the metastore; the kv demo protocol has none. Refusing would break
-        # every kv cluster whose nodes carry the bookie role (the shipped layout), so we skip.
-        log.warning("bookie role ignored", extra={"reason": f"client_protocol is {config.client_protocol!r}, "
-                                                            "bookies need \"zookeeper\""})
 
     def node_status() -> dict[str, Any]:
         out = {**status["status"](), "id": node.id, "pid": os.getpid(), "cluster": config.name,
@@ -154,33 +137,24 @@ async def _start_services(nursery: trio.Nursery, config: ClusterConfig, node: No
 async def _start_ensemble_services(nursery: trio.Nursery, config: ClusterConfig,
                                    node: NodeConfig) -> dict[str, Any]:
     """Start the Zab peer and the client port; returns the status functions of both."""
-    zookeeper = config.client_protocol == "zookeeper"
-    sm = MetastoreStateMachine() if zookeeper else KVStateMachine()
+    sm = MetastoreStateMachine()
     driver = PeerDriver(config.zab_config(node.id), config.peer_addresses(), node.data_dir, sm,
                         max_frame_bytes=config.max_frame_bytes, send_queue_max=config.send_queue_max,
                         send_queue_max_bytes=config.send_queue_max_bytes,
                         log_queue_max_bytes=config.log_queue_max_bytes,
                         snapshots_retained=config.snapshots_retained, cluster_name=config.name)
     driver.transport.tls = tls_node.peer_tls(config, node)  # None: plain TCP ([tls] peer)
-    if zookeeper:
-        service = MetastoreService(driver, sm, MetastoreConfig(
-            node.id, node.host, node.client_port, config.min_session_timeout_ms, config.max_session_timeout_ms,
-            config.session_secret.encode(), config.four_letter_word_set, tick_ms=config.tick_ms,
-            tls=tls_node.client_port_tls(config, node), super_digest=config.super_digest or None,
-            limits=client_limits(config), sasl=sasl_settings(config)))
+    service = MetastoreService(driver, sm, MetastoreConfig(
+        node.id, node.host, node.client_port, config.min_session_timeout_ms, config.max_session_timeout_ms,
+        config.session_secret.encode(), config.four_letter_word_set, tick_ms=config.tick_ms,
+        tls=tls_node.client_port_tls(config, node), super_digest=config.super_digest or None,
+        limits=client_limits(config), sasl=sasl_settings(config)))
     await nursery.start(driver.run)
-    if zookeeper:
-        try:
-            await nursery.start(service.run)
-        except OSError as e:
-            raise StartupError(f"cannot listen for clients on {node.host}:{node.client_port}: {e}") from None
-        client_stats = lambda: dict(service.stats)  # noqa: E731
-    else:
-        kv = KVService(node.id, driver, incarnation=random.SystemRandom().getrandbits(INCARNATION_BITS))
-        await nursery.start(trio.serve_listeners, kv.handle_connection,
-                            await _listen(node.host, node.client_port, "clients"))
-        client_stats = kv.statistics
-    return {"status": driver.status, "clients": client_stats}
+    try:
+        await nursery.start(service.run)
+    except OSError as e:
+        raise StartupError(f"cannot listen for clients on {node.host}:{node.client_port}: {e}") from None
+    return {"status": driver.status, "clients": lambda: dict(service.stats)}
 
 
 def sasl_settings(config: ClusterConfig) -> SaslSettings:

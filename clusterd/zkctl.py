@@ -1,4 +1,4 @@
-"""`clusterctl` commands for the metastore (clusters with client_protocol = "zookeeper").
+"""`clusterctl` commands for the metastore.
 
     clusterctl [--config FILE] ls PATH | get PATH | stat PATH
                                | create PATH [DATA] [--ephemeral] [--sequential]
@@ -6,10 +6,8 @@
                                | cas PATH (--increment [BY] | --expect OLD --value NEW)
     each with --json for machine-readable output.
 
-`get` is shared with the KV demo protocol: on a zookeeper cluster it reads a
-znode, on a kv cluster a key (clusterd/ctl.py dispatches on the config).
-`put` is KV-only; on a zookeeper cluster use create or set. The other commands
-need a zookeeper cluster and say so otherwise (exit 2).
+`put` belonged to the retired kv demo protocol: it now says to use create or
+set (exit 2).
 
 Each command opens a session through any node's client port (SyncMetaClient),
 runs, and closes it; so an --ephemeral node is deleted as soon as the command
@@ -74,13 +72,8 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
 
 
 def _zk(func: Command) -> Command:
-    """Refuse on a cluster that does not speak the zookeeper protocol; turn metastore
-    errors into exit status 1."""
+    """Turn metastore errors into exit status 1."""
     def run(config: ClusterConfig, args: argparse.Namespace) -> int:
-        if config.client_protocol != "zookeeper":
-            print(f"clusterctl: this command needs client_protocol = \"zookeeper\" under [cluster] in "
-                  f"{config.path} (this cluster speaks {config.client_protocol!r})", file=sys.stderr)
-            return EXIT_USAGE
         try:
             return func(config, args)
         except MetastoreError as e:
@@ -90,8 +83,8 @@ def _zk(func: Command) -> Command:
 
 
 def refuse_put(config: ClusterConfig) -> int:
-    print(f"clusterctl: put belongs to the KV demo protocol; {config.path} says client_protocol = \"zookeeper\": "
-          "use `create PATH DATA` or `set PATH DATA`", file=sys.stderr)
+    print("clusterctl: put belonged to the retired kv demo protocol: use `create PATH DATA` or `set PATH DATA`",
+          file=sys.stderr)
     return EXIT_USAGE
 
 

@@ -46,7 +46,7 @@ def _final_tree_task(task: tuple) -> tuple[list, list[str], str]:
     """
     snapshot, start, end, segments, chunk_starts = task
     state = read_snapshot(Path(snapshot))[1] if snapshot else None
-    sm = restore("zookeeper", start, state)
+    sm = restore(start, state)
     outcome = replay(sm, start, end, log_txns(segments, start, chunk_starts), ())
     found, broken = ledgers_in(sm.tree, DEFAULT_ROOT)
     return found, broken, outcome.error

@@ -38,7 +38,6 @@ class ReplayTask:
     end: int
     segments: tuple[str, ...]
     checkpoints: tuple[int, ...]
-    protocol: str
     # Per segment (same order), the file offsets where its chunks start; empty: decode from the header.
     chunk_starts: tuple[tuple[int, ...], ...] = ()
 
@@ -56,7 +55,7 @@ class ReplayRow:
 
 def plan_replays(segments: dict[int, list[tuple[int, str]]], snapshots: dict[int, list[int]],
                  snapshot_paths: dict[tuple[int, int], str], bases: dict[int, int | None], tops: dict[int, int],
-                 checkpoints: set[int], protocol: str,
+                 checkpoints: set[int],
                  chunk_starts: dict[str, tuple[int, ...]] | None = None) -> list[ReplayTask]:
     """One task per start of each node: every valid snapshot its log continues, and the
     empty state when its log reaches back to zxid 0; each ends at the node's next start
@@ -74,7 +73,7 @@ def plan_replays(segments: dict[int, list[tuple[int, str]]], snapshots: dict[int
             end = min(starts[i + 1], top) if i + 1 < len(starts) else top
             files = _segments_for(segments.get(node, []), start, end)
             tasks.append(ReplayTask(node, start, snapshot_paths.get((node, start)), end, files,
-                                    tuple(sorted(k for k in checkpoints if start < k <= end)), protocol,
+                                    tuple(sorted(k for k in checkpoints if start < k <= end)),
                                     tuple(starts_of.get(f, ()) for f in files) if starts_of else ()))
     return tasks
 
@@ -176,7 +175,7 @@ def run_task(task: ReplayTask) -> list[ReplayRow]:
             _, state = read_snapshot(Path(task.snapshot))
         except SnapshotCorruptError as err:
             return [ReplayRow(task.node, source, task.start, None, str(err))]
-    sm = restore(task.protocol, task.start, state)
+    sm = restore(task.start, state)
     txns = log_txns(task.segments, task.start, task.chunk_starts, task.end)
     outcome = replay(sm, task.start, task.end, txns, task.checkpoints)
     rows = [ReplayRow(task.node, source, zxid, digest, "") for zxid, digest in outcome.digests]

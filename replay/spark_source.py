@@ -20,8 +20,8 @@ columns after it are null) or "torn" (the walk stopped: the bytes end mid-record
 or hold an impossible length); `order` compares the record with the one before
 it in the same log (replay.verify_decode.classify_order); `prev_zxid` is that
 record's zxid (for a segment's first record, the header's prev_zxid; null when
-unknown); `session` is the record's session id field (the Zab record's, for
-every protocol); `txn_type`/`path` are null unless the data decodes as a
+unknown); `session` is the record's session id field (the Zab record's);
+`txn_type`/`path` are null unless the data decodes as a
 metastore transaction; `raw` (the record body) is null unless asked for.
 """
 
@@ -156,20 +156,19 @@ def _decode_task(items, with_raw: bool, with_txn: bool):  # noqa: ANN001, ANN202
                dict(zip(c.bad_offsets, c.bad_details)))
 
 
-def _snapshot_task(item: tuple[int, str, int], protocol: str) -> tuple:
+def _snapshot_task(item: tuple[int, str, int]) -> tuple:
     node, path, name_zxid = item
-    info = check_snapshot(Path(path).read_bytes(), name_zxid, protocol, path)
+    info = check_snapshot(Path(path).read_bytes(), name_zxid, path)
     return (node, Path(path).name, name_zxid, info.zxid, info.status, info.digest, info.error)
 
 
 # -- the reader ------------------------------------------------------------------------------
 
-def read_zab(spark: SparkSession, nodes: list[NodeDir], *, protocol: str,
+def read_zab(spark: SparkSession, nodes: list[NodeDir], *,
              chunk_records: int = DEFAULT_CHUNK_RECORDS, with_raw: bool = False, with_txn: bool = True) -> ZabFrames:
     """Read every segment and snapshot of `nodes` into DataFrames (decoded chunks are cached).
 
-    `protocol` ("zookeeper" or "kv") says how snapshot states restore. Without
-    `with_txn` the txn_type and path columns stay null (the verifier's checks do not
+    Without `with_txn` the txn_type and path columns stay null (the verifier's checks do not
     use them, and decoding them is most of the per-record cost).
     """
     sc = spark.sparkContext
@@ -192,7 +191,7 @@ def read_zab(spark: SparkSession, nodes: list[NodeDir], *, protocol: str,
     records = _records_view(flat).unionByName(_walk_stops(spark, segments))
     snaps = [(n.node, p, z) for n in nodes for z, p in _listed(Path(n.path) / SNAPSHOT_DIR, _SNAPSHOT)]
     snapshots = spark.createDataFrame(
-        sc.parallelize(snaps, max(1, len(snaps))).map(lambda s, p=protocol: _snapshot_task(s, p)),
+        sc.parallelize(snaps, max(1, len(snaps))).map(_snapshot_task),
         _SNAPSHOT_SCHEMA, verifySchema=False).persist()
     return ZabFrames(nodes, segments, records, _segments_frame(spark, segments), snapshots, valid, flat)
 

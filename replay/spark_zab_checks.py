@@ -39,7 +39,6 @@ class Context:
     spark: SparkSession
     frames: ZabFrames
     voters: int
-    protocol: str
     progress: Progress
     valid: DataFrame = None  # type: ignore[assignment]
     per_zxid: DataFrame = None  # type: ignore[assignment]
@@ -357,7 +356,7 @@ def check_replay(ctx: Context) -> CheckResult:
     for r in snaps:
         by_node.setdefault(r.node, []).append(r.zxid)
     chunk_starts = {s.path: tuple(c.start for c in s.layout.chunks) for s in ctx.frames.segments}
-    tasks = plan_replays(segments, by_node, paths, ctx.bases, ctx.tops, checkpoints, ctx.protocol, chunk_starts)
+    tasks = plan_replays(segments, by_node, paths, ctx.bases, ctx.tops, checkpoints, chunk_starts)
     rows = run_replays(ctx.spark, tasks)
     digests: dict[int, list[tuple[str, str]]] = {}
     for r in snaps:

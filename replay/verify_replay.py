@@ -1,8 +1,7 @@
 """Replay for the verifiers: snapshot files checked and restored, transactions applied
 through the state machine's own code, tree digests taken at chosen zxids. Pure.
 
-The metastore's `MetastoreStateMachine` (client_protocol = "zookeeper") or the demo
-`KVStateMachine` (client_protocol = "kv") does the work, exactly as a node does
+The metastore's `MetastoreStateMachine` does the work, exactly as a node does
 at recovery: `restore(zxid, state)` from a snapshot, then `apply(zxid, data)` for
 every later transaction, then `digest()`.
 """
@@ -14,29 +13,13 @@ from dataclasses import dataclass
 
 from metastore.errors import MetastoreError, TxnConflict
 from metastore.state_machine import MetastoreStateMachine
-from zab.kv_state_machine import KVStateMachine
 from zab.snapshot import decode_snapshot
 from zab.storage_errors import SnapshotCorruptError
 from zab.txn import Txn
 
-ZOOKEEPER, KV = "zookeeper", "kv"
-PROTOCOLS = (ZOOKEEPER, KV)
-# What a state machine raises when a transaction or a snapshot state does not fit:
-# the metastore's TxnConflict / DecodeError, the KV machine's ValueError / KeyError.
+# What the state machine raises when a transaction or a snapshot state does not fit (its
+# TxnConflict / DecodeError; the rest in case a damaged state reaches code that assumes less).
 _APPLY_ERRORS = (MetastoreError, TxnConflict, ValueError, KeyError, TypeError)
-
-
-class ReplayInputError(ValueError):
-    """The replay was asked for something it cannot do (an unknown protocol)."""
-
-
-def new_state_machine(protocol: str) -> MetastoreStateMachine | KVStateMachine:
-    """A fresh state machine of the kind `protocol` names ("zookeeper" or "kv")."""
-    if protocol == ZOOKEEPER:
-        return MetastoreStateMachine()
-    if protocol == KV:
-        return KVStateMachine()
-    raise ReplayInputError(f"unknown protocol {protocol!r}: expected one of {', '.join(PROTOCOLS)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +32,7 @@ class SnapshotInfo:
     error: str
 
 
-def check_snapshot(buf: bytes, name_zxid: int, protocol: str, source: str) -> SnapshotInfo:
+def check_snapshot(buf: bytes, name_zxid: int, source: str) -> SnapshotInfo:
     """Verify a snapshot file's bytes (zab.snapshot) and restore its state to get its digest."""
     try:
         zxid, state = decode_snapshot(buf, source=source)
@@ -58,15 +41,15 @@ def check_snapshot(buf: bytes, name_zxid: int, protocol: str, source: str) -> Sn
     if zxid != name_zxid:
         return SnapshotInfo(zxid, "corrupt", None, f"snapshot {source}: header zxid {zxid:#x} differs from its name")
     try:
-        sm = restore(protocol, zxid, state)
+        sm = restore(zxid, state)
     except _APPLY_ERRORS as err:
         return SnapshotInfo(zxid, "corrupt", None, f"snapshot {source}: state does not restore: {err}")
     return SnapshotInfo(zxid, "ok", sm.digest(), "")
 
 
-def restore(protocol: str, zxid: int, state: bytes | None) -> MetastoreStateMachine | KVStateMachine:
+def restore(zxid: int, state: bytes | None) -> MetastoreStateMachine:
     """A state machine at `zxid`: restored from `state`, or empty when `state` is None."""
-    sm = new_state_machine(protocol)
+    sm = MetastoreStateMachine()
     if state is not None:
         sm.restore(zxid, state)
     return sm
@@ -82,7 +65,7 @@ class ReplayOutcome:
     error: str
 
 
-def replay(sm: MetastoreStateMachine | KVStateMachine, start: int, end: int, txns: Iterable[Txn],
+def replay(sm: MetastoreStateMachine, start: int, end: int, txns: Iterable[Txn],
            checkpoints: Iterable[int]) -> ReplayOutcome:
     """Apply `txns` with start < zxid <= end in order; the digest at each checkpoint in (start, end].
 

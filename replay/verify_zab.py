@@ -13,15 +13,9 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
-from replay.verify_decode import DEFAULT_CHUNK_RECORDS, VerifyInputError, txn_type_and_path
-from replay.verify_replay import KV, PROTOCOLS, ZOOKEEPER
+from replay.verify_decode import DEFAULT_CHUNK_RECORDS, VerifyInputError
 from replay.verify_report import Verdict, render_table
-from zab.record import decode_record
-from zab.recovery import SNAPSHOT_DIR, TXNLOG_DIR
-from zab.storage_errors import RecordError
-from zab.txnlog import SEGMENT_HEADER_BYTES
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -34,28 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser, *, dirs_required: bool = True
     parser.add_argument("--json", action="store_true", help="print the verdict as JSON")
     parser.add_argument("--voters", type=int, default=None,
                         help="voters in the ensemble, for majorities (default: the number of DIRs)")
-    parser.add_argument("--protocol", choices=("auto", *PROTOCOLS), default="auto",
-                        help="state machine of the logs (default: detected from the first record)")
     parser.add_argument("--chunk-records", type=int, default=DEFAULT_CHUNK_RECORDS,
                         help=f"records per Spark task when decoding (default {DEFAULT_CHUNK_RECORDS})")
     parser.add_argument("--driver-memory", default=None, help="spark.driver.memory, e.g. 4g (local mode)")
-
-
-def detect_protocol(dirs: list[str]) -> str:
-    """"zookeeper" if the first record found decodes as a metastore transaction, else "kv"."""
-    for d in dirs:
-        for segment in sorted((Path(d) / TXNLOG_DIR).glob("log.*")):
-            with open(segment, "rb") as file:
-                head = file.read(SEGMENT_HEADER_BYTES + 65536)
-            try:
-                txn, _ = decode_record(head, SEGMENT_HEADER_BYTES)
-            except (RecordError, ValueError):
-                continue
-            return ZOOKEEPER if txn_type_and_path(txn.data)[0] is not None else KV
-        for snapshot in sorted((Path(d) / SNAPSHOT_DIR).glob("snapshot.*")):
-            with open(snapshot, "rb") as file:
-                return ZOOKEEPER if file.read(36)[32:36] == b"QZNT" else KV
-    return ZOOKEEPER
 
 
 def verify(args: argparse.Namespace, progress=None) -> Verdict:  # noqa: ANN001 - a callable or None
@@ -77,18 +52,17 @@ def verify_with_context(args: argparse.Namespace, progress=None):  # noqa: ANN00
     voters = args.voters or len(nodes)
     if voters < len(nodes):
         raise VerifyInputError(f"--voters {voters} is fewer than the {len(nodes)} directories given")
-    protocol = detect_protocol([n.path for n in nodes]) if args.protocol == "auto" else args.protocol
     say(f"starting Spark ({args.master})")
     spark = build_session(args.master, driver_memory=args.driver_memory)
     spark_started = time.monotonic() - started
-    say(f"reading {len(nodes)} node(s): {', '.join(f'{n.node}={n.path}' for n in nodes)} ({protocol})")
-    frames = read_zab(spark, nodes, protocol=protocol, chunk_records=args.chunk_records, with_txn=False)
+    say(f"reading {len(nodes)} node(s): {', '.join(f'{n.node}={n.path}' for n in nodes)}")
+    frames = read_zab(spark, nodes, chunk_records=args.chunk_records, with_txn=False)
     say(f"decoding {sum(s.layout.records for s in frames.segments)} records in {len(frames.segments)} segments")
-    ctx = Context(spark, frames, voters, protocol, say)
+    ctx = Context(spark, frames, voters, say)
     checks = run_checks(ctx)  # its first job decodes (the records stay cached) and counts them
     records = ctx.records
     frames.unpersist()
-    facts = {"nodes given": len(nodes), "protocol": protocol, "records": records,
+    facts = {"nodes given": len(nodes), "records": records,
              "spark startup s": round(spark_started, 2), **ctx.facts}
     return Verdict("zab", checks, facts, time.monotonic() - started), ctx
 

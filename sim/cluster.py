@@ -21,7 +21,7 @@ from zab.actions import (Action, Answered, ClientRequest, Delivered, Disconnect,
                          LogTruncate, PeerDisconnected, PersistEpoch, Received, RequestFailed, RoleChanged, Send,
                          SessionsTouched, Synced, TakeSnapshot, Tick)
 from zab.config import ZabConfig
-from zab.kv_state_machine import KVStateMachine, decode_result, encode_put
+from sim.kv_state_machine import KVStateMachine, decode_result, encode_put
 from zab.leader import LeaderRole
 from zab.peer import Peer
 

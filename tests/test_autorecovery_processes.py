@@ -33,7 +33,7 @@ from metastore.errors import NoNode
 from replay.verify_ledgers import verify
 from replay.verify_zab import add_arguments
 from test_bookie_registration import four_node_config
-from test_cluster_processes import Cluster
+from cluster_fixtures import Cluster
 
 pytestmark = pytest.mark.multiprocess
 PASSWORD = b"pw"

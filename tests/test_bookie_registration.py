@@ -32,7 +32,7 @@ from clusterd.daemon_identity import load_or_create
 from clusterd.localcluster import free_ports
 from metastore.client import MetaClient
 from metastore.errors import SessionExpired
-from test_cluster_processes import ENV, Cluster, copy_config
+from cluster_fixtures import ENV, Cluster, copy_config
 
 pytestmark = pytest.mark.multiprocess
 
@@ -42,7 +42,7 @@ DIGESTER = Digester(DigestType.CRC32C, b"pw")
 
 def four_node_config(folder: Path) -> Path:
     """The shipped 3 voter+bookie nodes, plus node 4 with the bookie role only."""
-    path = copy_config(folder, client_protocol="zookeeper")
+    path = copy_config(folder)
     ports = free_ports(4)
     path.write_text(path.read_text() + f"""
 [[node]]
@@ -189,7 +189,7 @@ def test_a_wiped_bookie_directory_is_refused_at_start(cluster):
 
 
 def test_a_bookie_port_in_use_is_a_startup_error(tmp_path):
-    config = cfg.load(copy_config(tmp_path, client_protocol="zookeeper"))
+    config = cfg.load(copy_config(tmp_path))
     node = config.node(1)
     with socket.socket() as squatter:
         squatter.bind((node.host, node.bookie_port))

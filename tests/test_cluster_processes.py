@@ -1,16 +1,12 @@
 """Real `clusterd` processes on loopback, driven through `clusterctl` like an operator would.
 
 Each test runs its own cluster from a copy of cluster.toml with free ports and
-data directories under tmp_path, so it can run beside a developer's cluster.
-Most speak the shipped client protocol (the metastore, "zookeeper"); those that
-exercise the key-value demo protocol run on a copy that says client_protocol = "kv".
+data directories under tmp_path (tests/cluster_fixtures.py), so it can run beside a
+developer's cluster.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import re
 import signal
 import socket
 import struct
@@ -23,9 +19,9 @@ from pathlib import Path
 import pytest
 import trio
 
+from cluster_fixtures import ENV, Cluster, copy_config, run, start_cluster
 from clusterd import config as cfg
-from clusterd import kvwire, localcluster
-from clusterd.kvclient import SyncKVClient
+from clusterd import localcluster
 from clusterd.localcluster import free_ports
 from replay.logs import check_logs_converged
 from zab.recovery import TXNLOG_DIR
@@ -33,101 +29,17 @@ from zab.txnlog import TxnLog
 
 pytestmark = pytest.mark.multiprocess
 
-REPO = Path(__file__).resolve().parent.parent
-SHIPPED_PROTOCOL = cfg.load(REPO / "cluster.toml").client_protocol
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-
-
-def copy_config(folder: Path, text_edit: str = "", *, client_protocol: str | None = None) -> Path:
-    """The shipped cluster.toml with fresh ports; its relative data dirs land in `folder`.
-
-    The shipped `client_protocol` line is left out, so that a caller may put its own
-    [cluster] keys after `[cluster]` (test_kazoo and test_metastore_client insert
-    `client_protocol = "zookeeper"` there) without a duplicate key. Pass `client_protocol`
-    to set it; without it the copy speaks the loader's default, "kv".
-    """
-    shipped = cfg.load(REPO / "cluster.toml")
-    ports = iter(free_ports(4 * len(shipped.nodes)))
-    text = (REPO / "cluster.toml").read_text()
-    for node in shipped.nodes:
-        for key, port in node.ports.items():
-            text = text.replace(f"{key} = {port}\n", f"{key} = {next(ports)}\n")
-    text = re.sub(r"(?m)^client_protocol = .*\n", "", text)
-    if client_protocol is not None:
-        setting = f"client_protocol = {json.dumps(client_protocol)}\n"
-        text, n = re.subn(r"(?m)^\[cluster\]\n", f"[cluster]\n{setting}", text, count=1)
-        assert n == 1, "no [cluster] table in the shipped cluster.toml"
-    path = folder / "cluster.toml"
-    path.write_text(text + text_edit)
-    return path
-
-
-def run(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, *args], cwd=cwd, env=ENV, capture_output=True, text=True,
-                          timeout=timeout)
-
-
-class Cluster:
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.config = cfg.load(path)
-
-    def ctl(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        return run("-m", "clusterd.ctl", "--config", str(self.path), *args, cwd=self.path.parent, timeout=timeout)
-
-    def status(self) -> list[dict]:
-        done = self.ctl("status", "--json")
-        assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout)
-
-    def pids(self) -> dict[int, int | None]:
-        return {n.id: localcluster.read_pid_file(n) for n in self.config.nodes}
-
-    def assert_running(self, pids: dict[int, int | None]) -> None:
-        """Every node of `pids` (from pids()) is still the same running process."""
-        for node in self.config.nodes:
-            assert localcluster.is_clusterd(pids[node.id]), \
-                f"node {node.id} exited:\n" + localcluster.tail(localcluster.log_path(node), 40)
-
-    def down(self) -> None:
-        """Stop every node, resuming first any a test left SIGSTOPped (so none is left behind)."""
-        for node in self.config.nodes:
-            pid = localcluster.read_pid_file(node)
-            if pid is not None and localcluster.is_clusterd(pid):
-                os.kill(pid, signal.SIGCONT)
-        self.ctl("down", "--timeout", "5")
-
-
-def start_cluster(cluster: Cluster, *, timeout: float = 60) -> Cluster:
-    up = cluster.ctl("up", timeout=timeout)
-    assert up.returncode == 0, up.stdout + up.stderr
-    return cluster
-
-
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
     """A copy of the shipped config (the metastore protocol), not started."""
-    c = Cluster(copy_config(tmp_path, client_protocol=SHIPPED_PROTOCOL))
+    c = Cluster(copy_config(tmp_path))
     yield c
     c.ctl("down", "--timeout", "5")  # whatever the test did, leave no process behind
 
 
 @pytest.fixture
-def kv_cluster(tmp_path: Path) -> Iterator[Cluster]:
-    """A copy of the shipped config whose client ports speak the key-value demo protocol."""
-    c = Cluster(copy_config(tmp_path, client_protocol="kv"))
-    yield c
-    c.ctl("down", "--timeout", "5")
-
-
-@pytest.fixture
 def running(cluster: Cluster) -> Cluster:
     return start_cluster(cluster)
-
-
-@pytest.fixture
-def running_kv(kv_cluster: Cluster) -> Cluster:
-    return start_cluster(kv_cluster)
 
 
 def test_connections_reset_on_every_port_end_only_themselves(running: Cluster) -> None:
@@ -166,8 +78,7 @@ def test_up_status_down(running: Cluster) -> None:
     assert [(r["role"], r["pid"]) for r in running.status()] == [("down", None)] * 3
 
 
-def test_znode_commands_through_clusterctl_and_put_is_refused(running: Cluster) -> None:
-    assert running.config.client_protocol == "zookeeper"
+def test_znode_commands_through_clusterctl_put_is_refused_and_a_second_up_is_harmless(running: Cluster) -> None:
     created = running.ctl("create", "/color", "blue")
     assert (created.returncode, created.stdout) == (0, "/color\n"), created.stderr
     got = running.ctl("get", "/color")
@@ -186,34 +97,8 @@ def test_znode_commands_through_clusterctl_and_put_is_refused(running: Cluster) 
     removed = running.ctl("rm", "/color")
     assert (removed.returncode, removed.stdout) == (0, "deleted /color\n")
     assert running.ctl("get", "/color").returncode == 1
-
-
-def test_put_and_get_through_clusterctl_and_a_second_up_is_harmless(running_kv: Cluster) -> None:
-    running = running_kv
-    put = running.ctl("put", "color", "blue")
-    assert put.returncode == 0 and put.stdout.startswith("ok version=1 "), put.stdout + put.stderr
-    cas = running.ctl("put", "color", "red", "--version", "7")
-    assert cas.returncode == 1 and "BadVersion" in cas.stderr
-    got = running.ctl("get", "color")
-    assert (got.returncode, got.stdout, got.stderr.split()[0]) == (0, "blue\n", "version=1")
     again = running.ctl("up")
     assert again.returncode == 0 and again.stdout.count("already running") == 3
-
-
-def test_a_client_breaking_the_protocol_loses_only_its_own_connection(running_kv: Cluster) -> None:
-    node = running_kv.config.nodes[0]
-    bad_frames = [struct.pack(">I", 4) + b"nope", struct.pack(">I", 1 << 30), kvwire.encode_frame({"op": "x"})]
-    for frame in bad_frames:
-        with socket.create_connection((node.host, node.client_port), timeout=10) as s:
-            s.sendall(frame)
-            response = read_until_closed(s)
-        decoder = kvwire.FrameDecoder()
-        decoder.feed(response)
-        assert decoder.next_message()["error"] == "BadRequest"
-        assert decoder.next_message() is None and decoder.buffered == 0  # one answer, then closed
-    client = SyncKVClient([(node.host, node.client_port)], retry_for_s=10)
-    assert client.put("still", "serving").version == 1
-    assert client.get("still").value == "serving"
 
 
 def test_the_admin_port_answers_only_what_it_knows(running: Cluster) -> None:
@@ -259,10 +144,13 @@ def test_demo_loses_no_acknowledged_write_when_nodes_are_sigkilled(cluster: Clus
     assert all(len(txns) > 0 for txns in logs.values())
 
 
-def test_the_demo_needs_the_metastore_protocol(kv_cluster: Cluster) -> None:
-    done = kv_cluster.ctl("demo")
-    assert done.returncode == 2 and 'needs client_protocol = "zookeeper"' in done.stderr, done.stderr
-    assert not (kv_cluster.path.parent / "data" / "demo").exists()
+def test_a_config_naming_the_retired_kv_protocol_is_refused_with_exit_status_2(tmp_path: Path) -> None:
+    path = copy_config(tmp_path)
+    path.write_text(path.read_text().replace("[cluster]\n", '[cluster]\nclient_protocol = "kv"\n', 1))
+    for command in (["-m", "clusterd.main", "--id", "1"], ["-m", "clusterd.ctl", "up"]):
+        done = run(*command, "--config", str(path), cwd=tmp_path)
+        assert done.returncode == 2 and "kv demo protocol was retired" in done.stderr, done.stderr
+    assert not (tmp_path / "data").exists()
 
 
 def test_clusterd_refuses_a_bad_config_with_exit_status_2(tmp_path: Path) -> None:
@@ -272,25 +160,6 @@ def test_clusterd_refuses_a_bad_config_with_exit_status_2(tmp_path: Path) -> Non
         done = run(*command, "--config", str(path), cwd=tmp_path)
         assert done.returncode == 2
         assert str(path) in done.stderr and "duplicate id 2" in done.stderr, done.stderr
-
-
-def test_clusterd_refuses_a_bookie_only_node_in_a_kv_cluster(tmp_path: Path) -> None:
-    # Bookies register in the metastore, which the kv demo protocol lacks (tests/test_bookie_registration.py
-    # runs a bookie-only node in a ZooKeeper-protocol cluster).
-    ports = free_ports(4)
-    path = copy_config(tmp_path, f"""
-[[node]]
-id = 4
-host = "127.0.0.1"
-peer_port = {ports[0]}
-client_port = {ports[1]}
-admin_port = {ports[2]}
-bookie_port = {ports[3]}
-roles = ["bookie"]
-data_dir = "data/node4"
-""")
-    done = run("-m", "clusterd.main", "--id", "4", "--config", str(path), cwd=tmp_path)
-    assert done.returncode == 2 and 'needs client_protocol = "zookeeper"' in done.stderr, done.stderr
 
 
 def test_clusterd_exits_1_when_its_port_is_taken(cluster: Cluster) -> None:

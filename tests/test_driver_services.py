@@ -8,7 +8,7 @@ from pathlib import Path
 import trio
 
 from test_transport import Ensemble, run_ensemble
-from zab.kv_state_machine import encode_put
+from sim.kv_state_machine import encode_put
 
 
 class Listener:

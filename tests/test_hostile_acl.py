@@ -33,7 +33,7 @@ from metastore.responses import read_reply
 from metastore.state_machine import MetastoreStateMachine
 from metastore.txn import ErrorResult
 from metastore.watches import WatchKind, WatchManager
-from test_cluster_processes import Cluster, copy_config
+from cluster_fixtures import Cluster, copy_config
 from test_kazoo import started_kazoo
 from test_metastore_prepare import answer
 from zab import zxid as Z
@@ -180,7 +180,7 @@ def test_applied_events_carry_the_acl_of_their_node_even_when_it_is_deleted(tree
 
 @pytest.fixture(scope="module")
 def ensemble(tmp_path_factory) -> Iterator[Cluster]:
-    path = copy_config(tmp_path_factory.mktemp("acl"), client_protocol="zookeeper")
+    path = copy_config(tmp_path_factory.mktemp("acl"))
     path.write_text(path.read_text().replace("[cluster]\n", f'[cluster]\nsuper_digest = "{SUPER_DIGEST}"\n', 1))
     cluster = Cluster(path)
     up = cluster.ctl("up")
@@ -354,7 +354,7 @@ def test_kazoo_super_digest_writes_through_any_acl(ensemble: Cluster, alice: Kaz
 
 
 def test_a_malformed_super_digest_in_cluster_toml_is_refused_at_load(tmp_path):
-    path = copy_config(tmp_path, client_protocol="zookeeper")
+    path = copy_config(tmp_path)
     path.write_text(path.read_text().replace("[cluster]\n", '[cluster]\nsuper_digest = "super:test"\n', 1))
     with pytest.raises(cfg.ConfigError, match="super_digest.*generate_digest"):
         cfg.load(path)

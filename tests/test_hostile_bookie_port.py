@@ -31,7 +31,7 @@ from clusterd.bookie_node import service_config
 from bookie_fixtures import serving_bookie, trio_test
 from ledger.client import LedgerClient
 from metastore.client import MetaClient
-from test_cluster_processes import REPO, Cluster, copy_config
+from cluster_fixtures import REPO, Cluster, copy_config
 from edge.files import ensure_directory
 
 KEY = master_key(b"secret")
@@ -471,7 +471,7 @@ async def test_a_fresh_bookie_creates_private_files_and_directories(tmp_path):
 def test_a_real_node_keeps_everything_under_its_data_dir_private(tmp_path):
     """Three real clusterd nodes with a fresh data dir (snapshots often): znode writes and a ledger
     append, then a clean stop; every file under each data dir is 0600 and every directory 0700."""
-    path = copy_config(tmp_path, client_protocol="zookeeper")
+    path = copy_config(tmp_path)
     path.write_text(re.sub(r"(?m)^snapshot_every_txns = .*$", "snapshot_every_txns = 5", path.read_text()))
     cluster = Cluster(path)
     old_umask = os.umask(0o022)  # the usual umask: the modes must not come from it

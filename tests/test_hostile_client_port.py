@@ -28,7 +28,7 @@ from metastore import jute
 from metastore.acl import OPEN_ACL_UNSAFE
 from metastore.edge_guard import MAX_AUTH_IDS
 from metastore.jute_defs import OpCode
-from test_cluster_processes import Cluster, copy_config
+from cluster_fixtures import Cluster, copy_config
 from test_kazoo import started_kazoo, wait_for
 
 pytestmark = pytest.mark.multiprocess
@@ -36,7 +36,7 @@ pytestmark = pytest.mark.multiprocess
 
 @pytest.fixture(scope="module")
 def ensemble(tmp_path_factory) -> Iterator[Cluster]:
-    path = copy_config(tmp_path_factory.mktemp("hostile"), client_protocol="zookeeper")
+    path = copy_config(tmp_path_factory.mktemp("hostile"))
     cluster = Cluster(path)
     up = cluster.ctl("up")
     assert up.returncode == 0, up.stdout + up.stderr
@@ -223,7 +223,7 @@ global_outstanding_bytes = 262144
 @pytest.fixture(scope="module")
 def limited(tmp_path_factory) -> Iterator[Cluster]:
     """A cluster with small client-port limits, so that each is reached in a few requests."""
-    path = copy_config(tmp_path_factory.mktemp("limited"), client_protocol="zookeeper")
+    path = copy_config(tmp_path_factory.mktemp("limited"))
     path.write_text(path.read_text().replace("[cluster]\n", "[cluster]\n" + LIMITS, 1))
     cluster = Cluster(path)
     up = cluster.ctl("up")

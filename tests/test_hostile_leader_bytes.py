@@ -22,7 +22,7 @@ from sim.cluster import ClientOp, SimCluster
 from zab import zxid as Z
 from zab.actions import Answered, Delivered, Disconnect, InstallSnapshot, LogAppend, Received, Send
 from zab.config import ZabConfig
-from zab.kv_state_machine import KVStateMachine
+from sim.kv_state_machine import KVStateMachine
 from zab.messages import (Commit, LeaderInfo, NewLeader, Notification, Proposal, Refused, ServerState, Sync, SyncMode,
                           SyncTxns, UpToDate)
 from zab.peer import DiskState, Peer

@@ -32,7 +32,7 @@ from ledger.errors import NoSuchLedger, NotLedgerOwner
 from ledger.manager import DEFAULT_KEYS, DEFAULT_ROOT, LedgerManager
 from ledger.metadata import ledger_path
 from metastore.client import MetaClient
-from test_cluster_processes import Cluster, copy_config, start_cluster
+from cluster_fixtures import Cluster, copy_config, start_cluster
 from test_kazoo import kazoo_session
 
 pytestmark = pytest.mark.multiprocess
@@ -44,7 +44,7 @@ PAYLOADS = [b"entry %d" % i for i in range(5)]
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> Iterator[Cluster]:
-    c = Cluster(copy_config(tmp_path_factory.mktemp("ledger_metadata"), client_protocol="zookeeper"))
+    c = Cluster(copy_config(tmp_path_factory.mktemp("ledger_metadata")))
     yield start_cluster(c, timeout=120)
     c.down()
 

@@ -36,7 +36,7 @@ from ledger.client import LedgerClient
 from ledger.errors import LedgerError
 from metastore.client import MetaClient
 from metastore.errors import MetastoreError
-from test_cluster_processes import Cluster, copy_config
+from cluster_fixtures import Cluster, copy_config
 from test_kazoo import kazoo_session
 
 pytestmark = pytest.mark.multiprocess
@@ -50,7 +50,7 @@ SOAK = [(victim, pause) for pause in (0.5, 1.0, 2.0, 3.0, 5.0, 8.0) for victim i
 
 
 def start_cluster(folder) -> Cluster:
-    path = copy_config(folder, client_protocol="zookeeper")
+    path = copy_config(folder)
     path.write_text(path.read_text().replace("[cluster]\n", (
         f"[cluster]\nautorecovery_session_timeout_ms = {SESSION_MS}\nbookie_gc_interval_ms = 1000\n"
         "audit_interval_ms = 2000\n"), 1))

@@ -17,10 +17,13 @@ from collections.abc import Iterator
 import pytest
 import trio
 
+from cluster_fixtures import Cluster, copy_config
 from clusterd import config as cfg
 from clusterd import localcluster
-from clusterd.kvclient import SyncKVClient
-from test_cluster_processes import Cluster, copy_config
+from metastore import envelope as E
+from metastore import jute
+from metastore.client_sync import SyncMetaClient
+from metastore.jute_defs import OpCode
 from zab.codec import encode_frame, encode_hello
 from zab.messages import Ack, FollowerInfo, Notification, Ping, Request, ServerState
 
@@ -32,7 +35,7 @@ SETTLE_S = 30
 
 @pytest.fixture
 def ensemble(tmp_path) -> Iterator[Cluster]:
-    cluster = Cluster(copy_config(tmp_path, client_protocol="kv"))
+    cluster = Cluster(copy_config(tmp_path))
     up = cluster.ctl("up")
     assert up.returncode == 0, up.stdout + up.stderr
     yield cluster
@@ -77,9 +80,17 @@ def hello_loop(node: cfg.NodeConfig, cluster_name: str, as_id: int, then: bytes 
 def assert_commits_everywhere(cluster: Cluster) -> None:
     for node in cluster.config.nodes:
         assert localcluster.running_pid(node) is not None, f"node {node.id} exited"
-        client = SyncKVClient([(node.host, node.client_port)], retry_for_s=20)
-        assert client.put(f"alive-{node.id}", "yes").version >= 1
-        assert client.get("evil") is None, "a forged REQUEST was committed"
+        with SyncMetaClient([(node.host, node.client_port)]) as client:
+            assert client.create(f"/alive-{node.id}", b"yes") == f"/alive-{node.id}"
+            assert client.exists("/evil") is None, "a forged REQUEST was committed"
+
+
+def forged_create(path: str) -> bytes:
+    """A well-formed request envelope creating `path` with the super identity, as a member would
+    forward it: what a stranger would love the leader to propose."""
+    payload = jute.encode_request(jute.RequestHeader(1, OpCode.CREATE),
+                                  jute.CreateRequest(path, b"x", (jute.ACL(31, jute.Id("world", "anyone")),), 0))
+    return E.encode_envelope(E.Envelope(E.CLIENT, 1, 0, (("super", ""),), payload))
 
 
 def test_a_hello_loop_claiming_the_leader_does_not_displace_its_links(ensemble: Cluster) -> None:
@@ -88,7 +99,7 @@ def test_a_hello_loop_claiming_the_leader_does_not_displace_its_links(ensemble: 
     name = ensemble.config.name
     messages = (encode_frame(Notification(leader, 0, 0, 1, ServerState.LOOKING))
                 + encode_frame(FollowerInfo(2**32 - 1, 2**64 - 1, False, 1)) + encode_frame(Ack(2**64 - 1))
-                + encode_frame(Request(2**64 - 1, 2**64 - 1, b'{"op":"put","key":"evil","value":"x"}')))
+                + encode_frame(Request(2**64 - 1, 2**64 - 1, forged_create("/evil"))))
     for node in ensemble.config.nodes:
         if node.id != leader:
             hello_loop(node, name, leader, then=messages)
@@ -140,12 +151,12 @@ def test_a_forged_request_in_the_name_of_a_member_that_is_down_is_not_proposed(e
     leader_node = ensemble.config.node(leader)
     with socket.create_connection((leader_node.host, leader_node.peer_port), timeout=10) as s:
         s.sendall(encode_hello(ensemble.config.name, follower)
-                  + encode_frame(Request(follower << 56 | 1, 1, b'{"op":"put","key":"evil","value":"x","version":null}'))
+                  + encode_frame(Request(follower << 56 | 1, 1, forged_create("/evil")))
                   + encode_frame(Ping((follower << 56 | 1,))))
         time.sleep(1.0)
-    client = SyncKVClient([(leader_node.host, leader_node.client_port)], retry_for_s=20)
-    assert client.put("after-forgery", "yes").version >= 1
-    assert client.get("evil") is None, "the leader proposed a forged REQUEST"
+    with SyncMetaClient([(leader_node.host, leader_node.client_port)]) as client:
+        assert client.create("/after-forgery", b"yes") == "/after-forgery"
+        assert client.exists("/evil") is None, "the leader proposed a forged REQUEST"
     assert statuses_of(ensemble, leader)["role"] == "leader"
     up = ensemble.ctl("up")
     assert up.returncode == 0, up.stdout + up.stderr

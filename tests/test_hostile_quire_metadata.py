@@ -29,7 +29,7 @@ from ledger.client import LedgerClient
 from ledger.manager import DEFAULT_KEYS
 from ledger.metadata import ledger_path
 from metastore.client import MetaClient
-from test_cluster_processes import Cluster, copy_config, start_cluster
+from cluster_fixtures import Cluster, copy_config, start_cluster
 from test_kazoo import kazoo_session
 
 pytestmark = pytest.mark.multiprocess
@@ -40,7 +40,7 @@ INTRUDER = make_digest_acl("intruder", "intruder", all=True)
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> Iterator[Cluster]:
-    c = Cluster(copy_config(tmp_path_factory.mktemp("quire_metadata"), client_protocol="zookeeper"))
+    c = Cluster(copy_config(tmp_path_factory.mktemp("quire_metadata")))
     yield start_cluster(c, timeout=120)
     c.down()
 

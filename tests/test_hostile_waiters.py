@@ -15,7 +15,7 @@ from pathlib import Path
 import trio
 
 from test_transport import Ensemble, run_ensemble
-from zab.kv_state_machine import decode_result, encode_put
+from sim.kv_state_machine import decode_result, encode_put
 
 ROUNDS = 30
 SESSION = 5 << 56 | 1  # one session, as if it had moved from one follower to the other

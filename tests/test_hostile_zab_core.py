@@ -14,7 +14,7 @@ from zab import zxid as Z
 from zab.actions import Disconnect, PersistEpoch, Received, Send
 from zab.codec import encode_frame
 from zab.config import ZabConfig
-from zab.kv_state_machine import KVStateMachine, encode_put
+from sim.kv_state_machine import KVStateMachine, encode_put
 from zab.messages import (Ack, AckEpoch, AckNewLeader, FollowerInfo, LeaderInfo, Notification, Ping, Request,
                           ServerState, SyncReply, SyncRequest)
 from zab.peer import Peer

@@ -21,7 +21,7 @@ from replay.invariants import InvariantViolation
 from zab import zxid as Z
 from zab.actions import Action, Delivered, PersistEpoch, RoleChanged, Send
 from zab.codec import encode_frame
-from zab.kv_state_machine import encode_put
+from sim.kv_state_machine import encode_put
 from zab.messages import (Ack, AckEpoch, AckNewLeader, Commit, FollowerInfo, Inform, LeaderInfo, NewLeader,
                           Notification, Ping, Proposal, Refused, Reject, Request, ServerState, Sync, SyncMode,
                           SyncReply, SyncRequest, SyncTxns, UpToDate)

@@ -19,7 +19,7 @@ from kazoo.security import make_digest_acl
 
 from clusterd import config as cfg
 from clusterd import localcluster
-from test_cluster_processes import Cluster, copy_config
+from cluster_fixtures import Cluster, copy_config
 
 pytestmark = pytest.mark.multiprocess
 
@@ -27,8 +27,7 @@ pytestmark = pytest.mark.multiprocess
 def ensemble(tmp_path_factory) -> Iterator[Cluster]:
     folder = tmp_path_factory.mktemp("zk")
     path = copy_config(folder)
-    text = path.read_text().replace("[cluster]\n", '[cluster]\nclient_protocol = "zookeeper"\n'
-                                    "min_session_timeout_ms = 1000\n", 1)
+    text = path.read_text().replace("[cluster]\n", "[cluster]\nmin_session_timeout_ms = 1000\n", 1)
     path.write_text(text)
     cluster = Cluster(path)
     up = cluster.ctl("up")

@@ -19,7 +19,7 @@ from ledger.metadata import (Fragment, LedgerMetadata, LedgerMetadataError, Ledg
                              ledger_id_from_path, ledger_path)
 from ledger.placement import choose_ensemble, choose_replacement
 from metastore.client import MetaClient
-from test_cluster_processes import Cluster, copy_config
+from cluster_fixtures import Cluster, copy_config
 
 
 def metadata(**overrides) -> LedgerMetadata:
@@ -100,7 +100,7 @@ def test_placement_spreads_and_never_repeats_a_bookie():
 
 @pytest.fixture(scope="module")
 def metastore(tmp_path_factory) -> Iterator[Cluster]:
-    cluster = Cluster(copy_config(Path(tmp_path_factory.mktemp("ledgermanager")), client_protocol="zookeeper"))
+    cluster = Cluster(copy_config(Path(tmp_path_factory.mktemp("ledgermanager"))))
     up = cluster.ctl("up")
     assert up.returncode == 0, up.stdout + up.stderr
     yield cluster

@@ -27,7 +27,7 @@ from ledger.client import LedgerClient
 from ledger.metadata import LedgerState
 from metastore.client import MetaClient
 from test_bookie_registration import four_node_config
-from test_cluster_processes import ENV, REPO, Cluster
+from cluster_fixtures import ENV, REPO, Cluster
 
 pytestmark = pytest.mark.multiprocess
 PASSWORD = b"pw"

@@ -34,7 +34,7 @@ from metastore.errors import (AuthFailed, BadVersion, ConnectionLoss, NoAuth, No
                               RuntimeInconsistency, SessionExpired)
 from metastore.jute_defs import EventType
 from metastore.recipes import IdGenerator, LeaderElection, LeadershipLost, Lock
-from test_cluster_processes import ENV, Cluster, copy_config
+from cluster_fixtures import ENV, Cluster, copy_config
 
 
 # --- the pure rules ------------------------------------------------------------------
@@ -110,8 +110,7 @@ multiprocess = pytest.mark.multiprocess
 def ensemble(tmp_path_factory) -> Iterator[Cluster]:
     folder = tmp_path_factory.mktemp("metaclient")
     path = copy_config(folder)
-    path.write_text(path.read_text().replace("[cluster]\n", '[cluster]\nclient_protocol = "zookeeper"\n'
-                                             "min_session_timeout_ms = 1000\n", 1))
+    path.write_text(path.read_text().replace("[cluster]\n", "[cluster]\nmin_session_timeout_ms = 1000\n", 1))
     cluster = Cluster(path)
     up = cluster.ctl("up")
     assert up.returncode == 0, up.stdout + up.stderr
@@ -644,12 +643,6 @@ def test_clusterctl_metastore_commands_with_json(ensemble: Cluster, capsys):
     got = ensemble.ctl("get", "/proc")
     assert (got.returncode, got.stdout, got.stderr.split()[0]) == (0, "x\n", "version=0")
     assert ensemble.ctl("rm", "/proc").returncode == 0
-
-
-def test_clusterctl_metastore_commands_refuse_a_kv_cluster(tmp_path, capsys):
-    kv = Cluster(copy_config(tmp_path))
-    status, _, err = clusterctl(capsys, kv, "ls", "/")
-    assert status == 2 and 'needs client_protocol = "zookeeper"' in err and "'kv'" in err
 
 
 @multiprocess

@@ -38,7 +38,7 @@ from metastore.jute_records import (ACL, ConnectRequest, CreateRequest, GetACLRe
 from metastore.sasl_digest import (DigestMD5Server, SaslFailure, check_rspauth, digest_response,
                                    make_nonce, parse_directives)
 from metastore.sasl_users import JaasError, parse_jaas_users
-from test_cluster_processes import Cluster, copy_config, start_cluster
+from cluster_fixtures import Cluster, copy_config, start_cluster
 
 USERS = {"alice": "secret", "bob": "bobpw"}
 JAAS = """
@@ -327,7 +327,7 @@ class RawClient:
 def ensemble(tmp_path_factory) -> Iterator[Cluster]:
     folder = tmp_path_factory.mktemp("sasl")
     (folder / "jaas.conf").write_text(JAAS)
-    path = copy_config(folder, client_protocol="zookeeper")
+    path = copy_config(folder)
     # Voters only: the bookie services' own sessions do not authenticate yet (issue 17 item 4).
     text = re.sub(r"(?m)^bookie_port = .*\n", "", path.read_text()).replace('"voter", "bookie"', '"voter"')
     text = text.replace("[cluster]\n", '[cluster]\nsasl_users_file = "jaas.conf"\n'

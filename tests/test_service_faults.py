@@ -47,7 +47,7 @@ from metastore.client_core import Backoff
 from metastore.client_ops import OPEN_ACL_UNSAFE, READ_ACL_UNSAFE, digest_acl
 from metastore.jute_defs import OpCode
 from metastore.recipes import LeadershipLost, LockLost
-from test_cluster_processes import Cluster, copy_config
+from cluster_fixtures import Cluster, copy_config
 
 pytestmark = pytest.mark.multiprocess
 
@@ -62,7 +62,7 @@ CONFIG = AutoRecoveryConfig(grace_ms=200, open_ledger_grace_ms=200, audit_interv
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> Iterator[Cluster]:
     """Three voters and no bookie role: the services under test are the only ones of their kind."""
-    path = copy_config(tmp_path_factory.mktemp("service_faults"), client_protocol="zookeeper")
+    path = copy_config(tmp_path_factory.mktemp("service_faults"))
     text = re.sub(r"(?m)^bookie_port = .*\n", "", path.read_text())
     path.write_text(text.replace('roles = ["voter", "bookie"]', 'roles = ["voter"]'))
     c = Cluster(path)

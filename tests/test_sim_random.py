@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 
 from replay.invariants import InvariantViolation
 from sim.cluster import SimCluster
-from zab.kv_state_machine import KVStateMachine, encode_put
+from sim.kv_state_machine import KVStateMachine, encode_put
 
 SOAK = os.environ.get("QUIRE_SOAK") == "1"
 KEYS = ("k0", "k1", "k2", "k3", "k4")

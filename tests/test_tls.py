@@ -35,7 +35,7 @@ from metastore import jute
 from metastore.acl import Id, is_valid_id
 from metastore.jute_defs import OpCode
 from metastore.client import MetaClient
-from test_cluster_processes import Cluster, copy_config
+from cluster_fixtures import Cluster, copy_config
 from zab.codec import encode_hello
 
 pytestmark = pytest.mark.multiprocess
@@ -52,7 +52,7 @@ def voters_only(text: str) -> str:
 @pytest.fixture(scope="module")
 def tls_cluster(tmp_path_factory) -> Iterator[Cluster]:
     folder = tmp_path_factory.mktemp("tls")
-    path = copy_config(folder, TLS_TABLE, client_protocol="zookeeper")
+    path = copy_config(folder, TLS_TABLE)
     path.write_text(voters_only(path.read_text()).replace("[cluster]\n", "[cluster]\nmin_session_timeout_ms = 1000\n", 1))
     cluster = Cluster(path)
     for args in (("tls", "init"), ("tls", "client", "alice"), ("tls", "client", "bob")):

@@ -22,7 +22,7 @@ from clusterd.tls_node import plaintext_ports
 from clusterd.tls_streams import ClientTls
 from ledger.client import LedgerClient
 from metastore.client import MetaClient
-from test_cluster_processes import Cluster, copy_config, start_cluster
+from cluster_fixtures import Cluster, copy_config, start_cluster
 
 pytestmark = pytest.mark.multiprocess
 
@@ -32,7 +32,7 @@ TLS_TABLE = "\n[tls]\n"  # every switch at its default: peer, client and bookie 
 @pytest.fixture(scope="module")
 def tls_everywhere(tmp_path_factory) -> Iterator[Cluster]:
     folder = tmp_path_factory.mktemp("tls-all")
-    cluster = Cluster(copy_config(folder, TLS_TABLE, client_protocol="zookeeper"))
+    cluster = Cluster(copy_config(folder, TLS_TABLE))
     for args in (("tls", "init"), ("tls", "client", "app")):
         done = cluster.ctl(*args)
         assert done.returncode == 0, done.stdout + done.stderr
@@ -98,7 +98,7 @@ def test_clusterctl_ledger_and_bookie_commands_over_tls(tls_everywhere: Cluster)
 # -- plain text beyond loopback -------------------------------------------------------------
 
 def test_plaintext_ports_are_the_ones_without_tls_on_a_non_loopback_host(tmp_path: Path):
-    path = copy_config(tmp_path, "\n[tls]\nclient = false\n", client_protocol="zookeeper")
+    path = copy_config(tmp_path, "\n[tls]\nclient = false\n")
     config = cfg.load(path)
     assert plaintext_ports(config, config.nodes[0]) == []  # loopback: nobody else can reach it
     exposed = cfg.parse(path.read_text().replace('host = "127.0.0.1"', 'host = "10.1.2.3"'), path)
@@ -110,7 +110,7 @@ def test_plaintext_ports_are_the_ones_without_tls_on_a_non_loopback_host(tmp_pat
 
 def test_a_node_in_plain_text_on_a_non_loopback_address_warns_once_at_start(tmp_path: Path):
     """One voter on 0.0.0.0 (every address of the machine), no [tls]: one warning, then it serves."""
-    path = copy_config(tmp_path, client_protocol="zookeeper")
+    path = copy_config(tmp_path)
     text = path.read_text().split("[[node]]")[0] + "[[node]]" + path.read_text().split("[[node]]")[1]
     text = text.replace('host = "127.0.0.1"', 'host = "0.0.0.0"').replace('roles = ["voter", "bookie"]',
                                                                            'roles = ["voter"]')

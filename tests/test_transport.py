@@ -27,7 +27,7 @@ from zab.codec import encode_frame, encode_hello, frame
 from zab.config import ZabConfig
 from zab.driver import PeerDriver
 from zab.errors import NoLeader, OutcomeUnknown
-from zab.kv_state_machine import KVStateMachine, decode_result, encode_put
+from sim.kv_state_machine import KVStateMachine, decode_result, encode_put
 from zab.messages import Commit, Ping
 
 CLUSTER = "quire-test"

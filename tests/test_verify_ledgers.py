@@ -31,7 +31,7 @@ from replay.spark_ledger import CLOSED, ENTRY_DIGESTS, REPLICAS
 from replay.verify_ledgers import verify
 from replay.verify_report import Verdict
 from replay.verify_zab import add_arguments
-from test_cluster_processes import Cluster, copy_config
+from cluster_fixtures import Cluster, copy_config
 
 pytestmark = pytest.mark.multiprocess
 
@@ -41,7 +41,7 @@ NODES = (1, 2, 3)
 @pytest.fixture(scope="module")
 def ledger_run(tmp_path_factory) -> Iterator[tuple[Path, dict[str, int]]]:
     folder = tmp_path_factory.mktemp("verify-ledgers")
-    path = copy_config(folder, client_protocol="zookeeper")
+    path = copy_config(folder)
     # Node 3, the one SIGKILLed below, keeps its bookie journal in a directory of its own (where an
     # operator mounts a second device): restart, replay and the verifier all go through the link.
     text = path.read_text()

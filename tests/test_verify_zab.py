@@ -32,7 +32,7 @@ from replay.spark_zab_checks import (AGREEMENT, CHECK_NAMES, CHECKSUMS, EPOCH_OR
 from replay.verify_report import Verdict
 from replay.verify_zab import add_arguments, verify
 from replay.verify_zab import main as verify_main
-from test_cluster_processes import Cluster, copy_config
+from cluster_fixtures import Cluster, copy_config
 from zab import zxid as Z
 from zab.record import encode_record, scan_records
 from zab.recovery import SNAPSHOT_DIR, TXNLOG_DIR
@@ -70,7 +70,7 @@ def _wait_converged(cluster: Cluster, timeout_s: float = 60) -> None:
 def real_run(tmp_path_factory) -> Iterator[Path]:
     """Data directories node1..node3 of a stopped cluster that lived through a leader SIGKILL."""
     folder = tmp_path_factory.mktemp("verify-run")
-    path = copy_config(folder, client_protocol="zookeeper")
+    path = copy_config(folder)
     path.write_text(path.read_text().replace("snapshot_every_txns = 50000", "snapshot_every_txns = 100"))
     cluster = Cluster(path)
     up = cluster.ctl("up")

@@ -11,7 +11,7 @@ from zab import zxid as Z
 from zab.actions import (Delivered, Disconnect, InstallSnapshot, LogAppend, LogSync, LogTruncate, Phase,
                          PersistEpoch, Received, Role, Send, Tick)
 from zab.config import ZabConfig
-from zab.kv_state_machine import KVStateMachine, encode_put
+from sim.kv_state_machine import KVStateMachine, encode_put
 from zab.messages import (Ack, AckEpoch, AckNewLeader, Commit, FollowerInfo, LeaderInfo, NewLeader, Notification, Proposal,
                           ServerState, Sync, SyncMode, SyncTxns, UpToDate)
 from zab.peer import DiskState, Peer

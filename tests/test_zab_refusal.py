@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from sim.cluster import SimCluster
 from zab import zxid as Z
-from zab.kv_state_machine import encode_put
+from sim.kv_state_machine import encode_put
 
 SETTLE_MS = 10_000
 

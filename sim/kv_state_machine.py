@@ -1,6 +1,6 @@
-"""A small deterministic key-value state machine with versioned compare-and-set.
-
-It serves the demo and the tests until the metastore's znode tree replaces it.
+"""A small deterministic key-value state machine with versioned compare-and-set, for the
+Zab-only tests of the simulator (the daemon runs only the metastore's; tests/test_metastore_sim.py
+runs the simulator on that one).
 Requests and transactions are JSON objects (sorted keys, so bytes are
 deterministic). The leader prepares each request into an idempotent
 transaction carrying the resulting version, as in the paper's example

@@ -1,0 +1,76 @@
+"""Real `clusterd` clusters on loopback for the multi-process tests: a copy of the shipped
+cluster.toml with free ports and data directories under a test's folder (so a test can run
+beside a developer's cluster), driven through `clusterctl` as an operator would."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from clusterd import config as cfg
+from clusterd import localcluster
+from clusterd.localcluster import free_ports
+
+REPO = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+
+
+def copy_config(folder: Path, text_edit: str = "") -> Path:
+    """The shipped cluster.toml with fresh ports; its relative data dirs land in `folder`.
+    `text_edit` is appended (a [tls] table, say); [cluster] keys go in with
+    `path.write_text(path.read_text().replace("[cluster]\\n", "[cluster]\\nkey = value\\n", 1))`."""
+    shipped = cfg.load(REPO / "cluster.toml")
+    ports = iter(free_ports(4 * len(shipped.nodes)))
+    text = (REPO / "cluster.toml").read_text()
+    for node in shipped.nodes:
+        for key, port in node.ports.items():
+            text = text.replace(f"{key} = {port}\n", f"{key} = {next(ports)}\n")
+    path = folder / "cluster.toml"
+    path.write_text(text + text_edit)
+    return path
+
+
+def run(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=ENV, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+class Cluster:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.config = cfg.load(path)
+
+    def ctl(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return run("-m", "clusterd.ctl", "--config", str(self.path), *args, cwd=self.path.parent, timeout=timeout)
+
+    def status(self) -> list[dict]:
+        done = self.ctl("status", "--json")
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    def pids(self) -> dict[int, int | None]:
+        return {n.id: localcluster.read_pid_file(n) for n in self.config.nodes}
+
+    def assert_running(self, pids: dict[int, int | None]) -> None:
+        """Every node of `pids` (from pids()) is still the same running process."""
+        for node in self.config.nodes:
+            assert localcluster.is_clusterd(pids[node.id]), \
+                f"node {node.id} exited:\n" + localcluster.tail(localcluster.log_path(node), 40)
+
+    def down(self) -> None:
+        """Stop every node, resuming first any a test left SIGSTOPped (so none is left behind)."""
+        for node in self.config.nodes:
+            pid = localcluster.read_pid_file(node)
+            if pid is not None and localcluster.is_clusterd(pid):
+                os.kill(pid, signal.SIGCONT)
+        self.ctl("down", "--timeout", "5")
+
+
+def start_cluster(cluster: Cluster, *, timeout: float = 60) -> Cluster:
+    up = cluster.ctl("up", timeout=timeout)
+    assert up.returncode == 0, up.stdout + up.stderr
+    return cluster
