@@ -96,7 +96,7 @@ class PendingRequest:
 
     `tag` is the caller's: e.g. the (entry id, bookie id) a Completions consumer needs."""
 
-    __slots__ = ("client", "request_id", "kind", "tag", "deadline", "_value", "_error", "_done", "_event", "_sink")
+    __slots__ = ("client", "request_id", "kind", "tag", "deadline", "_value", "error", "_done", "_event", "_sink")
 
     def __init__(self, client: BookieClient, request_id: int, kind: P.Kind, deadline: float, tag: Any = None,
                  sink: Completions | None = None) -> None:
@@ -106,7 +106,7 @@ class PendingRequest:
         self.tag = tag
         self.deadline = deadline
         self._value: Any = None
-        self._error: BookieError | None = None
+        self.error: BookieError | None = None  # of a finished request (None: it succeeded, or is not finished)
         self._done = False
         self._event: trio.Event | None = None
         self._sink = sink
@@ -115,16 +115,11 @@ class PendingRequest:
     def done(self) -> bool:
         return self._done
 
-    @property
-    def error(self) -> BookieError | None:
-        """The error of a finished request (None if it succeeded or is not finished)."""
-        return self._error
-
     def outcome(self) -> Any:
         """The value of a finished request, or raise its error."""
         assert self._done, "the request is still in flight: await result()"
-        if self._error is not None:
-            raise self._error
+        if self.error is not None:
+            raise self.error
         return self._value
 
     async def result(self) -> Any:
@@ -140,7 +135,7 @@ class PendingRequest:
     def _finish(self, value: Any, error: BookieError | None) -> None:
         if self._done:
             return
-        self._value, self._error, self._done = value, error, True
+        self._value, self.error, self._done = value, error, True
         if self._event is not None:
             self._event.set()
         if self._sink is not None:

@@ -44,6 +44,7 @@ from bookie.client import BookiePool, Completions, PendingRequest
 from ledger import actions as A
 from ledger.errors import LedgerError, MetadataConflict
 from ledger.manager import LedgerManager
+from ledger.writer import Writer
 from metastore.errors import MetastoreError
 
 log = logging.getLogger("quire.ledger.driver")
@@ -104,7 +105,7 @@ class OpDriver:
         op_id = next(self._ids)
         self._ops[op_id] = op
         self._handlers[op_id] = handler
-        if hasattr(op, "add_acked"):  # the Writer: a successful add is op.add_acked(bookie, entry)
+        if isinstance(op, Writer):  # its successful adds skip the event objects: op.add_acked(bookie, entry)
             self._add_acked[op_id] = op.add_acked
             self._add_acked_many[op_id] = op.add_acked_many
         if start:
@@ -256,7 +257,7 @@ class OpDriver:
             if type(item) is list:  # one socket read's answers (_post_many)
                 self._drain_run(item)
                 continue
-            if type(item) is PendingRequest and item._error is None and type(item.tag[1]) is A.SendAdd:
+            if type(item) is PendingRequest and item.error is None and type(item.tag[1]) is A.SendAdd:
                 op_id, action = item.tag  # the hot path, an add that succeeded: no event object
                 add_acked = fast.get(op_id)
                 if add_acked is not None:
@@ -275,14 +276,14 @@ class OpDriver:
         while i < n:
             item = items[i]
             op_id, action = item.tag
-            if item._error is None and type(action) is A.SendAdd and op_id in many:
+            if item.error is None and type(action) is A.SendAdd and op_id in many:
                 bookie = item.client.bookie_id
                 entry_ids = [action.entry_id]
                 i += 1
                 while i < n:
                     nxt = items[i]
                     tag = nxt.tag
-                    if (nxt._error is not None or tag[0] != op_id or type(tag[1]) is not A.SendAdd
+                    if (nxt.error is not None or tag[0] != op_id or type(tag[1]) is not A.SendAdd
                             or nxt.client.bookie_id != bookie):
                         break
                     entry_ids.append(tag[1].entry_id)

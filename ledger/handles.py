@@ -160,8 +160,8 @@ class WriteHandle:
         elif isinstance(action, A.Failed):
             if self._closing is not None:
                 self._closing.set(error=action.error)
-            if self._writer.state is not WriterState.BROKEN:  # the driver's verdict: the ledger vanished
-                self._writer.state, self._writer.error = WriterState.BROKEN, action.error
+            for failed in self._writer.fail(action.error):  # the driver's verdict: the ledger vanished
+                self._on_action(failed)
             for pending in self._pending.values():
                 pending._finish(action.error)
             self._pending.clear()

@@ -383,6 +383,11 @@ class Writer:
         self.close_op = CloseOp(self.metadata, self.version, self.lac, self.length)
         return self.close_op.start()
 
+    def fail(self, error: LedgerError) -> list[Action]:
+        """The driver's verdict: the ledger is gone (deleted under us), so nothing outstanding will
+        ever be acknowledged and nothing more can be written. Idempotent."""
+        return [] if self.state is WriterState.BROKEN else self._break(error)
+
     def _break(self, error: LedgerError) -> list[Action]:
         """Nothing outstanding will ever be acknowledged: fail it all with `error`."""
         closing = self.state is WriterState.CLOSING

@@ -10,7 +10,7 @@ from bookie import errors as B
 from bookie.entry import NO_ENTRY, Digester, DigestType, parse_header, password_key
 from ledger import actions as A
 from ledger.close_op import CloseOp
-from ledger.errors import (CloseConflict, LedgerClosedUnderWriter, LedgerFenced, LedgerInRecovery,
+from ledger.errors import (NoSuchLedger, CloseConflict, LedgerClosedUnderWriter, LedgerFenced, LedgerInRecovery,
                            NotEnoughBookies, OutcomeUnknown)
 from ledger.metadata import Fragment, LedgerMetadata, LedgerState
 from ledger.writer import Writer, WriterState
@@ -191,6 +191,23 @@ def test_fenced_writer_fails_everything_outstanding_and_never_acknowledges_again
     with pytest.raises(LedgerFenced):
         w.append(b"c")
     assert isinstance(w.close()[0].error, LedgerFenced)
+
+
+def test_a_ledger_deleted_under_its_writer_fails_everything_once():
+    """Writer.fail, the driver's verdict (NoSuchLedger from the metastore): every outstanding
+    append fails, a close waiting for them fails too, and a second verdict changes nothing."""
+    w = Writer(metadata(), 0, DIGESTER, explicit_lac=False)
+    for p in (b"a", b"b"):
+        w.append(p)
+    w.close()  # waits for the two appends
+    gone = NoSuchLedger("ledger 1")
+    fail, failed = w.fail(gone)
+    assert (fail.entry_ids, fail.error) == ((0, 1), gone)
+    assert isinstance(failed, A.Failed) and failed.error is gone
+    assert (w.state, w.error) == (WriterState.BROKEN, gone)
+    assert w.fail(NoSuchLedger("again")) == [] and w.error is gone
+    with pytest.raises(NoSuchLedger):
+        w.append(b"c")
 
 
 # -- closing as the writer (seed 001) --------------------------------------------------------------
