@@ -39,7 +39,7 @@ from metastore.sessions import SessionTracker
 from metastore.state_machine import Applied, MetastoreStateMachine
 from metastore.txn import SessionClosed, SessionCreated
 from metastore.watches import WatchKind, WatchManager
-from zab.actions import Phase, Role
+from zab.actions import Role
 from zab.driver import Pending, PeerDriver
 from zab.errors import NoLeader, OutcomeUnknown
 from edge.sockets import ConnectionCounts, peer_address
@@ -76,6 +76,10 @@ class MetastoreService:
         self.watches = WatchManager(auth_of=lambda c: self.connections[c].auth if c in self.connections else ())
         self.tracker = SessionTracker()
         self._tracking = False
+        # The peer's role as the driver reports it (role_changed), never read from the core: serving
+        # clients needs an established leader, and expiring sessions is the established leader's job.
+        self._role: Role = Role.LOOKING
+        self._broadcasting = False
         self.connections: dict[int, Connection] = {}
         self.by_session: dict[int, Connection] = {}
         self._conn_ids = itertools.count(1)
@@ -129,8 +133,9 @@ class MetastoreService:
         for sid in session_ids:
             self.tracker.touch(sid, now)
 
-    def role_changed(self, role, leader, epoch) -> None:
+    def role_changed(self, role: Role, leader: int | None, epoch: int, broadcasting: bool) -> None:
         self._tracking = False
+        self._role, self._broadcasting = role, broadcasting
 
     # -- sessions ---------------------------------------------------------------------
     def _password(self, session_id: int) -> bytes:
@@ -177,9 +182,7 @@ class MetastoreService:
                 c.active = False
             if active:
                 self.driver.touch(tuple(active))
-            peer = self.driver.peer
-            leading = peer is not None and peer.role is Role.LEADING and peer.phase is Phase.BROADCAST
-            if not leading:
+            if self._role is not Role.LEADING or not self._broadcasting:
                 self._tracking = False
                 continue
             if not self._tracking:
@@ -375,8 +378,7 @@ class MetastoreService:
     async def _connect(self, conn: Connection, payload: bytes) -> bool:
         req = jute.decode_connect_request(payload, self.cfg.limits.jute_max_buffer_bytes)
         check_connect(req)
-        peer = self.driver.peer
-        if peer is None or peer.phase is not Phase.BROADCAST:
+        if not self._broadcasting:
             return False  # no quorum here: the client tries another server
         if not await self._has_secret():
             log.info("event=client_deferred conn=%s reason=no_cluster_secret_yet", conn.id)

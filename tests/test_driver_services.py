@@ -23,7 +23,7 @@ class Listener:
     def sessions_touched(self, frm, session_ids) -> None:
         self.touches.append((frm, session_ids))
 
-    def role_changed(self, role, leader, epoch) -> None:
+    def role_changed(self, role, leader, epoch, broadcasting) -> None:
         self.roles.append(role)
 
 

@@ -158,10 +158,13 @@ class RequestFailed:
 
 @dataclass(slots=True, unsafe_hash=True)
 class RoleChanged:
-    """The peer changed role or leader; requests in flight have an unknown outcome."""
+    """The peer changed role or leader, or its leadership was established; requests in flight have an
+    unknown outcome. `broadcasting`: established in this role (the BROADCAST phase), until the next
+    RoleChanged: the leader once a quorum acked NEWLEADER, a learner once synced (UPTODATE)."""
     role: Role
     leader: int | None
     epoch: int
+    broadcasting: bool = False
 
 
 @dataclass(slots=True, unsafe_hash=True)

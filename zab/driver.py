@@ -79,7 +79,7 @@ class DriverListener(Protocol):
 
     def sessions_touched(self, frm: int, session_ids: tuple[int, ...]) -> None: ...
 
-    def role_changed(self, role: Role, leader: int | None, epoch: int) -> None: ...
+    def role_changed(self, role: Role, leader: int | None, epoch: int, broadcasting: bool) -> None: ...
 
 
 @dataclass(eq=False)
@@ -314,7 +314,7 @@ class PeerDriver:
             self._answer(a.session_id, a.cxid, error=NoLeader(f"no established leader ({a.reason}); retry shortly"))
         elif isinstance(a, RoleChanged):
             if self._listener is not None:
-                self._listener.role_changed(a.role, a.leader, a.epoch)
+                self._listener.role_changed(a.role, a.leader, a.epoch, a.broadcasting)
             log.info("event=role node=%s role=%s leader=%s epoch=%s", self.cfg.my_id, a.role.value, a.leader, a.epoch)
             self._fail_all(OutcomeUnknown(f"node {self.cfg.my_id} became {a.role.value}; the request may or may "
                                           "not have committed"))

@@ -198,7 +198,7 @@ class LeaderRole:
                 h.state = LearnerState.UPTODATE
                 out.append(Send(f, UpToDate(self.peer.last_committed)))
         assert self.epoch is not None
-        return [RoleChanged(Role.LEADING, self.id, self.epoch)] + out
+        return [RoleChanged(Role.LEADING, self.id, self.epoch, broadcasting=True)] + out
 
     # -- broadcast --------------------------------------------------------------
     def on_client_sync(self, ev: ClientSync) -> list[Action]:

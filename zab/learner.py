@@ -224,7 +224,7 @@ class LearnerRole:
         if m.committed_zxid > p.last_zxid:
             return self._fail(f"UPTODATE {Z.fmt(m.committed_zxid)} beyond our history")
         p.phase = Phase.BROADCAST
-        return [RoleChanged(self.role, self.leader, p.current_epoch)] + self._deliver(
+        return [RoleChanged(self.role, self.leader, p.current_epoch, broadcasting=True)] + self._deliver(
             max(m.committed_zxid, self.pending_commit))
 
     def _on_ping(self, m: Ping) -> list[Action]:
