@@ -2,7 +2,7 @@
 
 Both systems run at once for the whole section, each as 3 nodes on loopback:
 a ZooKeeper 3.8 ensemble from Debian's jars (bench/zk.py) and a clusterd
-cluster whose cluster.toml says `client_protocol = "zookeeper"`. Every load row
+cluster (bench/quire.py), whose client ports speak ZooKeeper's protocol. Every load row
 runs on ZooKeeper and then at once on Quire, so that both see about the same
 machine (it is shared: the "others" column says how much CPU other jobs took).
 
@@ -95,7 +95,7 @@ class QuireSystem:
 
     def __init__(self, folder: Path, *, tls: bool = False) -> None:
         """tls: a [tls] table (every port TLS, material from `clusterctl tls init`), clients with a certificate."""
-        self.cluster = QuireCluster(folder, client_protocol="zookeeper", tls=tls)
+        self.cluster = QuireCluster(folder, tls=tls)
         self.tls = self.cluster.client_tls
         self.ids = sorted(self.cluster.nodes)
         self.ports = {i: self.cluster.nodes[i].client_port for i in self.ids}

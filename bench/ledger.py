@@ -6,7 +6,7 @@ In one run, each figure beside the reference it is judged against:
    (fsyncs/s) and 1 MiB append + fsync (MB/s), before and after the cluster part;
 2. one bookie's storage engine with group commit (bench/bookie_storage.py), 100-byte adds/s against the
    100-byte fsync loop run just before it;
-3. a throw-away 3-node cluster (bench/quire.py; client_protocol zookeeper, every node a bookie) and one
+3. a throw-away 3-node cluster (bench/quire.py; every node a voter and a bookie) and one
    client, this process, through the ledger SDK (bench/ledger_load.py): pipelined append throughput and
    latency for 100 B, 1 KB and 64 KB entries with E=Qw=Qa=3 and E=3, Qw=2, Qa=2; append latency at low load;
    append-to-delivery latency at a tailing reader in another process; catch-up read throughput of a closed
@@ -259,7 +259,7 @@ class LedgerBench:
                           f"disk {row['disk_append_fsync_per_s']:,} fsyncs/s; {row['vs_disk']}x")
 
     def _cluster(self) -> None:
-        with QuireCluster(self.folder / "cluster", client_protocol="zookeeper") as cluster:
+        with QuireCluster(self.folder / "cluster") as cluster:
             cluster.start()
             self.cluster = cluster
             try:

@@ -80,7 +80,7 @@ def _intro(r: LedgerResults) -> str:
     s = r.sizes
     return (f"Issue 4's measurements, each beside the reference it is judged against, all measured in one run "
             f"(`bench/ledger.py`, `bench/ledger_load.py`, `bench/ledger_proc.py`). The cluster is a throw-away "
-            f"3-node `clusterd` cluster (`bench/quire.py`: `client_protocol = \"zookeeper\"`, every node a voter "
+            f"3-node `clusterd` cluster (`bench/quire.py`: every node a voter "
             f"and a bookie, nodes logging at info) on the data dirs' filesystem. The client is one process, the "
             f"benchmark's own, through the ledger SDK: pipelined appends keep a bounded window in flight with "
             f"`WriteHandle.start_append` and await the oldest ({s.warmup_s:g} s of warm-up, then a "

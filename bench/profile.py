@@ -80,7 +80,7 @@ class Run:
 
 def run(folder: Path, spec: Spec) -> Run:
     binary = py_spy()
-    with QuireCluster(folder, client_protocol="kv") as cluster:
+    with QuireCluster(folder, bookies=False) as cluster:
         cluster.start()
         return trio.run(_profile, cluster, spec, binary, folder)
 
@@ -163,7 +163,7 @@ def fold(raw: str, leader: str, mode: str = "active") -> Profile:
 
 
 def _function(frame: str) -> str:
-    """'put (clusterd/kvclient.py:123)' -> 'put (clusterd/kvclient.py)': lines merged per function."""
+    """'set (metastore/client.py:112)' -> 'set (metastore/client.py)': lines merged per function."""
     m = _FRAME.match(frame.strip())
     if not m:
         return frame.strip()

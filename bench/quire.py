@@ -4,7 +4,8 @@ The shipped cluster.toml is copied into the benchmark's folder with fresh
 ports; its relative data directories then resolve inside that folder. Nodes
 are started with clusterd's own `localcluster.spawn` (their output goes to
 `<data_dir>/clusterd.log`) and are children of this process, so a SIGKILLed
-node is reaped at once.
+node is reaped at once. `bookies=False` runs the same nodes as voters only
+(the Zab-layer benchmarks).
 
 `tls=True` adds a `[tls]` table with every switch at its default (peer, client
 and bookie ports all mutual TLS) and makes the material as an operator would
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import re
 import signal
@@ -62,10 +64,14 @@ class TlsFiles:
         return ClientTls(self.context())
 
 
-def write_config(folder: Path, *, client_protocol: str | None = None, tls: bool = False) -> Path:
+def write_config(folder: Path, *, tls: bool = False, bookies: bool = True) -> Path:
     """Copy the shipped cluster.toml into `folder` with fresh ports; every host stays 127.0.0.1.
 
-    `client_protocol` (e.g. "zookeeper") is set under [cluster] when given; otherwise the shipped value holds.
+    `bookies=False` takes the bookie role (and its port and journal lines) off every node: the Zab-layer
+    rows measure the ensemble and its state machine, not bookies, their registrations and the auditor.
+
+    A `client_protocol` line, if the shipped file still has one, is dropped: the key is retired (the
+    client port always speaks ZooKeeper's protocol), so the copy never depends on it.
     """
     shipped_path = REPO / "cluster.toml"
     shipped = cfg.load(shipped_path)
@@ -76,10 +82,9 @@ def write_config(folder: Path, *, client_protocol: str | None = None, tls: bool 
         for key, port in node.ports.items():
             text, n = re.subn(rf"(?m)^{key} = {port}$", f"{key} = {next(ports)}", text)
             assert n == 1, f"{key} of node {node.id} not found exactly once in {shipped_path}"
-    if client_protocol is not None:
-        text = re.sub(r'(?m)^client_protocol = .*\n', "", text)
-        text, n = re.subn(r"(?m)^\[cluster\]\n", f'[cluster]\nclient_protocol = "{client_protocol}"\n', text)
-        assert n == 1, f"no [cluster] table in {shipped_path}"
+    text = re.sub(r"(?m)^client_protocol[ \t]*=.*\n", "", text)
+    if not bookies:
+        text = _without_bookies(text)
     if tls:
         text = text.rstrip("\n") + "\n\n[tls]\n"  # every switch at its default: TLS on every port
     folder.mkdir(parents=True, exist_ok=True)
@@ -88,13 +93,22 @@ def write_config(folder: Path, *, client_protocol: str | None = None, tls: bool 
     return path
 
 
+def _without_bookies(text: str) -> str:
+    def roles(m: re.Match[str]) -> str:
+        kept = [r for r in json.loads(m[1]) if r != cfg.BOOKIE]  # a TOML array of strings reads as JSON
+        return f"roles = {json.dumps(kept)}"
+
+    text = re.sub(r"(?m)^roles = (\[.*\])$", roles, text)
+    return re.sub(rf"(?m)^(?:{cfg.BOOKIE_PORT}|{cfg.BOOKIE_JOURNAL_DIR}) = .*\n", "", text)
+
+
 class QuireCluster:
     """Three clusterd processes of one config; `stop()` (or the context manager) ends them all."""
 
-    def __init__(self, folder: Path, *, log_level: str = "info", client_protocol: str | None = None,
-                 tls: bool = False) -> None:
+    def __init__(self, folder: Path, *, log_level: str = "info", tls: bool = False, bookies: bool = True) -> None:
         self.folder = folder
-        self.config = cfg.load(write_config(folder, client_protocol=client_protocol, tls=tls))
+        self.config = cfg.load(write_config(folder, tls=tls, bookies=bookies))
+        assert bookies or not any(n.is_bookie for n in self.config.nodes), f"bookies left in {self.config.path}"
         self.client_tls = make_tls_material(self.config) if tls else None
         self._admin_tls = self.client_tls.streams() if self.client_tls else None  # [tls] admin is on too
         self.nodes = {n.id: n for n in self.config.nodes if n.in_ensemble}

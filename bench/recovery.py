@@ -44,7 +44,7 @@ SETTINGS = ("autorecovery_grace_ms = 1000\nautorecovery_open_ledger_grace_ms = 1
 
 
 def four_node_config(folder: Path) -> cfg.ClusterConfig:
-    path = write_config(folder, client_protocol="zookeeper")
+    path = write_config(folder)
     ports = localcluster.free_ports(4)
     text = re.sub(r"(?m)^\[cluster\]\n", "[cluster]\n" + SETTINGS, path.read_text(), count=1)
     path.write_text(text + f"""

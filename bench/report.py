@@ -9,21 +9,16 @@ still matches the figures above it).
 from __future__ import annotations
 
 import math
+from collections import Counter
 from pathlib import Path
 
-from collections import Counter
-
-from bench import kzbench, ledger_report, stats
-from bench.election import Sample
-from bench.profile import Profile
-from bench.stats import fmt_num, fmt_ratio, ratio
+from bench import kzbench, ledger_report, stats, zab_report
+from bench.stats import fmt_ms, fmt_num, fmt_ratio, max_or_none, median_or_none, ratio
 from bench.suite import QUIET_WAIT_SECTION_S, Results
-from bench.throughput import FsyncStats, Result
 
 ANALYSIS_START = "<!-- analysis:start (hand-written; kept when the file is regenerated) -->"
 ANALYSIS_END = "<!-- analysis:end -->"
 DEFAULT_ANALYSIS = "_No analysis written for this run yet._"
-TOP_FUNCTIONS = 15
 
 
 def existing_analysis(path: Path) -> str:
@@ -40,9 +35,10 @@ def render(r: Results, analysis: str, ledger_section: str | None = None) -> str:
     from the file by existing_ledger_section); None leaves a placeholder."""
     parts = [_intro(), _environment(r), _kz_summary(r)]
     if "zab" in r.parts:
-        parts += [_summary(r), _elections(r), _throughput(r), _fsync(r), _profile(r)]
+        parts += [zab_report.summary(r), zab_report.elections(r), zab_report.throughput(r), zab_report.fsync(r),
+                  zab_report.profile(r)]
     else:
-        parts.append("## Zab layer (KV demo client)\n\nNot run in this run (`--only metastore`).\n")
+        parts.append(f"## {zab_report.TITLE}\n\nNot run in this run (`--only metastore`).\n")
     parts += [_kz_rows(r), _kz_failover(r), _kz_profile(r), ledger_section or ledger_report.not_run(),
               _analysis(analysis), _problems(r)]
     return "\n".join(parts)
@@ -58,10 +54,6 @@ def ledger_only(path: Path, section: str) -> str:
     return ledger_report.splice(text, section, _intro())
 
 
-def _ms(seconds: float | None) -> str:
-    return "n/a" if seconds is None or math.isnan(seconds) else f"{1000 * seconds:,.1f} ms"
-
-
 # -- sections -------------------------------------------------------------------------------
 
 
@@ -74,10 +66,11 @@ a third part that measures bookies and ledgers against this machine's disk, and
 a fourth that measures what TLS on every port costs each system:
 
 * **Metastore** (`bench/kzbench.py`, `bench/kzworker.py`): one kazoo-driven workload, unchanged, against
-  the ZooKeeper ensemble and against `clusterd` with `client_protocol = "zookeeper"`, in one run, reported
+  the ZooKeeper ensemble and against `clusterd`'s client ports (ZooKeeper's client protocol), in one run, reported
   as Quire/ZooKeeper ratios against the targets of issue 3.
-* **Zab layer** (the rest of `bench/`): failover, broadcast throughput and group commit, measured with the
-  KV demo client (Quire) and kazoo (ZooKeeper).
+* **Zab layer** (the rest of `bench/`): failover, broadcast throughput and group commit, measured with znode
+  `setData` writes from the project's trio client `metastore.client.MetaClient` (Quire) and from kazoo
+  (ZooKeeper), the same shapes of load on both; Quire's nodes there are voters only (no bookie role).
 * **Ledgers and bookies** (`bench/ledger.py`, `bench/ledger_load.py`, `bench/ledger_proc.py`): one bookie's
   storage engine and a 3-node cluster through the ledger SDK, against the disk's own rates measured in the
   same run, reported against the targets of issue 4 (section 8, which records its own run), with the floor
@@ -136,182 +129,6 @@ def _environment(r: Results) -> str:
     return "\n".join(lines)
 
 
-def _summary(r: Results) -> str:
-    rows = ["## Summary: Zab layer (KV demo client)", "",
-            "Quire/ZooKeeper ratio: above 1 means Quire takes longer (times) or does more (rates).", "",
-            "| figure | Quire | ZooKeeper | Quire/ZK |", "| --- | ---: | ---: | ---: |"]
-
-    def row(name: str, ours: float | None, theirs: float | None, fmt) -> None:  # noqa: ANN001
-        rows.append(f"| {name} | {fmt(ours)} | {fmt(theirs)} | {fmt_ratio(ratio(ours, theirs))} |")
-
-    q, z = r.elections.get("Quire", []), r.elections.get("ZooKeeper", [])
-    for label, attr in (("leader seen", "leader_s"), ("first write acked", "write_s")):
-        qt, zt = _times(q, attr), _times(z, attr)
-        row(f"failover, SIGKILL to {label}: median", _med(qt), _med(zt), _ms)
-        row(f"failover, SIGKILL to {label}: worst", _max(qt), _max(zt), _ms)
-    for value_bytes in r.sizes.value_sizes:
-        for concurrency in (1, r.sizes.many):
-            qr, zr = r.workload("Quire", value_bytes, concurrency), r.workload("ZooKeeper", value_bytes, concurrency)
-            name = f"{value_bytes} B, {concurrency} outstanding"
-            row(f"{name}: writes/s", qr and qr.throughput, zr and zr.throughput, lambda v: fmt_num(v, 0))
-            row(f"{name}: p50 commit latency", qr and qr.latency_ms(50) / 1000, zr and zr.latency_ms(50) / 1000, _ms)
-            row(f"{name}: p99 commit latency", qr and qr.latency_ms(99) / 1000, zr and zr.latency_ms(99) / 1000, _ms)
-            row(f"{name}: server CPU per write", qr and _cpu_ms_per_write(qr), zr and _cpu_ms_per_write(zr),
-                lambda v: "n/a" if v is None else f"{v:.2f} ms")
-            if concurrency > 1:
-                for role in ("leader", "follower"):
-                    qf, zf = qr and _node(qr, role), zr and _node(zr, role)
-                    row(f"{name}: txns per fsync, {role}", qf and qf.txns_per_fsync, zf and zf.txns_per_fsync,
-                        lambda v: fmt_num(v, 2))
-                    row(f"{name}: log fsyncs/s, {role}", qf and qf.fsyncs_per_s, zf and zf.fsyncs_per_s,
-                        lambda v: fmt_num(v, 0))
-    rows.append("")
-    if r.disk:
-        rows.append(f"Disk alone (same filesystem, same run): {r.disk[0].per_s:,.0f} fsyncs/s "
-                    f"({r.disk[0].mean_ms:.2f} ms each) for {r.disk[0].name}.")
-        rows.append("")
-    return "\n".join(rows)
-
-
-def _elections(r: Results) -> str:
-    lines = ["## 1. Failover: election after SIGKILL of the leader", "",
-             "Three nodes serve; the leader is SIGKILLed; the two survivors are polled until one is leader "
-             "(Quire: admin `/status` says role `leader`, phase `broadcast`; ZooKeeper: `srvr` says "
-             "`Mode: leader`, which ZooKeeper reports when it starts leading, before its followers have synced, "
-             "so it is an earlier point of the protocol than Quire's). Then one write is sent to the new leader "
-             "on a fresh connection (ZooKeeper: a new kazoo session, retrying every poll interval) and the time "
-             "of its acknowledgement recorded: that is the comparable figure. The killed node is restarted and "
-             "the next run waits until all three serve.", ""]
-    if not r.elections:
-        return "\n".join(lines + ["No election ran (see Problems).", ""])
-    lines += ["| system | runs | leader seen: median | worst | first write: median | worst | failed runs |",
-              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for system, samples in r.elections.items():
-        leader, write = _times(samples, "leader_s"), _times(samples, "write_s")
-        failed = sum(1 for s in samples if s.leader_s is None or s.write_s is None)
-        lines.append(f"| {system} | {len(samples)} | {_ms(_med(leader))} | {_ms(_max(leader))} | "
-                     f"{_ms(_med(write))} | {_ms(_max(write))} | {failed} |")
-    lines.append("")
-    for system, samples in r.elections.items():
-        cells = ", ".join(f"{1000 * s.leader_s:.0f}" if s.leader_s is not None else "none" for s in samples)
-        lines.append(f"{system}, SIGKILL to leader seen, every run (ms): {cells}")
-        lines.append("")
-        notes = [f"{s.killed}: {s.note}" for s in samples if s.note]
-        if notes:
-            lines += [f"- {n}" for n in notes] + [""]
-    lines += _failover_orders(r)
-    return "\n".join(lines)
-
-
-def _failover_orders(r: Results) -> list[str]:
-    """Quire's election time split by which survivor went LOOKING first (from the node logs)."""
-    if not r.quire_failovers:
-        return []
-    lines = ["Quire's failovers from the node logs (`bench/timeline.py`), split by which survivor logged "
-             "`role=looking` first; time from that line to the new leader's `role=leader` line:", "",
-             "| survivor that went LOOKING first | failovers | median | min | max |",
-             "| --- | ---: | ---: | ---: | ---: |"]
-    for order in ("better vote first", "worse vote first", "same millisecond"):
-        times = [f.looking_to_leader_ms for f in r.quire_failovers if f.order == order]
-        if times:
-            lines.append(f"| {order} | {len(times)} | {stats.median(times):.0f} ms | {min(times):.0f} ms | "
-                         f"{max(times):.0f} ms |")
-    return lines + [""]
-
-
-def _throughput(r: Results) -> str:
-    lines = ["## 2. Broadcast throughput and commit latency", "",
-             "Fixed count of writes (each a put/set of the value to one of 64 keys), one cluster per row. "
-             "1 outstanding: one client on the leader. Many outstanding: Quire, that many connections through "
-             "the project's KVClient (the server runs one request per connection at a time), spread over the "
-             "three client ports; ZooKeeper, kazoo `set_async` pipelined on one session per server. Latency is "
-             "per write, from the client's send to its acknowledgement. CPU columns: average cores used during "
-             "the timed phase (the bench client is this Python process; 'others' is whatever else ran on the "
-             "machine).", "",
-             "| system | workload | ok | errors | writes/s | p50 | p99 | max | CPU (cores) |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
-    for w in r.workloads:
-        o = w.outcome
-        errors = sum(o.errors.values())
-        lines.append(f"| {w.system} | {w.spec.name} | {o.ok} | {errors} | {w.throughput:,.0f} | "
-                     f"{_ms(stats.percentile(o.latencies_s, 50))} | {_ms(stats.percentile(o.latencies_s, 99))} | "
-                     f"{_ms(max(o.latencies_s) if o.latencies_s else None)} | {w.cpu.summary() if w.cpu else ''} |")
-    lines.append("")
-    errors = [(w, e) for w in r.workloads for e in w.outcome.error_samples]
-    if errors:
-        lines += ["Errors returned to the clients:", ""] + [f"- {w.system} {w.spec.name}: `{e}`" for w, e in errors]
-        lines.append("")
-    return "\n".join(lines)
-
-
-def _fsync(r: Results) -> str:
-    lines = ["## 3. Group commit: transactions per fsync", "",
-             "Log counters read before and after the timed phase of each run (the many-outstanding runs first; "
-             "the 1-outstanding rows show the cost of one fsync inside each server at low load). Quire: "
-             "`/status` `log` (records_synced, syncs, fsync_seconds_total). ZooKeeper: `mntr` "
-             "(`zk_sum_sync_processor_batch_size`, `zk_cnt_fsynctime`, `zk_sum_fsynctime`; those also count "
-             "the few session txns of the benchmark's own clients). ZooKeeper records each fsync's duration "
-             "in whole milliseconds, truncated (`FileTxnLog.commit`), so its mean fsync is a lower bound and "
-             "reads near 0 when fsyncs take well under 1 ms; Quire's is measured with `time.perf_counter()` "
-             "around the call in the writer thread, so it includes getting the GIL back.", ""]
-    if r.disk:
-        lines += ["The disk's own rate, measured in the same run by a plain Python loop in the data dirs' "
-                  "filesystem:", "", "| loop | fsyncs/s | mean |", "| --- | ---: | ---: |"]
-        lines += [f"| {d.name} | {d.per_s:,.0f} | {d.mean_ms:.2f} ms |" for d in r.disk]
-        lines.append("")
-    lines += ["| system | workload | node | role | txns | fsyncs | txns/fsync | fsyncs/s | mean fsync | "
-              "fsyncs/s vs disk loop |", "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    disk_rate = r.disk[0].per_s if r.disk else None
-    for w in sorted(r.workloads, key=lambda w: (w.spec.concurrency == 1, w.spec.value_bytes, w.system)):
-        for f in w.fsync:
-            lines.append(f"| {w.system} | {w.spec.name} | {f.node} | {f.role} | {f.txns} | {f.fsyncs} | "
-                         f"{fmt_num(f.txns_per_fsync, 2)} | {fmt_num(f.fsyncs_per_s, 0)} | "
-                         f"{fmt_num(f.mean_fsync_ms, 2)} ms | {fmt_ratio(ratio(f.fsyncs_per_s, disk_rate))} |")
-    lines.append("")
-    return "\n".join(lines)
-
-
-def _profile(r: Results) -> str:
-    lines = ["## 4. Profile of the Quire leader under many outstanding writes", ""]
-    p = r.profile
-    if p is None:
-        return "\n".join(lines + ["Not run (see Problems).", ""])
-    cpu = p.cpu
-    lines += [f"py-spy {_SAMPLING} on the leader during {r.sizes.profile_writes} writes, {r.sizes.many} outstanding, "
-              f"100 B values ({p.throughput:,.0f} writes/s with the profilers attached). The leader used "
-              f"{(cpu.user_s + cpu.system_s) / cpu.wall_s:.2f} cores: {cpu.user_s / cpu.wall_s:.2f} user, "
-              f"{cpu.system_s / cpu.wall_s:.2f} system (from /proc over {cpu.wall_s:.1f} s).", "",
-              "Two samplers ran at once: `--gil` counts only the thread holding the GIL, i.e. where the "
-              "interpreter's CPU goes; the default mode counts every thread that is not idle, which also "
-              "includes the log writer's thread while it waits in fsync and threads that are runnable but "
-              "waiting for a CPU (this machine has two for five busy processes). Percentages are of each "
-              "profile's samples; lines of a function are merged.", ""]
-    for prof in p.profiles:
-        lines += _profile_tables(prof)
-    return "\n".join(lines)
-
-
-_SAMPLING = "`record --nonblocking --rate 200`"
-
-
-def _profile_tables(p: Profile, role: str = "Leader") -> list[str]:
-    title = "holding the GIL" if p.mode == "gil" else "any thread not idle"
-    lines = [f"### {role} ({p.leader}), {title}: {p.samples} samples", "",
-             "| self % | function (self time) | | total % | function (inclusive, project code) |",
-             "| ---: | --- | --- | ---: | --- |"]
-    top_self = p.self_counts.most_common(TOP_FUNCTIONS)
-    ours = [(f, c) for f, c in p.total_counts.most_common()
-            if f.split("(")[-1].startswith(("zab/", "clusterd/", "metastore/"))
-            and not f.startswith(("main ", "<module>", "run_node", "_start_services"))][:TOP_FUNCTIONS]
-    for i in range(max(len(top_self), len(ours))):
-        left = f"{p.share(top_self[i][1]):.1f} | `{top_self[i][0]}`" if i < len(top_self) else " | "
-        right = f"{p.share(ours[i][1]):.1f} | `{ours[i][0]}`" if i < len(ours) else " | "
-        lines.append(f"| {left} | | {right} |")
-    areas = ", ".join(f"{name} {p.share(count):.0f}%" for name, count in p.area_self.most_common())
-    lines += ["", f"Self time by area: {areas}.", ""]
-    return lines
-
-
 def _problems(r: Results) -> str:
     lines = ["## Problems seen under load", "",
              "Collected automatically: sections that failed, errors returned to clients, and every warning, "
@@ -343,33 +160,6 @@ def _problems(r: Results) -> str:
     return "\n".join(lines)
 
 
-# -- helpers -------------------------------------------------------------------------------
-
-
-def _times(samples: list[Sample], attr: str) -> list[float]:
-    return [v for s in samples if (v := getattr(s, attr)) is not None]
-
-
-def _med(values: list[float]) -> float | None:
-    return stats.median(values) if values else None
-
-
-def _max(values: list[float]) -> float | None:
-    return max(values) if values else None
-
-
-def _node(w: Result, role: str) -> FsyncStats | None:
-    return next((f for f in w.fsync if f.role == role), None)
-
-
-def _cpu_ms_per_write(w: Result) -> float | None:
-    """Milliseconds of CPU all three servers spent per acknowledged write."""
-    if not w.cpu or not w.outcome.ok:
-        return None
-    servers = sum(v for k, v in w.cpu.cores.items() if k != "bench client")
-    return 1000 * servers * w.cpu.wall_s / w.outcome.ok
-
-
 # -- the metastore part (bench/kzbench.py) ----------------------------------------------------------
 
 _KZ_TARGETS = {  # key -> (figure, how the ratio is read, target ratio) per issue 3
@@ -395,7 +185,7 @@ def _kz_summary(r: Results) -> str:
     m = r.metastore
     if m is None:
         return "\n".join(lines + ["Not run in this run (see Problems).", ""])
-    lines += ["The same kazoo workload against ZooKeeper and against Quire (`client_protocol = \"zookeeper\"`), "
+    lines += ["The same kazoo workload against ZooKeeper and against Quire's client ports (ZooKeeper's protocol), "
               "rows interleaved in one run (section 5). Ratio Quire/ZooKeeper: above 1 means Quire takes longer "
               "(times) or does more (rates). Targets from issue 3; server CPU is utime+stime of the three "
               "server processes over the timed window, per acknowledged operation.", "",
@@ -431,7 +221,7 @@ def _kz_summary(r: Results) -> str:
             qc, zc = q and q.server_cpu_us_per_op, z and z.server_cpu_us_per_op
             add(f"{load.title}: server CPU per write", qc, zc, us, "<= 1x", _kz_verdict(ratio(qc, zc), "<=", 1.0))
     qf, zf = _kz_failover_median(m, "Quire"), _kz_failover_median(m, "ZooKeeper")
-    lines.append(f"| writes resume after SIGKILL of the leader: median | {_ms(qf)} | {_ms(zf)} | "
+    lines.append(f"| writes resume after SIGKILL of the leader: median | {fmt_ms(qf)} | {fmt_ms(zf)} | "
                  f"{fmt_ratio(ratio(qf, zf))} | <= {1000 * FAILOVER_TARGET_S:.0f} ms | "
                  f"{_kz_verdict(qf, '<=', FAILOVER_TARGET_S)} |")
     lines.append("")
@@ -488,7 +278,7 @@ def _kz_rows(r: Results) -> str:
         c = row.cpu
         lines.append(
             f"| {row.system} | {row.load.title} | {row.ok} | {sum(row.errors.values())} | {row.rate:,.0f} | "
-            f"{_ms(stats.percentile(lat, 50))} | {_ms(stats.percentile(lat, 99))} | {_ms(max(lat) if lat else None)} | "
+            f"{fmt_ms(stats.percentile(lat, 50))} | {fmt_ms(stats.percentile(lat, 99))} | {fmt_ms(max_or_none(lat))} | "
             f"{fmt_num(row.server_cpu_us_per_op, 0)} us | {fmt_num(row.client_cpu_us_per_op, 0)} us | "
             f"{row.cores():.2f} | {row.leader_cores:.2f} ({row.leader}) | {row.cores(clients=True):.2f} | "
             f"{c.others_cores:.2f} | {c.machine_cores:.2f} | {_share(row.leader_run)} / {_share(row.leader_wait)} |")
@@ -541,8 +331,9 @@ def _kz_failover(r: Results) -> str:
         resume = [s.resume_s for s in samples if s.resume_s is not None]
         both = [s.both_s for s in samples if s.both_s is not None]
         failed = sum(1 for s in samples if s.resume_s is None)
-        lines.append(f"| {system} | {len(samples)} | {_ms(_med(resume))} | {_ms(min(resume) if resume else None)} | "
-                     f"{_ms(_max(resume))} | {_ms(_med(both))} | {_ms(_max(both))} | {failed} |")
+        lines.append(f"| {system} | {len(samples)} | {fmt_ms(median_or_none(resume))} | "
+                     f"{fmt_ms(min(resume) if resume else None)} | {fmt_ms(max_or_none(resume))} | "
+                     f"{fmt_ms(median_or_none(both))} | {fmt_ms(max_or_none(both))} | {failed} |")
     lines.append("")
     for system, samples in m.failovers.items():
         cells = ", ".join(f"{1000 * s.resume_s:.0f}" if s.resume_s is not None else "none" for s in samples)
@@ -563,19 +354,19 @@ def _kz_profile(r: Results) -> str:
         return "\n".join(lines + ["Not run (see Problems).", ""])
     cpu = p.cpu
     load = next(x for x in kzbench.loads() if x.key == kzbench.SATURATING)
-    lines += [f"py-spy {_SAMPLING} on the Quire leader during a {m.profile_s:g} s window of the row "
+    lines += [f"py-spy {zab_report.SAMPLING} on the Quire leader during a {m.profile_s:g} s window of the row "
               f"\"{load.title}\" ({p.throughput:,.0f} writes/s with the two samplers attached). The leader used "
               f"{(cpu.user_s + cpu.system_s) / cpu.wall_s:.2f} cores: {cpu.user_s / cpu.wall_s:.2f} user, "
               f"{cpu.system_s / cpu.wall_s:.2f} system (from /proc over {cpu.wall_s:.1f} s). As in section 4: "
               "`--gil` counts the thread holding the GIL, the other profile every thread that is not idle.", ""]
     for prof in p.profiles:
-        lines += _profile_tables(prof)
+        lines += zab_report.profile_tables(prof)
     if p.follower is not None and p.follower_cpu is not None:
         fc = p.follower_cpu
         lines += [f"A follower serving kazoo clients, sampled at the same time (GIL holder only); it used "
                   f"{(fc.user_s + fc.system_s) / fc.wall_s:.2f} cores ({fc.user_s / fc.wall_s:.2f} user, "
                   f"{fc.system_s / fc.wall_s:.2f} system).", ""]
-        lines += _profile_tables(p.follower, "Follower")
+        lines += zab_report.profile_tables(p.follower, "Follower")
     return "\n".join(lines)
 
 

@@ -1,6 +1,7 @@
 """`python -m bench.run [--quick] [--only zab|metastore|ledger|tls] [--no-zk] [--keep] [...]`: run the suite, write the report.
 
-Four parts run by default: the Zab layer with the KV demo client, the
+Four parts run by default: the Zab layer (failover, broadcast throughput and
+group commit: Quire through its own MetaClient, ZooKeeper through kazoo), the
 metastore (kazoo against ZooKeeper and against Quire's ZooKeeper protocol),
 ledgers and bookies against the disk (bench/ledger.py), and TLS on every port
 against plain text, Quire's and ZooKeeper's (bench/tls.py). `--only ledger`
@@ -78,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small counts: a smoke run of a minute or two")
     parser.add_argument("--only", choices=ALL_PARTS, default=None,
-                        help="run one part: zab (KV demo client), metastore (kazoo, ZooKeeper protocol), ledger "
+                        help="run one part: zab (MetaClient and kazoo), metastore (kazoo, ZooKeeper protocol), ledger "
                              "(bookies and the ledger SDK against the disk) or tls (each system plain and with TLS "
                              "on every port); zab or metastore: the report is rewritten with that part only "
                              "(sections 8 and 9 carried over); ledger: only section 8 is; tls: only section 9")

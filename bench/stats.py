@@ -38,3 +38,16 @@ def fmt_num(value: float | None, digits: int = 1) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
     return f"{value:,.{digits}f}"
+
+
+def fmt_ms(seconds: float | None) -> str:
+    """Seconds shown in milliseconds; "n/a" when missing."""
+    return "n/a" if seconds is None or math.isnan(seconds) else f"{1000 * seconds:,.1f} ms"
+
+
+def median_or_none(values: Sequence[float]) -> float | None:
+    return median(values) if values else None
+
+
+def max_or_none(values: Sequence[float]) -> float | None:
+    return max(values) if values else None

@@ -184,7 +184,7 @@ class Suite:
                              disk.zk_pattern_fdatasync(folder, self.sizes.fsync_loop_s)]
 
     def _election_quire(self) -> None:
-        with QuireCluster(self.workdir / "quire" / "election", client_protocol="kv") as cluster:
+        with QuireCluster(self.workdir / "quire" / "election", bookies=False) as cluster:
             self.results.elections["Quire"] = election.run_quire(cluster, self.sizes.election_runs,
                                                                  self.sizes.poll_interval_s)
         self.results.quire_failovers = timeline.failovers(self.workdir / "quire" / "election" / "data")

@@ -78,7 +78,7 @@ class Result:
 
 def run_quire(folder: Path, spec: Spec) -> Result:
     """Fresh cluster, warm-up, timed writes; the cluster is stopped whatever happens."""
-    with QuireCluster(folder, client_protocol="kv") as cluster:
+    with QuireCluster(folder, bookies=False) as cluster:
         cluster.start()
         return trio.run(_run_quire, cluster, spec)
 

@@ -6,7 +6,7 @@ Each system runs twice side by side, one copy in plain text and one with TLS on
 every port, both up for the whole of its rows:
 
 - Quire: two 3-node clusters of the shipped layout (every node a voter and a
-  bookie, `client_protocol = "zookeeper"`); the TLS one has a `[tls]` table with
+  bookie, client ports speaking ZooKeeper's protocol); the TLS one has a `[tls]` table with
   every switch at its default (mutual TLS on the peer, client and bookie ports)
   and its material from `clusterctl tls init` and `clusterctl tls client bench`.
   Rows: saturated metastore writes (kazoo, bench/kzbench.py's `write-100-128`),

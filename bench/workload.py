@@ -1,14 +1,16 @@
 """Write workloads: a fixed number of writes with a fixed number outstanding, timed one by one.
 
-Both systems get the same shape of load: `concurrency` writes in flight at
-all times until `writes` have completed, keys `k0..k63` in turn, values of
-`value_bytes` ASCII bytes. A warm-up of the same shape runs first and is not
+Both systems get the same shape of load, through the same protocol
+(ZooKeeper's client protocol): `concurrency` writes in flight at all times
+until `writes` have completed, each a setData of `value_bytes` ASCII bytes to
+one of the znodes /bench/k0../bench/k63 in turn (created beforehand with
+that value, untimed), write i on session i mod the number of sessions, one
+session per given server. A warm-up of the same shape runs first and is not
 counted (connections, JIT, page cache).
 
-Quire: `concurrency` connections through the project's KVClient (the server
-executes one request per connection at a time, so outstanding requests need
-connections), spread over the given client ports. ZooKeeper: kazoo
-`set_async` pipelined on one session per server, bounded by a semaphore.
+Quire: the project's trio client, metastore.client.MetaClient, `concurrency`
+tasks each awaiting one `set` at a time, pipelined on the sessions.
+ZooKeeper: kazoo `set_async` pipelined on the sessions, bounded by a semaphore.
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ from dataclasses import dataclass, field
 
 import trio
 
-from clusterd.kvclient import KVClient, KVError
+from metastore.client import MetaClient
+from metastore.errors import NodeExists, ZooKeeperError
 
+ROOT = "/bench"
 KEYS = 64
 MAX_ERROR_SAMPLES = 5
 
@@ -51,6 +55,11 @@ def key(i: int) -> str:
     return f"k{i % KEYS}"
 
 
+def path(i: int) -> str:
+    """The znode write i sets."""
+    return f"{ROOT}/{key(i)}"
+
+
 # -- Quire -----------------------------------------------------------------------
 
 
@@ -58,36 +67,50 @@ async def quire_writes(addresses: Sequence[tuple[str, int]], *, writes: int, con
                        value_bytes: int, warmup: int,
                        after_warmup: Callable[[], Awaitable[None]] | None = None) -> Outcome:
     """Run `warmup` untimed writes, `after_warmup()`, then `writes` timed ones, `concurrency` in flight."""
-    value = "v" * value_bytes
+    value = b"v" * value_bytes
     async with AsyncExitStack() as stack:
-        clients = [await stack.enter_async_context(
-            KVClient(addresses, start=w, retry_for_s=10.0, request_timeout_s=10.0)) for w in range(concurrency)]
-        await _quire_phase(clients, warmup, value, Outcome())
+        # One session per server, as kazoo gets below: MetaClient pipelines, so the outstanding
+        # writes need no connections of their own.
+        clients = [await stack.enter_async_context(MetaClient([a], session_timeout_ms=10_000)) for a in addresses]
+        await _create_keys(clients, value)
+        await _quire_phase(clients, warmup, concurrency, value, Outcome())
         if after_warmup is not None:
             await after_warmup()
         outcome = Outcome()
         started = time.perf_counter()
-        await _quire_phase(clients, writes, value, outcome)
+        await _quire_phase(clients, writes, concurrency, value, outcome)
         outcome.elapsed_s = time.perf_counter() - started
     return outcome
 
 
-async def _quire_phase(clients: list[KVClient], writes: int, value: str, outcome: Outcome) -> None:
+async def _create_keys(clients: list[MetaClient], value: bytes) -> None:
+    await clients[0].ensure_path(ROOT)
+    for i in range(KEYS):
+        try:
+            await clients[0].create(path(i), value)
+        except NodeExists:
+            pass
+    for client in clients[1:]:  # the znodes were created through another server
+        await client.sync(ROOT)
+
+
+async def _quire_phase(clients: list[MetaClient], writes: int, concurrency: int, value: bytes,
+                       outcome: Outcome) -> None:
     tickets = iter(range(writes))
 
-    async def worker(client: KVClient) -> None:
+    async def worker() -> None:
         for i in tickets:  # shared iterator: each ticket is taken by exactly one worker
             t0 = time.perf_counter()
             try:
-                await client.put(key(i), value)
-            except KVError as e:
+                await clients[i % len(clients)].set(path(i), value)
+            except ZooKeeperError as e:
                 outcome.failed(e)
             else:
                 outcome.latencies_s.append(time.perf_counter() - t0)
 
     async with trio.open_nursery() as nursery:
-        for client in clients:
-            nursery.start_soon(worker, client)
+        for _ in range(concurrency):
+            nursery.start_soon(worker)
 
 
 # -- ZooKeeper ---------------------------------------------------------------------
@@ -103,10 +126,10 @@ def zk_writes(hosts: Sequence[str], *, writes: int, concurrency: int, value_byte
     try:
         for c in clients:
             c.start(timeout=30)
-        clients[0].ensure_path("/bench")
+        clients[0].ensure_path(ROOT)
         for i in range(KEYS):
-            if clients[0].exists(f"/bench/{key(i)}") is None:
-                clients[0].create(f"/bench/{key(i)}", value)
+            if clients[0].exists(path(i)) is None:
+                clients[0].create(path(i), value)
         _zk_phase(clients, warmup, concurrency, value, Outcome())
         if after_warmup is not None:
             after_warmup()
@@ -138,7 +161,7 @@ def _zk_phase(clients: list, writes: int, concurrency: int, value: bytes, outcom
     for i in range(writes):
         slots.acquire()
         t0 = time.perf_counter()
-        result = clients[i % len(clients)].set_async(f"/bench/{key(i)}", value)
+        result = clients[i % len(clients)].set_async(path(i), value)
         result.rawlink(lambda r, t0=t0: completed(t0, r))
     for _ in range(concurrency):  # every slot back: every write completed
         slots.acquire()
