@@ -42,6 +42,7 @@ import trio
 from bookie import errors as B
 from bookie.client import BookiePool, Completions, PendingRequest
 from ledger import actions as A
+from ledger import placement
 from ledger.errors import LedgerError, MetadataConflict
 from ledger.manager import LedgerManager
 from ledger.writer import Writer
@@ -226,8 +227,7 @@ class OpDriver:
                 await trio.sleep(METADATA_RETRY_S)
                 if op_id not in self._ops:
                     return
-        candidates = [b for b in writable if b not in action.exclude]
-        chosen = tuple(self.ctx.rng.sample(candidates, min(action.count, len(candidates))))
+        chosen = placement.choose_outside(writable, action.exclude, action.count, self.ctx.rng)
         self._post((op_id, A.BookiesChosen(chosen)))
 
     # -- events --------------------------------------------------------------------------------------

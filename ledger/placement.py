@@ -40,9 +40,17 @@ def choose_replacement(available: Iterable[int], ensemble: Sequence[int], failed
 
     Replacements are distinct, not already in the ensemble and not failed themselves."""
     failed = [b for b in dict.fromkeys(failed) if b in ensemble]
-    pool = sorted(set(available) - set(ensemble) - set(failed))
-    if len(pool) < len(failed):
+    chosen = choose_outside(available, (*ensemble, *failed), len(failed), rng)
+    if len(chosen) < len(failed):
+        pool = sorted(set(available) - set(ensemble) - set(failed))
         raise NotEnoughBookies(f"no bookie outside ensemble {list(ensemble)} can replace {failed} "
                                f"(candidates: {pool}): start more bookies")
-    chosen = rng.sample(pool, len(failed))
     return dict(zip(failed, chosen))
+
+
+def choose_outside(available: Iterable[int], exclude: Iterable[int], count: int, rng: Rng) -> tuple[int, ...]:
+    """Up to `count` distinct bookies of `available` outside `exclude`, at random; fewer when there
+    are not enough (what too few means is the operation's to decide: a writer's ensemble change
+    fails with NotEnoughBookies)."""
+    pool = sorted(set(available) - set(exclude))
+    return tuple(rng.sample(pool, min(count, len(pool))))

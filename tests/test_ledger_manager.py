@@ -17,7 +17,7 @@ from ledger.errors import MetadataConflict, NoSuchLedger, NotEnoughBookies
 from ledger.manager import LedgerManager
 from ledger.metadata import (Fragment, LedgerMetadata, LedgerMetadataError, LedgerState, decode, encode,
                              ledger_id_from_path, ledger_path)
-from ledger.placement import choose_ensemble, choose_replacement
+from ledger.placement import choose_ensemble, choose_outside, choose_replacement
 from metastore.client import MetaClient
 from cluster_fixtures import Cluster, copy_config
 
@@ -94,6 +94,12 @@ def test_placement_spreads_and_never_repeats_a_bookie():
     assert set(replacement) == {2} and replacement[2] in {4, 5}
     with pytest.raises(NotEnoughBookies):
         choose_replacement([1, 2, 3], (1, 2, 3), [2], rng)
+    # What the ledger driver asks for a writer's ensemble change: fewer when there are not enough.
+    outside = [choose_outside([5, 1, 4, 2, 3, 4], (1, 3), 2, rng) for _ in range(30)]
+    assert all(len(set(c)) == 2 and set(c) <= {2, 4, 5} for c in outside)
+    assert {b for c in outside for b in c} == {2, 4, 5}
+    assert choose_outside([1, 2, 3], (1, 3), 2, rng) == (2,)
+    assert choose_outside([1, 2], (1, 2), 3, rng) == ()
 
 
 # -- against a real metastore ---------------------------------------------------------------
