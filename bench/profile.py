@@ -163,7 +163,7 @@ def fold(raw: str, leader: str, mode: str = "active") -> Profile:
 
 
 def _function(frame: str) -> str:
-    """'set (metastore/client.py:112)' -> 'set (metastore/client.py)': lines merged per function."""
+    """'set (metastore/client/__init__.py:112)' -> 'set (metastore/client/__init__.py)': lines merged per function."""
     m = _FRAME.match(frame.strip())
     if not m:
         return frame.strip()

@@ -3,7 +3,7 @@
 Seed 000: "Auditor: elected through ZooKeeper, only one node can be the
 auditor; it watches the bookies registered in ZooKeeper, and when one fails it
 scans every ledger for those stored on it and puts a repair task for each under
-/underreplicated." Here, while leading (metastore/recipes.py LeaderElection):
+/underreplicated." Here, while leading (metastore/client/recipes.py LeaderElection):
 
 1. watch /quire/bookies/available (a children watch) and readonly/; a known
    bookie (one with a cookie znode) that is registered in neither is missing;
@@ -43,9 +43,9 @@ from ledger.manager import LedgerManager
 from ledger.metadata import LedgerMetadata, LedgerMetadataError
 from ledger.replication import LossTracker, ledgers_to_mark, replica_checks
 from metastore.client import MetaClient
-from metastore.client_watches import Watch
+from metastore.client.watches import Watch
 from metastore.errors import NoAuth, NoNode
-from metastore.recipes import LeaderElection, LeadershipLost
+from metastore.client.recipes import LeaderElection, LeadershipLost
 
 log = logging.getLogger("clusterd.auditor")
 

@@ -4,7 +4,7 @@ metastore records they share (seed 000, "Recovering/Repair"; docs/autorecovery.m
 Layout in the metastore:
 
     /quire/underreplicated/<ledger id>          a ReplicationTask (JSON): lost bookies, since, last error
-    /quire/underreplicated-locks/<ledger id>/   a Lock (metastore/recipes.py): the worker repairing it;
+    /quire/underreplicated-locks/<ledger id>/   a Lock (metastore/client/recipes.py): the worker repairing it;
                                                 its contender node's data is the worker's progress (JSON)
     /quire/autorecovery/auditor/                the auditor's LeaderElection
     /quire/autorecovery/paused                  exists: workers and the auditor do nothing
@@ -29,7 +29,7 @@ from ledger.replication import ReplicationTask
 from metastore import jute_records as J
 from metastore.client import MetaClient
 from metastore.errors import BadVersion, NodeExists, NoNode
-from metastore.recipes import Lock
+from metastore.client.recipes import Lock
 
 log = logging.getLogger("clusterd.autorecovery")
 

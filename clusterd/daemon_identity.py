@@ -45,7 +45,7 @@ from ledger.manager import DEFAULT_IDGEN, DEFAULT_KEYS, DEFAULT_ROOT, QUIRE_ROOT
 from metastore import jute_records as J
 from metastore.acl import generate_digest
 from metastore.client import MetaClient
-from metastore.client_ops import ANYONE
+from metastore.client.ops import ANYONE
 from metastore.errors import NodeExists, NoNode
 from metastore.jute_defs import Perms
 from edge.files import FILE_MODE

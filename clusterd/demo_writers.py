@@ -34,7 +34,7 @@ from typing import Self, TypeVar
 import trio
 
 from metastore.client import MetaClient, State
-from metastore.client_ops import Create, MultiFailed, SetData
+from metastore.client.ops import Create, MultiFailed, SetData
 from metastore.errors import BadVersion, ConnectionLoss, NodeExists, NoNode, SessionExpired
 
 ROOT = "/demo"

@@ -31,7 +31,7 @@ from ledger.manager import LedgerManager
 from metastore import jute_records as J
 from metastore.client import MetaClient
 from metastore.errors import NoNode
-from metastore.recipes import LeaderElection
+from metastore.client.recipes import LeaderElection
 
 EXIT_FAILED = 1
 POLL_S = 0.5

@@ -54,9 +54,9 @@ from ledger.replication import (FragmentChanged, FragmentRepair, ReplicationTask
                                 damaged_fragments, entries_on, fragment_last_entry, open_tail_damaged, plan_fragment,
                                 sources)
 from metastore.client import MetaClient
-from metastore.client_watches import Watch
+from metastore.client.watches import Watch
 from metastore.errors import BadVersion, ConnectionLoss, NoAuth, NoNode, NotEmpty, SessionExpired, ZooKeeperError
-from metastore.recipes import Lock
+from metastore.client.recipes import Lock
 
 log = logging.getLogger("clusterd.replication")
 

@@ -29,7 +29,7 @@ import trio
 from bookie.errors import BookieError
 from ledger.errors import LedgerError
 from ledger.metadata import LedgerMetadataError
-from metastore.client_core import Backoff
+from metastore.client.core import Backoff
 from metastore.errors import MetastoreError
 
 # What a service's calls raise when the metastore, a bookie or another client's data fails it:

@@ -27,9 +27,9 @@ from typing import Any
 
 from clusterd import daemon_identity, tls_node
 from clusterd.config import ClusterConfig
-from metastore.client_core import ANY_VERSION
-from metastore.client_ops import stat_dict
-from metastore.client_sync import SyncMetaClient
+from metastore.client.core import ANY_VERSION
+from metastore.client.ops import stat_dict
+from metastore.client.sync import SyncMetaClient
 from metastore.errors import MetastoreError, NoNode
 from metastore.stat import Stat
 

@@ -1,6 +1,6 @@
 """One trio loop in a background thread, holding async resources open for blocking callers.
 
-The blocking facades (metastore/client_sync.py, ledger/client_sync.py) keep their
+The blocking facades (metastore/client/sync.py, ledger/client_sync.py) keep their
 async clients alive between calls this way: sessions keep pinging, connections
 stay open. Each call is handed to the loop with trio.from_thread.run and blocks
 until it is done; errors come back in the caller's thread.

@@ -1,4 +1,4 @@
-"""A blocking facade over LedgerClient, for the CLI and synchronous programs (like metastore/client_sync.py).
+"""A blocking facade over LedgerClient, for the CLI and synchronous programs (like metastore/client/sync.py).
 
 One background thread runs a trio loop holding a MetaClient, a BookiePool and a
 LedgerClient; each method hands its call to that loop and blocks until it is

@@ -37,11 +37,11 @@ from dataclasses import replace
 
 from metastore import jute_records as J
 from metastore.client import MetaClient
-from metastore.client_core import ANY_VERSION, Version
-from metastore.client_ops import ANYONE, Create, Delete, MultiFailed, Op
+from metastore.client.core import ANY_VERSION, Version
+from metastore.client.ops import ANYONE, Create, Delete, MultiFailed, Op
 from metastore.errors import BadVersion, InvalidACL, NoAuth, NodeExists, NoNode, NotEmpty
 from metastore.jute_defs import Perms
-from metastore.recipes import IdGenerator
+from metastore.client.recipes import IdGenerator
 
 from ledger.errors import MetadataConflict, NoSuchLedger, NotLedgerOwner
 from ledger.metadata import MAX_LEDGER_ID, LedgerMetadata, decode, encode, ledger_id_from_path, ledger_path

@@ -22,7 +22,7 @@ from clusterd import config as cfg
 from clusterd import localcluster
 from metastore import envelope as E
 from metastore import jute
-from metastore.client_sync import SyncMetaClient
+from metastore.client.sync import SyncMetaClient
 from metastore.jute_defs import OpCode
 from zab.codec import encode_frame, encode_hello
 from zab.messages import Ack, FollowerInfo, Notification, Ping, Request, ServerState

@@ -1,4 +1,4 @@
-"""Our metastore client (metastore/client.py, recipes.py, clusterctl's metastore commands).
+"""Our metastore client (metastore/client/__init__.py, recipes.py, clusterctl's metastore commands).
 
 The first tests check the pure rules (watch tables, the reply pipeline, backoff,
 states) without I/O. The rest run against a real 3-node clusterd ensemble
@@ -26,14 +26,14 @@ import trio.testing
 from clusterd import config as cfg
 from clusterd import ctl, localcluster
 from metastore.client import MetaClient, SyncMetaClient
-from metastore.client_core import (ANY_VERSION, TRANSITIONS, Backoff, Pipeline, ProtocolViolation, State,
+from metastore.client.core import (ANY_VERSION, TRANSITIONS, Backoff, Pipeline, ProtocolViolation, State,
                                    WatchEvent, WatchKind, WatchTable, check_transition, wire_version)
-from metastore.client_ops import Check, Create, Delete, MultiFailed, RolledBack, SetData, digest_acl
-from metastore.client_watches import Watch
+from metastore.client.ops import Check, Create, Delete, MultiFailed, RolledBack, SetData, digest_acl
+from metastore.client.watches import Watch
 from metastore.errors import (AuthFailed, BadVersion, ConnectionLoss, NoAuth, NodeExists, NoNode, NotEmpty,
                               RuntimeInconsistency, SessionExpired)
 from metastore.jute_defs import EventType
-from metastore.recipes import IdGenerator, LeaderElection, LeadershipLost, Lock
+from metastore.client.recipes import IdGenerator, LeaderElection, LeadershipLost, Lock
 from cluster_fixtures import ENV, Cluster, copy_config
 
 

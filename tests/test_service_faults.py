@@ -43,10 +43,10 @@ from ledger.metadata import Fragment, LedgerMetadata, LedgerMetadataError
 from ledger.replication import ReplicationTask
 from metastore import errors as E
 from metastore.client import MetaClient
-from metastore.client_core import Backoff
-from metastore.client_ops import OPEN_ACL_UNSAFE, READ_ACL_UNSAFE, digest_acl
+from metastore.client.core import Backoff
+from metastore.client.ops import OPEN_ACL_UNSAFE, READ_ACL_UNSAFE, digest_acl
 from metastore.jute_defs import OpCode
-from metastore.recipes import LeadershipLost, LockLost
+from metastore.client.recipes import LeadershipLost, LockLost
 from cluster_fixtures import Cluster, copy_config
 
 pytestmark = pytest.mark.multiprocess

@@ -33,8 +33,8 @@ import trio
 
 from metastore import jute_records as J
 from metastore.client import MetaClient
-from metastore.client_core import State
-from metastore.client_watches import Watch
+from metastore.client.core import State
+from metastore.client.watches import Watch
 from metastore.errors import ConnectionLoss, MetastoreError, NoNode, SessionExpired, ZooKeeperError
 from metastore.jute_defs import EventType
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from metastore.client_core import WatchEvent, WatchKind
+from metastore.client.core import WatchEvent, WatchKind
 from metastore.errors import MetastoreError
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """The pure parts of the metastore client: states, watches, outstanding requests, backoff.
 
-No sockets, no clock, no trio (STYLE.md habit 1): metastore/client.py is the
+No sockets, no clock, no trio (STYLE.md habit 1): metastore/client/__init__.py is the
 trio driver that feeds these with replies and notifications and turns their
 answers into I/O. Randomness (host order, backoff jitter) comes from a
 `random.Random` the caller passes in (habit 3).

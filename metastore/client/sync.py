@@ -23,9 +23,9 @@ import trio
 
 from metastore import jute_records as J
 from metastore.client import MetaClient
-from metastore.client_core import ANY_VERSION, State, Version, WatchEvent
-from metastore.client_ops import Op
-from metastore.client_watches import Watch
+from metastore.client.core import ANY_VERSION, State, Version, WatchEvent
+from metastore.client.ops import Op
+from metastore.client.watches import Watch
 from metastore.stat import Stat
 from edge.trio_thread import TrioThread
 

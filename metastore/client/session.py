@@ -1,7 +1,7 @@
 """The trio driver of a metastore session: connections, reconnects, states, the pipeline.
 
-`SessionDriver` is the engine under MetaClient (metastore/client.py, which
-adds the operations). The rules live in pure modules (client_core: states,
+`SessionDriver` is the engine under MetaClient (metastore/client/__init__.py, which
+adds the operations). The rules live in pure modules (client/core.py: states,
 watch tables, the pipeline of outstanding requests, backoff; jute: the
 bytes); this module does the I/O: one task keeps the session (connects to a
 server, replays auth and watches, reconnects to the next server with backoff
@@ -24,9 +24,9 @@ import trio
 
 from metastore import jute
 from metastore import jute_records as J
-from metastore.client_core import (Backoff, HostRing, Pipeline, ProtocolViolation, State, WatchEvent, WatchKind,
+from metastore.client.core import (Backoff, HostRing, Pipeline, ProtocolViolation, State, WatchEvent, WatchKind,
                                    WatchTable, Xids, check_transition)
-from metastore.client_watches import PersistentWatch, Watch
+from metastore.client.watches import PersistentWatch, Watch
 from metastore.errors import AuthFailed, ConnectionLoss, SessionExpired, ZooKeeperError, error_for_code
 from metastore.jute_defs import (DEFAULT_MAX_BUFFER_BYTES, DEFAULT_MAX_FRAME_BYTES, PASSWORD_BYTES, Err, EventType,
                                  JuteError, KeeperState, OpCode, Xid)

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 
 from metastore import acl as A
 from metastore import jute_records as J
-from metastore.client_core import ANY_VERSION, Version, wire_version
+from metastore.client.core import ANY_VERSION, Version, wire_version
 from metastore.errors import MetastoreError, ZooKeeperError, error_for_code
 from metastore.jute_defs import CreateMode, Err, OpCode, Perms
 from metastore.stat import Stat

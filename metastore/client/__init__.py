@@ -9,9 +9,9 @@
 
 docs/metastore_client.md describes the API, the states and the guarantees.
 The session machinery (connections, reconnects, states, pipelining) is
-metastore/client_session.py; this module adds the operations and the helpers
+metastore/client/session.py; this module adds the operations and the helpers
 built on them (cas, ensure_path, delete_recursive). The blocking facade is
-SyncMetaClient (metastore/client_sync.py, also importable from here).
+SyncMetaClient (metastore/client/sync.py, also importable from here).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from metastore import jute_records as J
-from metastore.client_core import ANY_VERSION, State, Version, WatchEvent, WatchKind, wire_version
-from metastore.client_ops import Op, create_request, multi_request, multi_results
-from metastore.client_session import SessionDriver, WatchArm, credential_bytes
-from metastore.client_watches import PersistentWatch, Watch
+from metastore.client.core import ANY_VERSION, State, Version, WatchEvent, WatchKind, wire_version
+from metastore.client.ops import Op, create_request, multi_request, multi_results
+from metastore.client.session import SessionDriver, WatchArm, credential_bytes
+from metastore.client.watches import PersistentWatch, Watch
 from metastore.errors import AuthFailed, BadArguments, BadVersion, NodeExists, NoNode, ZooKeeperError, error_for_code
 from metastore.jute_defs import AddWatchMode, Err, OpCode, WatcherType, Xid
 from metastore.stat import Stat
@@ -236,8 +236,8 @@ class MetaClient(SessionDriver):
 
 
 def __getattr__(name: str) -> object:
-    # `from metastore.client import SyncMetaClient` (it lives in client_sync, which imports this module).
+    # `from metastore.client import SyncMetaClient` (it lives in client/sync.py, which imports this module).
     if name == "SyncMetaClient":
-        from metastore.client_sync import SyncMetaClient
+        from metastore.client.sync import SyncMetaClient
         return SyncMetaClient
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
