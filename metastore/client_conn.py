@@ -91,6 +91,7 @@ class Connection:
     async def run_writer(self, scope: trio.CancelScope) -> None:
         """Write queued frames until closed and drained; then cancel `scope` (the connection)."""
         self.writer_scope = scope
+        send_frames = getattr(self.stream, "send_frames", None)  # a TLS stream (edge/tls_stream.py)
         try:
             while True:
                 if not self.out:
@@ -104,7 +105,6 @@ class Connection:
                     self._wake = trio.Event()
                     continue
                 chunks = [self.out.popleft() for _ in range(min(len(self.out), BATCH_FRAMES))]
-                send_frames = getattr(self.stream, "send_frames", None)
                 if send_frames is not None:
                     # TLS: one record per frame, all in one write. kazoo select()s on the socket before
                     # each read, so a second reply decrypted into its SSL buffer with the first would wait

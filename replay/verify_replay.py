@@ -17,8 +17,9 @@ from zab.snapshot import decode_snapshot
 from zab.storage_errors import SnapshotCorruptError
 from zab.txn import Txn
 
-# What the state machine raises when a transaction or a snapshot state does not fit (its
-# TxnConflict / DecodeError; the rest in case a damaged state reaches code that assumes less).
+# What the state machine raises when a transaction or a snapshot state does not fit: MalformedState
+# (a ValueError) for bytes that do not decode, TxnConflict for a transaction that does not fit the tree;
+# KeyError and TypeError in case damaged state reaches code that assumes less.
 _APPLY_ERRORS = (MetastoreError, TxnConflict, ValueError, KeyError, TypeError)
 
 
