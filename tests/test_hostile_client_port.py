@@ -294,9 +294,11 @@ def test_connection_61_from_one_address_is_refused(ensemble: Cluster, acked):
                 open_ones.append(True)  # admitted: the server waits for our ConnectRequest
             except ConnectionResetError:
                 open_ones.append(False)
-        admitted = open_ones.index(False) if False in open_ones else len(open_ones)
-        assert not any(open_ones[admitted:]), "a connection after a refused one was admitted"
+        # Not "a prefix admitted, the rest refused": the node's own services on 127.0.0.1
+        # reconnect now and then, so a slot can free up between two of ours.
+        admitted = sum(open_ones)
         assert 48 <= admitted <= 60, f"{admitted} connections admitted from one address"
+        assert len(held) - admitted >= 20, "fewer than 20 of 80 connections were refused"
         zk = kazoo(ensemble)  # the other nodes still take this address
         zk.stop()
         zk.close()
