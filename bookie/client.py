@@ -42,7 +42,8 @@ import trio
 
 from bookie import protocol as P
 from bookie.errors import BookieError, BookieUnavailable
-from edge.sockets import BOOKIE_CLIENT_TLS, write_now
+from edge.outbox import Outbox
+from edge.sockets import BOOKIE_CLIENT_TLS
 
 log = logging.getLogger("quire.bookie.client")
 
@@ -179,12 +180,8 @@ class BookieClient:
         self._pending: dict[int, PendingRequest] = {}
         self._by_deadline: collections.deque[PendingRequest] = collections.deque()  # default timeouts: in order
         self._other_deadlines: list[PendingRequest] = []  # per-call timeouts and long polls
-        self._outbox: list[bytes] = []
-        self._outbox_bytes = 0  # bytes in _outbox
-        self._backlogged = False  # a flush left bytes the socket did not take: the writer task sends them
-        self._stream: trio.SocketStream | None = None  # while connected
-        self._sending = False  # the writer task is inside send_all
-        self._wake = trio.Event()
+        # Requests started while connecting wait in it for the connection (edge/outbox.py).
+        self._outbox = Outbox()
         self.stats: collections.Counter[str] = collections.Counter()
 
     def __repr__(self) -> str:
@@ -227,7 +224,7 @@ class BookieClient:
 
     def statistics(self) -> dict[str, Any]:
         return {"address": f"{self.host}:{self.port}", "connected": self._connected, "in_flight": len(self._pending),
-                "queued_frames": len(self._outbox), **self.stats}
+                "queued_frames": self._outbox.queued_frames, "sends": self._outbox.stats.writes, **self.stats}
 
     # -- requests: start_* queue and return at once -------------------------------------
     def start_add(self, ledger_id: int, entry_id: int, master_key: bytes, data: bytes, recovery: bool = False, *,
@@ -321,33 +318,18 @@ class BookieClient:
             self._nursery.start_soon(self._connection)
         self._pending[rid] = pending
         (self._by_deadline if timeout_s is None else self._other_deadlines).append(pending)
-        if self._stream is not None and not self._outbox and not self._sending and self._lone():
-            # The only request in flight (an add awaited one at a time): sent in this step, not by the
-            # writer task a scheduler pass later. Requests started together are sent together below.
-            frame = write_now(self._stream, frame)
-            if not frame:
-                self.stats["sends"] += 1
-                return pending
-        self._outbox.append(frame)
-        self._outbox_bytes += len(frame)
-        if (self._outbox_bytes >= FLUSH_BYTES and self._stream is not None and not self._sending
-                and not self._backlogged):
-            self._flush_now(self._stream)
-        self._wake.set()
+        # Written through only when it is the only request in flight (an add awaited one at a time):
+        # sent in this step, not by the writer task a scheduler pass later; requests started
+        # together are sent together.
+        outbox = self._outbox
+        outbox.send(frame, direct=self._lone())
+        if outbox.queued_bytes >= FLUSH_BYTES:
+            # Handed to the kernel now: a writer starting a thousand appends in one step would
+            # otherwise send them all at its next yield, and the bookie would get the whole window
+            # as one batch and answer it as one, so the two sides would take turns instead of
+            # overlapping (22,000 vs 19,250 entries/s, E=Qw=Qa=3 100 B against clusterd, A/B interleaved).
+            outbox.push()
         return pending
-
-    def _flush_now(self, stream: trio.SocketStream) -> None:
-        """Hand the queued frames to the kernel now: a writer starting a thousand appends in one
-        step would otherwise send them all at its next yield, and the bookie would get the whole
-        window as one batch and answer it as one, so the two sides would take turns instead of
-        overlapping (22,000 vs 19,250 entries/s, E=Qw=Qa=3 100 B against clusterd, A/B interleaved)."""
-        rest = write_now(stream, b"".join(self._outbox))
-        self._outbox.clear()
-        self.stats["sends"] += 1
-        self._outbox_bytes = len(rest)
-        if rest:  # the socket is full: the writer task sends the rest, and later frames after it
-            self._outbox.append(rest)
-            self._backlogged = True  # until it has: each flush would copy the backlog again, in vain
 
     def _lone(self) -> bool:
         """Whether the request just submitted is the only one in flight, long polls aside (a tailing
@@ -359,8 +341,7 @@ class BookieClient:
 
     def _fail_all(self, reason: str) -> None:
         pending, self._pending = self._pending, {}
-        self._outbox.clear()
-        self._outbox_bytes, self._backlogged = 0, False
+        self._outbox.detach()
         self._by_deadline.clear()
         self._other_deadlines.clear()
         for p in pending.values():
@@ -384,13 +365,12 @@ class BookieClient:
             await stream.aclose()
             return
         self._connecting, self._connected, self._backoff_s = False, True, BACKOFF_MIN_S
-        self._stream = stream
         self.stats["connects"] += 1
         reason = "the bookie closed the connection"
         try:
             async with trio.open_nursery() as nursery:
                 self._scope = nursery.cancel_scope
-                nursery.start_soon(self._writer, stream)
+                nursery.start_soon(self._outbox.pump, stream)
                 nursery.start_soon(self._sweeper)
                 reason = await self._reader(stream)
                 nursery.cancel_scope.cancel()
@@ -398,27 +378,11 @@ class BookieClient:
             # Nurseries wrap errors in groups: a reset bookie must fail its requests, not the pool.
             reason = f"connection error {group.exceptions[0]!r}"
         finally:
-            self._connected, self._scope, self._stream = False, None, None
+            self._connected, self._scope = False, None
             with trio.CancelScope(shield=True):
                 await stream.aclose()
             self._fail_all(f"lost the connection to bookie {self.host}:{self.port} ({reason})")
             log.info("event=bookie_connection_lost bookie=%s:%s reason=%r", self.host, self.port, reason)
-
-    async def _writer(self, stream: trio.SocketStream) -> None:
-        while True:
-            if not self._outbox:
-                await self._wake.wait()
-                self._wake = trio.Event()
-            if self._outbox:
-                data = b"".join(self._outbox)
-                self._outbox.clear()
-                self._outbox_bytes, self._backlogged = 0, False
-                self.stats["sends"] += 1
-                self._sending = True
-                try:
-                    await stream.send_all(data)
-                finally:
-                    self._sending = False
 
     async def _reader(self, stream: trio.SocketStream) -> str:
         """Match answers to pending requests until the connection ends; returns why."""

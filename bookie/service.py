@@ -43,7 +43,8 @@ import trio
 from bookie import protocol as P
 from bookie.errors import BookieError, EntryCorrupt, EntryTooLarge, NoSuchEntry, Overloaded, StorageError
 from bookie.service_config import BookieServiceConfig
-from edge.sockets import ConnectionCounts, write_now
+from edge.outbox import Outbox
+from edge.sockets import ConnectionCounts
 
 if TYPE_CHECKING:
     from bookie.storage import BookieStorage
@@ -54,26 +55,17 @@ FLUSH_BEFORE_CLOSE_S = 1.0  # how long a BAD_REQUEST answer may take to leave be
 
 
 class _Connection:
-    """One client connection: its queued answers and its in-flight count.
-
-    The storage's worker thread writes add answers to the socket too (`_ThreadAnswer`). `lock`
-    makes its writes and the event loop's (`send`, the writer task's send_all, the close)
-    exclusive: it writes only when nothing is queued or being sent, and leaves what the socket did
-    not take in `leftover`, which every event-loop send puts first."""
+    """One client connection: its Outbox (edge/outbox.py, through which the storage's worker
+    thread writes add answers too: `_ThreadAnswer`) and its in-flight count."""
 
     def __init__(self, conn_id: int, stream: trio.SocketStream, max_outgoing_bytes: int) -> None:
         self.id = conn_id
         self.stream = stream
-        self.lock = threading.Lock()
-        self.leftover: bytes | None = None  # the unsent rest of an answer the worker thread began
-        self.out: list[bytes] = []
-        self.out_bytes = 0
-        self.max_outgoing_bytes = max_outgoing_bytes
-        self.wake = trio.Event()
-        self.sending = False  # the writer task is inside send_all
+        self.out = Outbox(max_bytes=max_outgoing_bytes)
+        self.claims = threading.Lock()  # which side sends a _ThreadAnswer: the worker thread or the loop
         self.in_flight = 0
         self.closing = False
-        self.drained = trio.Event()  # set once nothing is queued after closing began
+        self.drained = trio.Event()  # set once the writer task is done
         self.scope: trio.CancelScope | None = None  # the connection's nursery
         self.splitter: P.FrameSplitter | None = None
         self.in_flight_bytes = 0  # of adds waiting for their journal fsync
@@ -82,55 +74,18 @@ class _Connection:
     def send(self, frame: bytes) -> None:
         if self.closing and self.scope is None:
             return
-        with self.lock:
-            self._take_leftover()
-            if not self.out and not self.sending and not self.closing:
-                # Nothing queued before it: to the kernel now (edge/sockets.py), not a scheduler pass
-                # later from the writer task; the writer only sends what the socket did not take.
-                frame = write_now(self.stream, frame)
-                if not frame:
-                    return
-            self.out.append(frame)
-            self.out_bytes += len(frame)
-        self.wake.set()
-        if self.out_bytes > self.max_outgoing_bytes and self.scope is not None:
-            log.warning("event=slow_reader_cut_off conn=%s queued_bytes=%s", self.id, self.out_bytes)
+        # Once closing, answers queue behind the BAD_REQUEST that the writer task drains last.
+        if not self.out.send(frame, direct=not self.closing) and self.scope is not None:
+            log.warning("event=slow_reader_cut_off conn=%s queued_bytes=%s", self.id, self.out.queued_bytes)
             self.cut_off = True
             self.scope.cancel()  # a client that does not read its answers is cut off, never waited for
 
-    def _take_leftover(self) -> None:  # under the lock
-        if self.leftover is not None:
-            self.out.insert(0, self.leftover)
-            self.out_bytes += len(self.leftover)
-            self.leftover = None
-
-    def kick(self) -> None:
-        """Have the writer task send what the worker thread left, if anything."""
-        with self.lock:
-            if self.leftover is None:
-                return
-            self._take_leftover()
-        self.wake.set()
-
     async def write_loop(self) -> None:
-        """The connection's writer task: sends what is queued, whenever it is woken."""
-        while True:
-            await self.wake.wait()
-            self.wake = trio.Event()
-            with self.lock:
-                self._take_leftover()
-                data = b"".join(self.out)
-                self.out.clear()
-                self.out_bytes = 0
-                self.sending = bool(data)
-            if data:
-                try:
-                    await self.stream.send_all(data)
-                finally:
-                    with self.lock:
-                        self.sending = False
-            if self.closing and not self.out:
-                self.drained.set()
+        """The connection's writer task: sends what is queued until the outbox is closed and drained."""
+        try:
+            await self.out.pump(self.stream)
+        finally:
+            self.drained.set()
 
     def send_many(self, frames: list[bytes]) -> None:
         if frames:
@@ -149,9 +104,9 @@ class _Connection:
 
 class _ThreadAnswer:
     """The answers to one socket read's adds, written by the storage's worker thread right after the
-    batch's fsync when the connection is idle (Batch.after_sync); otherwise, or for what the socket did
-    not take, by the event loop. Whichever side claims it first, under the connection's lock, sends
-    it: the event loop may apply the batch (settle) before the thread has got to its answers."""
+    batch's fsync when the connection is idle (Batch.after_sync); otherwise by the event loop.
+    Whichever side claims it first, under the connection's `claims` lock, sends it: the event loop
+    may apply the batch (settle) before the thread has got to its answers."""
 
     __slots__ = ("conn", "data", "by_thread")
 
@@ -161,20 +116,13 @@ class _ThreadAnswer:
 
     def send_from_thread(self) -> None:
         conn = self.conn
-        with conn.lock:
-            if self.by_thread is not None:
-                return  # the event loop claimed it
-            if conn.closing or conn.out or conn.sending or conn.leftover is not None:
-                self.by_thread = False
-                return
-            self.by_thread = True
-            rest = write_now(conn.stream, self.data)
-            if rest:
-                conn.leftover = bytes(rest)
+        with conn.claims:
+            if self.by_thread is None:  # else the event loop claimed it
+                self.by_thread = not conn.closing and conn.out.send_from_thread(self.data)
 
     def claim_for_loop(self) -> bool:
         """In the event loop: whether it must send the answer (the thread did not, and now never will)."""
-        with self.conn.lock:
+        with self.conn.claims:
             if self.by_thread is None:
                 self.by_thread = False
             return not self.by_thread
@@ -282,7 +230,8 @@ class BookieService:
                 conn.scope = nursery.cancel_scope
                 nursery.start_soon(conn.write_loop)
                 await self._read_loop(conn, nursery, handshake_deadline)
-                if conn.closing and conn.out:  # a bad frame: let its BAD_REQUEST answer leave first
+                if conn.closing and conn.out.queued_bytes:  # a bad frame: let its BAD_REQUEST answer leave first
+                    conn.out.close()
                     with trio.move_on_after(FLUSH_BEFORE_CLOSE_S):
                         await conn.drained.wait()
                 nursery.cancel_scope.cancel()
@@ -291,8 +240,8 @@ class BookieService:
             # reset would take the whole node down.
             log.info("event=connection_lost conn=%s error=%r", conn.id, group.exceptions[0])
         finally:
-            with conn.lock:  # the worker thread never writes to a closed (or reused) descriptor
-                conn.closing, conn.scope = True, None
+            conn.closing, conn.scope = True, None
+            conn.out.abort()  # under its lock: the worker thread never writes to a closed (or reused) descriptor
             del self.connections[conn.id]
             self._closed.set()
             self._closed = trio.Event()
@@ -433,8 +382,6 @@ class BookieService:
             self._storage_failed(error)
         elif answer.claim_for_loop():
             conn.send(answer.data)
-        else:
-            conn.kick()
 
     def _answer_adds(self, conn: _Connection, add_ids: list[int], adds: list[tuple], nbytes: int,
                      outcomes: list[BookieError | None], error: StorageError | None) -> None:

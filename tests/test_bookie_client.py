@@ -251,19 +251,19 @@ async def test_a_burst_of_adds_leaves_in_socket_writes_of_flush_bytes_before_the
                 data = entry(1, 0)
                 frame_bytes = len(P.encode_add(1, 1, 0, KEY, data))
                 per_flush = -(-FLUSH_BYTES // frame_bytes)
-                sends = c.stats["sends"]  # the READ_LAC's
+                sends = c.statistics()["sends"]  # the READ_LAC's
                 for i in range(per_flush - 1):
                     c.start_add(1, i, KEY, data)
-                assert c.stats["sends"] == sends and c.statistics()["queued_frames"] == per_flush - 1
+                assert c.statistics()["sends"] == sends and c.statistics()["queued_frames"] == per_flush - 1
                 c.start_add(1, per_flush, KEY, data)  # this one passes FLUSH_BYTES: all leave now, unyielded
-                assert c.stats["sends"] == sends + 1 and c.statistics()["queued_frames"] == 0
+                assert c.statistics()["sends"] == sends + 1 and c.statistics()["queued_frames"] == 0
                 await got_first.wait()
                 # Now fill the socket: the server reads no more.
-                sends = c.stats["sends"]
+                sends = c.statistics()["sends"]
                 big = DIGESTER.package(1, 1, 0, 2, b"x" * FLUSH_BYTES)  # each add alone passes FLUSH_BYTES
                 for i in range(200):
                     c.start_add(1, 1000 + i, KEY, big)
-                assert c.stats["sends"] - sends < 200  # flushes stopped once one was short
+                assert c.statistics()["sends"] - sends < 200  # flushes stopped once one was short
                 assert c.statistics()["queued_frames"] > 0
                 stalled.set()
             nursery.cancel_scope.cancel()

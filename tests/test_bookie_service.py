@@ -56,7 +56,7 @@ async def test_pipelined_adds_then_reads_from_one_task(tmp_path):
             for i, p in enumerate(reads):
                 assert DIGESTER.verify(await p.result()).payload == f"entry {i}".encode()
             assert await c.read_lac(1) == 498  # the LAC piggybacked on entry 499
-            assert c.stats["sends"] < 100  # queued requests left together, not one send each
+            assert c.statistics()["sends"] < 100  # queued requests left together, not one send each
             assert service.statistics()["adds"] == 500
 
 

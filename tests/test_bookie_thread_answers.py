@@ -144,17 +144,22 @@ async def test_an_answer_the_event_loop_claimed_by_settling_first_is_sent_once(t
             other.close()
 
 
-def test_the_thread_and_the_event_loop_claim_an_answer_once():
+@trio_test
+async def test_the_thread_and_the_event_loop_claim_an_answer_once():
     left, right = socket.socketpair()
     conn = _Connection(1, trio.SocketStream(trio.socket.from_stdlib_socket(left)), max_outgoing_bytes=1 << 20)
-    first = _ThreadAnswer(conn, b"x")
-    assert first.claim_for_loop()
-    first.send_from_thread()  # too late: the event loop sends it
-    assert first.by_thread is False
-    second = _ThreadAnswer(conn, b"y")
-    second.send_from_thread()
-    assert second.by_thread and not second.claim_for_loop()
-    assert right.recv(16) == b"y"
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(conn.write_loop)  # attaches the stream: thread writes go only to a pumped link
+        await trio.testing.wait_all_tasks_blocked()
+        first = _ThreadAnswer(conn, b"x")
+        assert first.claim_for_loop()
+        await trio.to_thread.run_sync(first.send_from_thread)  # too late: the event loop sends it
+        assert first.by_thread is False
+        second = _ThreadAnswer(conn, b"y")
+        await trio.to_thread.run_sync(second.send_from_thread)
+        assert second.by_thread and not second.claim_for_loop()
+        assert right.recv(16) == b"y"
+        nursery.cancel_scope.cancel()
     left.close()
     right.close()
 
@@ -186,16 +191,16 @@ async def test_what_the_socket_does_not_take_from_the_thread_goes_first_and_whol
         left, right = trio.socket.socketpair()
         left.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
         conn = _Connection(1, trio.SocketStream(left), max_outgoing_bytes=1 << 30)
-        answer = _ThreadAnswer(conn, b"A" * 200_000)  # more than the kernel buffers hold
-        answer.send_from_thread()
-        assert answer.by_thread and conn.leftover, "the thread wrote what fit and left the rest"
-        conn.send(b"B" * 1000)  # the event loop's next answer: queued behind the leftover
-        assert conn.leftover is None and conn.out[-1] == b"B" * 1000
-        blocked = _ThreadAnswer(conn, b"C")
-        blocked.send_from_thread()
-        assert blocked.by_thread is False and blocked.claim_for_loop(), "never while something is queued"
         async with trio.open_nursery() as nursery:
             nursery.start_soon(conn.write_loop)
+            await trio.testing.wait_all_tasks_blocked()
+            answer = _ThreadAnswer(conn, b"A" * 200_000)  # more than the kernel buffers hold
+            await trio.to_thread.run_sync(answer.send_from_thread)
+            assert answer.by_thread, "the thread wrote what fit and left the rest to the writer task"
+            conn.send(b"B" * 1000)  # the event loop's next answer: after the rest, never inside it
+            blocked = _ThreadAnswer(conn, b"C")
+            await trio.to_thread.run_sync(blocked.send_from_thread)  # nobody reads: the rest is still unsent
+            assert blocked.by_thread is False and blocked.claim_for_loop(), "never while something is unsent"
             received = bytearray()
             while len(received) < 201_000:
                 received += await right.recv(65536)
@@ -209,7 +214,7 @@ def test_an_answer_for_a_closed_connection_is_never_written_by_the_thread():
     conn.closing = True
     answer = _ThreadAnswer(conn, struct.pack(">I", 7))
     answer.send_from_thread()
-    assert answer.by_thread is False and conn.leftover is None
+    assert answer.by_thread is False and conn.out.queued_bytes == 0
     right.setblocking(False)
     try:
         assert right.recv(16) == b""

@@ -84,7 +84,7 @@ def test_a_peer_link_queue_is_bounded_in_bytes():
                 sent = 0
                 while PeerDisconnected(stuck) not in events:
                     transport.send(stuck, Proposal(Txn(sent + 1, 0, 0, BIG)))
-                    assert transport._out[stuck].queued_bytes <= limit, "the send queue grew past its byte bound"
+                    assert transport.queued_bytes(stuck) <= limit, "the send queue grew past its byte bound"
                     sent += 1
                     await trio.sleep(0)
                 assert transport.queued(stuck) < 10_000 and transport.stats.overflows >= 1

@@ -9,29 +9,20 @@ Send queues are bounded: a follower that cannot keep up is disconnected and
 resynchronizes instead of growing the leader's memory without limit.
 
 Frames sent during one step of the driver are buffered per peer and flushed
-together at its end (flush()). When the link's send task is idle (nothing
-queued, no write in progress) the flush writes straight to the socket, which
-never blocks; only what the kernel does not take goes through the queue to
-the send task. A lone message then costs a system call, not a task switch.
-
-One other thread writes to links: the log writer's, which sends a follower's
-ACK the moment its fsync returns (send_from_thread) rather than waking the
-event loop to send it. A per-link lock makes its write and the event loop's
-direct writes and link teardown exclusive, and it only writes to a link with
-nothing buffered, queued or in flight, so frames never interleave or reorder.
+together at its end (flush()) into the peer's Outbox (edge/outbox.py), which
+writes them through when the link is idle and otherwise queues them for the
+link's writer task. One other thread writes to links: the log writer's, which
+sends a follower's ACK the moment its fsync returns (send_from_thread), under
+the Outbox's thread/lock protocol, and only when nothing is buffered for the
+peer either, so frames never interleave or reorder.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import os
-import select
 import socket
-import threading
-import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import trio
 
@@ -39,7 +30,7 @@ from zab.actions import PeerDisconnected, Received
 from zab.codec import FrameDecoder, decode_hello, decode_message, encode_frame, encode_hello
 from zab.errors import FrameError
 from zab.messages import Message
-from edge.sockets import write_now
+from edge.outbox import Outbox, OutboxStats
 
 log = logging.getLogger("quire.zab.transport")
 
@@ -55,37 +46,30 @@ KEEPALIVE_PROBES = 3
 HELLO_MAX_BYTES = 4096
 RECONNECT_MIN_S = 0.02
 RECONNECT_MAX_S = 1.0
-SEND_BATCH_MAX = 256
 DEFAULT_SEND_QUEUE_MAX_BYTES = 128 << 20
-THREAD_WRITE_TIMEOUT_S = 1.0  # a thread's frame the socket took only in part: wait this long, then break the link
 
 
 @dataclass
 class _Outgoing:
-    queue_send: trio.MemorySendChannel
-    queue_recv: trio.MemoryReceiveChannel
+    box: Outbox
     scope: trio.CancelScope | None = None
     connected: bool = False
-    generation: int = 0
+    generation: int = 0  # bumped by every loss or disconnect: a link that ends unbumped was lost unannounced
     pending: list[bytes] | None = None  # frames of this step, not yet flushed
-    queued: int = 0  # frames in pending and in the queue, not yet written
-    queued_bytes: int = 0  # ... and their bytes
-    stream: trio.SocketStream | None = None  # the link's stream once its HELLO is sent (direct writes)
-    idle: bool = False  # the send task waits on an empty queue: nothing is in flight before a direct write
-    # Held around every direct write and around dropping `stream`: the log writer's thread writes too.
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    pending_bytes: int = 0
+
+    @property
+    def queued(self) -> int:
+        return self.box.queued_frames + (len(self.pending) if self.pending else 0)
 
 
 @dataclass
-class TransportStats:
-    frames_sent: int = 0
+class TransportStats(OutboxStats):
     frames_received: int = 0
-    bytes_sent: int = 0
     disconnects: int = 0
     overflows: int = 0
     bad_frames: int = 0
     links_refused: int = 0  # HELLOs of a member whose link was up (see REPLACE_WAIT_S)
-    thread_frames_sent: int = 0  # by send_from_thread (counted under the link's lock)
 
 
 class PeerTransport:
@@ -125,8 +109,7 @@ class PeerTransport:
             nursery.start_soon(trio.serve_listeners, self._accept, listeners)
             for peer in self.addresses:
                 if peer != self.my_id:
-                    s, r = trio.open_memory_channel(math.inf)
-                    self._out[peer] = _Outgoing(s, r)
+                    self._out[peer] = _Outgoing(Outbox(stats=self.stats))
                     nursery.start_soon(self._dial_loop, peer)
             nursery.start_soon(self._report_losses)
             task_status.started()
@@ -141,6 +124,11 @@ class PeerTransport:
         out = self._out.get(peer)
         return 0 if out is None else out.queued
 
+    def queued_bytes(self, peer: int) -> int:
+        """Bytes waiting for `peer` (bounded by send_queue_max_bytes, plus one frame)."""
+        out = self._out.get(peer)
+        return 0 if out is None else out.box.queued_bytes + out.pending_bytes
+
     def connected_peers(self) -> list[int]:
         return sorted(p for p, o in self._out.items() if o.connected and p in self._incoming)
 
@@ -151,12 +139,12 @@ class PeerTransport:
         if out is None:
             return
         frame = encode_frame(msg)
+        queued, queued_bytes = out.queued, out.box.queued_bytes + out.pending_bytes
         # One frame always fits an empty queue, whatever its size (a SNAP may be large).
-        if out.queued and (out.queued >= self.send_queue_max
-                           or out.queued_bytes + len(frame) > self.send_queue_max_bytes):
+        if queued and (queued >= self.send_queue_max or queued_bytes + len(frame) > self.send_queue_max_bytes):
             self.stats.overflows += 1
             log.warning("event=send_queue_full peer=%s frames=%s bytes=%s limit_frames=%s limit_bytes=%s "
-                        "action=disconnect", peer, out.queued, out.queued_bytes, self.send_queue_max,
+                        "action=disconnect", peer, queued, queued_bytes, self.send_queue_max,
                         self.send_queue_max_bytes)
             self.disconnect(peer, report=True)
             return
@@ -164,8 +152,7 @@ class PeerTransport:
             out.pending = []
             self._unflushed.append(out)
         out.pending.append(frame)
-        out.queued += 1
-        out.queued_bytes += len(frame)
+        out.pending_bytes += len(frame)
         if flush:
             self.flush()
 
@@ -173,60 +160,28 @@ class PeerTransport:
         """Write every peer's buffered frames: directly when its link is idle, else via its queue."""
         unflushed, self._unflushed = self._unflushed, []
         for out in unflushed:
-            frames, out.pending = out.pending, None
-            if not frames:
-                continue  # dropped by disconnect()
-            data = b"".join(frames)
-            with out.lock:
-                if out.idle and out.stream is not None:
-                    rest = write_now(out.stream, data)  # on an error, the send task's write takes the link down
-                    self.stats.bytes_sent += len(data) - len(rest)
-                    out.queued_bytes -= len(data) - len(rest)
-                    if not rest:
-                        self.stats.frames_sent += len(frames)
-                        out.queued -= len(frames)
-                        continue
-                    data = rest
-                out.idle = False
-            out.queue_send.send_nowait((out.generation, data, len(frames)))
+            frames, out.pending, out.pending_bytes = out.pending, None, 0
+            if frames:  # (empty: dropped by disconnect())
+                out.box.send(frames[0] if len(frames) == 1 else b"".join(frames), len(frames))
 
     def send_from_thread(self, peer: int, msg: Message) -> bool:
         """Write `msg` to `peer` from a thread other than trio's, if the link is established and
         idle (nothing buffered, queued or being written); False means nothing was written and the
-        caller must send it the usual way, from the trio thread.
-
-        The frame is written whole or the link is broken: a socket that takes only part of it
-        (its send buffer is full) is waited on for THREAD_WRITE_TIMEOUT_S, then shut down, so the
-        receiver sees a lost link, never half a frame followed by another."""
+        caller must send it the usual way, from the trio thread. The rest of a frame the socket
+        did not take goes to the link's writer task."""
         out = self._out.get(peer)
-        if out is None:
+        if out is None or out.pending is not None:
             return False
-        data = encode_frame(msg)
-        with out.lock:
-            stream = out.stream
-            if not out.idle or stream is None or out.pending is not None or out.queued:
-                return False
-            rest = write_now(stream, data)
-            if rest is data:  # nothing taken, full or broken: the trio thread's send meets it
-                return False
-            self.stats.thread_frames_sent += 1
-            if rest and not _finish_write(stream.socket.fileno(), rest):
-                log.warning("event=thread_write_stalled peer=%s action=break_link", peer)
-                try:
-                    stream.socket.shutdown(2)  # SHUT_RDWR: the send task and the peer both see the link end
-                except OSError:
-                    pass
-        return True
+        return out.box.send_from_thread(encode_frame(msg))
 
     def disconnect(self, peer: int, *, report: bool = False) -> None:
         """Drop both links with `peer` and everything queued for it."""
         out = self._out.get(peer)
         if out is not None:
-            out.generation += 1  # queued messages of the old link are discarded
+            out.generation += 1
+            out.box.detach()  # queued messages of the old link are discarded
             if out.pending is not None:
-                out.queued -= len(out.pending)
-                out.queued_bytes -= sum(map(len, out.pending))
-                out.pending = []  # still listed in _unflushed; flushes nothing
+                out.pending, out.pending_bytes = [], 0  # still listed in _unflushed; flushes nothing
             if out.scope is not None:
                 out.scope.cancel()
         scope = self._incoming.pop(peer, None)
@@ -256,7 +211,6 @@ class PeerTransport:
         delay = RECONNECT_MIN_S
         while True:
             host, port = self.addresses[peer]
-            generation = out.generation
             try:
                 stream = await trio.open_tcp_stream(host, port)
                 _keepalive(stream)
@@ -267,10 +221,12 @@ class PeerTransport:
                 delay = min(delay * 2, RECONNECT_MAX_S)
                 continue
             delay = RECONNECT_MIN_S
+            # Taken once the link exists: a disconnect() while dialing concerns the links before it.
+            generation = out.generation
             with trio.CancelScope() as scope:
                 out.scope = scope
                 try:
-                    await self._pump(stream, out, generation)
+                    await self._pump(stream, out)
                 except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as e:
                     log.info("event=link_down peer=%s direction=out error=%r", peer, e)
             log.info("event=link_down peer=%s direction=out", peer)
@@ -278,10 +234,11 @@ class PeerTransport:
             await stream.aclose()
             if out.generation == generation:  # not a deliberate disconnect(): the core must hear of it
                 out.generation += 1
+                out.box.detach()
                 self._lose(peer)
             await trio.sleep(RECONNECT_MIN_S)
 
-    async def _pump(self, stream: trio.SocketStream, out: _Outgoing, generation: int) -> None:
+    async def _pump(self, stream: trio.SocketStream, out: _Outgoing) -> None:
         """Send until the link fails or is replaced; returns when it is over.
 
         The acceptor never writes on this connection, so a read that completes means
@@ -290,18 +247,13 @@ class PeerTransport:
         """
         await stream.send_all(encode_hello(self.cluster, self.my_id))
         out.connected = True
-        out.stream = stream
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._watch_remote_close, stream, nursery.cancel_scope)
-                try:
-                    await self._send_loop(stream, out, generation)
-                except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as e:
-                    log.info("event=link_down peer=%s direction=out error=%r", stream, e)
-                nursery.cancel_scope.cancel()
-        finally:
-            with out.lock:  # no thread may be writing to the socket once it is closed
-                out.stream, out.idle = None, False
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._watch_remote_close, stream, nursery.cancel_scope)
+            try:
+                await out.box.pump(stream)  # returns once detached (disconnect)
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as e:
+                log.info("event=link_down peer=%s direction=out error=%r", stream, e)
+            nursery.cancel_scope.cancel()
 
     async def _watch_remote_close(self, stream: trio.SocketStream, scope: trio.CancelScope) -> None:
         try:
@@ -309,45 +261,6 @@ class PeerTransport:
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         scope.cancel()
-
-    async def _send_loop(self, stream: trio.SocketStream, out: _Outgoing, generation: int) -> None:
-        while True:
-            try:
-                item = out.queue_recv.receive_nowait()
-            except trio.WouldBlock:
-                # Idle only while blocked on an empty queue: an item already taken but not
-                # yet written must never be overtaken by a direct write in flush().
-                out.idle = True
-                try:
-                    item = await out.queue_recv.receive()
-                finally:
-                    out.idle = False
-            batch: list[bytes] = []
-            taken = sent = taken_bytes = 0  # frames leaving the queue, sent or (an older link's) discarded
-            while True:
-                gen, data, frames = item
-                taken += frames
-                taken_bytes += len(data)
-                if gen == generation:
-                    batch.append(data)
-                    sent += frames
-                if len(batch) >= SEND_BATCH_MAX:
-                    break
-                try:
-                    item = out.queue_recv.receive_nowait()
-                except trio.WouldBlock:
-                    break
-            out.queued -= taken
-            out.queued_bytes -= taken_bytes
-            if batch:
-                data = b"".join(batch)
-                await stream.send_all(data)
-                self.stats.bytes_sent += len(data)
-                self.stats.frames_sent += sent
-            else:
-                await trio.lowlevel.checkpoint()  # discarding a backlog must not starve the other tasks
-            if out.generation != generation:
-                return
 
     # -- receiving ----------------------------------------------------------------------
     async def _accept(self, stream: trio.SocketStream) -> None:
@@ -459,23 +372,3 @@ def _keepalive(stream: trio.SocketStream) -> None:
                 stream.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
     except OSError:
         pass  # a connection reset already: its first read or write ends it the usual way
-
-
-def _finish_write(fd: int, rest: memoryview) -> bool:
-    """The rest of a frame a non-blocking socket took in part, from a plain thread: wait until
-    writable (bounded); True once all of it is written."""
-    poller = select.poll()  # not select(): descriptors above FD_SETSIZE
-    poller.register(fd, select.POLLOUT)
-    deadline = time.monotonic() + THREAD_WRITE_TIMEOUT_S
-    while rest:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return False
-        try:
-            if poller.poll(left * 1000):
-                rest = rest[os.write(fd, rest):]
-        except BlockingIOError:
-            continue
-        except OSError:
-            return False
-    return True

@@ -1,0 +1,207 @@
+"""One connection's outgoing bytes and the task that writes them (trio edge).
+
+Every port that writes to a socket uses it: Zab's peer links, the metastore's
+client connections, the bookie service's connections and the bookie client.
+
+A lone message is written through (edge/sockets.py `write_now`) when the link
+is idle, a syscall instead of a scheduler pass of the writer task; everything
+else is queued, and the writer task (`pump`) sends what one loop turn queued
+in one write. What the socket did not take of a direct write goes to the front
+of the queue, so frames never interleave or reorder.
+
+The thread/lock protocol, the one place it is written down:
+- `lock` (a threading.Lock) is held around every direct write, around the
+  writer task taking data from the queue and marking itself `sending`, and
+  around attaching and detaching the stream.
+- A direct write, from trio's thread (`send`, `push`) or from another thread
+  (`send_from_thread`: the bookie's and the Zab log writer's fsync threads
+  answer the moment their fsync returns), happens only when the link is idle:
+  a stream attached, the writer task not inside a write, nothing queued.
+- Another thread never waits and never touches trio objects: when the socket
+  took only part of its write, it queues the rest and wakes the writer task
+  through the trio token (the only cross-thread call, and only in that case).
+- `detach` drops the stream and the queue at once: a message sent afterwards
+  waits for the next attached stream, never leaves on the old one.
+
+Bounds: with `max_bytes` / `max_frames`, `send` refuses (returns False) what
+would take a non-empty queue past either; one item always fits an empty
+queue. The caller decides what a refusal means (Zab disconnects a follower
+that cannot keep up; the client and bookie ports cut off a client that does
+not read). What is in the writer task's hands is no longer counted.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from dataclasses import dataclass
+
+import trio
+
+from edge.sockets import write_now
+
+BATCH_ITEMS = 256  # queued items one write may join
+
+
+@dataclass
+class OutboxStats:
+    """What left through one or more outboxes (an instance may be shared)."""
+
+    frames_sent: int = 0
+    bytes_sent: int = 0
+    writes: int = 0  # system-call-sized writes: direct ones and the writer task's batches
+    thread_frames_sent: int = 0  # by send_from_thread (counted under the lock)
+
+
+class Outbox:
+    """The outgoing side of one link. `send` from trio's thread, `send_from_thread` from any
+    other, and one writer task `await outbox.pump(stream)` per attached stream."""
+
+    def __init__(self, *, max_bytes: int | None = None, max_frames: int | None = None,
+                 record_per_item: bool = False, stats: OutboxStats | None = None) -> None:
+        self.lock = threading.Lock()
+        self.max_bytes, self.max_frames = max_bytes, max_frames
+        # Over TLS, each queued item becomes a record of its own (kazoo select()s on the raw socket
+        # before each read: two replies in one record would leave the second waiting in its SSL buffer).
+        self.record_per_item = record_per_item
+        self.stats = OutboxStats() if stats is None else stats
+        self.stream: trio.abc.Stream | None = None
+        self.sending = False  # the writer task holds data taken from the queue
+        self.closed = False  # no more sends; the writer task ends once the queue is drained
+        self.queued_bytes = 0
+        self.queued_frames = 0
+        self._queue: collections.deque[tuple[bytes | memoryview, int]] = collections.deque()
+        self._backlog = False  # a push left bytes: no more pushes until the writer task has them
+        self._wake = trio.Event()
+        self._token: trio.lowlevel.TrioToken | None = None
+
+    @property
+    def idle(self) -> bool:
+        """Whether a direct write may go now (read under `lock` by writers)."""
+        return self.stream is not None and not self.sending and not self._queue
+
+    def send(self, data: bytes, frames: int = 1, *, direct: bool = True) -> bool:
+        """From trio's thread: write `data` now if the link is idle and `direct`, else queue it.
+        False: refused, over the bounds (nothing was queued)."""
+        if self.closed:
+            return True
+        with self.lock:
+            if direct and self.idle:
+                rest = write_now(self.stream, data)
+                self.stats.writes += 1
+                self.stats.bytes_sent += len(data) - len(rest)
+                if not rest:
+                    self.stats.frames_sent += frames
+                    return True
+                data = rest
+            elif self._queue and self._over(len(data), frames):
+                return False
+            self._queue.append((data, frames))
+            self.queued_bytes += len(data)
+            self.queued_frames += frames
+        self._wake.set()
+        return True
+
+    def _over(self, nbytes: int, frames: int) -> bool:
+        return ((self.max_bytes is not None and self.queued_bytes + nbytes > self.max_bytes)
+                or (self.max_frames is not None and self.queued_frames + frames > self.max_frames))
+
+    def push(self) -> None:
+        """From trio's thread: hand what is queued to the kernel now, unless the writer task holds
+        data or an earlier push's rest is still queued (the socket is full: joining again is vain)."""
+        with self.lock:
+            if self.stream is None or self.sending or self._backlog or not self._queue:
+                return
+            items = list(self._queue)
+            data = b"".join(d for d, _ in items)
+            rest = write_now(self.stream, data)
+            self.stats.writes += 1
+            self.stats.bytes_sent += len(data) - len(rest)
+            self._queue.clear()
+            self.queued_bytes = len(rest)
+            self.queued_frames = 0
+            if rest:
+                self._queue.append((rest, 0))
+                self._backlog = True
+            self.stats.frames_sent += sum(f for _, f in items)
+
+    def send_from_thread(self, data: bytes, frames: int = 1) -> bool:
+        """From a thread other than trio's: write `data` if the link is idle. True: it is the
+        outbox's now (all written, or the rest queued for the writer task); False: nothing was
+        written and the caller sends it from trio's thread."""
+        with self.lock:
+            if self.closed or not self.idle or self._token is None:
+                return False
+            rest = write_now(self.stream, data)
+            if rest is data:  # nothing taken (full, broken, or a TLS stream off its thread)
+                return False
+            self.stats.thread_frames_sent += frames
+            if rest:
+                self._queue.append((rest, 0))
+                self.queued_bytes += len(rest)
+                token = self._token
+            else:
+                return True
+        try:
+            token.run_sync_soon(self._wake.set)
+        except trio.RunFinishedError:
+            pass  # the run is over: nothing will write this link again
+        return True
+
+    def detach(self) -> None:
+        """Drop the stream and everything queued (the link is gone or replaced)."""
+        with self.lock:
+            self.stream, self.sending, self._backlog = None, False, False
+            self._queue.clear()
+            self.queued_bytes = self.queued_frames = 0
+        self._wake.set()
+
+    def close(self) -> None:
+        """No more sends: the writer task returns once what is queued is written."""
+        self.closed = True
+        self._wake.set()
+
+    def abort(self) -> None:
+        """No more sends and nothing more written."""
+        self.closed = True
+        self.detach()
+
+    async def pump(self, stream: trio.abc.Stream) -> None:
+        """The writer task of `stream`: attaches it and writes what is queued until closed and
+        drained or detached (then returns) or cancelled; a write's error propagates."""
+        with self.lock:
+            self.stream, self._token = stream, trio.lowlevel.current_trio_token()
+        send_frames = getattr(stream, "send_frames", None) if self.record_per_item else None
+        try:
+            while True:
+                with self.lock:
+                    if self.stream is not stream:
+                        return  # detached
+                    n = min(len(self._queue), BATCH_ITEMS)
+                    items = [self._queue.popleft() for _ in range(n)]
+                    self.sending = bool(items)
+                    self._backlog = False
+                    self.queued_bytes -= sum(len(d) for d, _ in items)
+                    self.queued_frames -= sum(f for _, f in items)
+                if not items:
+                    if self.closed:
+                        return
+                    await self._wake.wait()
+                    self._wake = trio.Event()
+                    continue
+                try:
+                    if send_frames is not None:
+                        await send_frames([d for d, _ in items])
+                    else:
+                        await stream.send_all(b"".join(d for d, _ in items))
+                finally:
+                    with self.lock:
+                        if self.stream is stream:
+                            self.sending = False
+                self.stats.writes += 1
+                self.stats.bytes_sent += sum(len(d) for d, _ in items)
+                self.stats.frames_sent += sum(f for _, f in items)
+        finally:
+            with self.lock:
+                if self.stream is stream:
+                    self.stream, self.sending = None, False
