@@ -480,7 +480,9 @@ class MetastoreService:
                 pending = await self.driver.start_submit(conn.session_id, cxid, E.encode_envelope(env))
             else:
                 env = E.Envelope(E.CLIENT, self.cfg.node_id, _now_ms(), self._envelope_auth(conn), payload)
-                pending = await self.driver.start_submit(conn.session_id, cxid, E.encode_envelope(env))
+                # Decoded once: if this node leads, prepare() takes the request as decoded here.
+                pending = await self.driver.start_submit(conn.session_id, cxid, E.encode_envelope(env),
+                                                         (env, op, body))
         except NoLeader:
             return None  # ConnectionLoss for the client: it reconnects elsewhere
         return pending, partial(self._finish_job, conn, header, body, pending)

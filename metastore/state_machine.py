@@ -47,12 +47,17 @@ class MetastoreStateMachine:
         return self.tree.last_zxid
 
     # -- leader --------------------------------------------------------------------
-    def prepare(self, zxid: int, session_id: int, request: bytes) -> bytes | Refusal:
-        try:
-            env = E.decode_envelope(request)
-            opcode, body = _decode(env)
-        except (E.EnvelopeError, JuteError, struct.error, UnicodeDecodeError):
-            return Refusal(encode_txn(Transaction(0, Error(MarshallingError.code))))
+    def prepare(self, zxid: int, session_id: int, request: bytes, decoded: object = None) -> bytes | Refusal:
+        """`decoded`: (Envelope, opcode, body) as the client port built and decoded them, for a
+        request from this node's own client; else `request` is decoded here."""
+        if decoded is not None:
+            env, opcode, body = decoded
+        else:
+            try:
+                env = E.decode_envelope(request)
+                opcode, body = _decode(env)
+            except (E.EnvelopeError, JuteError, struct.error, UnicodeDecodeError):
+                return Refusal(encode_txn(Transaction(0, Error(MarshallingError.code))))
         txn = self.prep.prepare(zxid, session_id, env, opcode, body)
         return Refusal(encode_txn(txn)) if failed(txn) else encode_txn(txn)
 

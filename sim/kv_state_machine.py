@@ -69,7 +69,7 @@ class KVStateMachine:
         current = self.items.get(key)
         return None if current is None else current[1]
 
-    def prepare(self, zxid: int, session_id: int, request: bytes) -> bytes | Refusal:
+    def prepare(self, zxid: int, session_id: int, request: bytes, decoded: object = None) -> bytes | Refusal:
         try:
             req = _parse_request(request)
         except KVRequestError as e:

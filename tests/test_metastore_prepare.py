@@ -98,6 +98,35 @@ def test_prepared_transactions_always_apply(steps):
     assert sm.tree.digest() == sm.tree.recompute_digest()
 
 
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps)
+def test_a_request_decoded_by_the_client_port_prepares_exactly_as_its_bytes(steps):
+    """ClientRequest.decoded: the leader prepares its own clients' requests from what the client
+    port decoded; every transaction and refusal must be the bytes the leader would prepare from
+    the request's bytes (as it does for a forwarded one)."""
+    from_bytes, from_decoded = MetastoreStateMachine(max_data_bytes=16), MetastoreStateMachine(max_data_bytes=16)
+    counter = 0
+    for kind, session, (opcode, body), auth, commit_now in steps:
+        if kind not in ("request", "garbage"):
+            continue
+        payload = jute.encode_request(jute.RequestHeader(1, opcode), body)
+        try:
+            header, decoded_body = jute.decode_request(payload)
+        except jute.JuteError:
+            continue  # the client port closes the connection: never submitted
+        zxid = Z.make(1, counter + 1)
+        env = E.Envelope(E.CLIENT, 1, counter, auth, payload)
+        expected = from_bytes.prepare(zxid, session, E.encode_envelope(env))
+        got = from_decoded.prepare(zxid, session, E.encode_envelope(env), (env, header.type, decoded_body))
+        assert got == expected
+        if not isinstance(expected, Refusal):
+            counter += 1
+            if commit_now:
+                from_bytes.apply(zxid, expected)
+                from_decoded.apply(zxid, got)
+    assert from_bytes.prep._view().digest() == from_decoded.prep._view().digest()
+
+
 def test_garbage_is_refused_with_an_error_and_spends_no_zxid():
     sm = MetastoreStateMachine()
     applied = answer(sm, Z.make(1, 1), 1, b"\x07garbage")

@@ -42,6 +42,10 @@ class ClientRequest:
     session_id: int
     cxid: int
     data: bytes
+    # What this node's state machine made of `data` already (the client port decoded it to
+    # route it): handed to prepare() when this node leads, so a request is decoded once.
+    # Never sent: a request forwarded to the leader is decoded there.
+    decoded: object = field(default=None, compare=False)
 
 
 @dataclass(slots=True, unsafe_hash=True)

@@ -366,14 +366,16 @@ class PeerDriver:
         """
         return await (await self.start_submit(session_id, cxid, request)).result()
 
-    async def start_submit(self, session_id: int, cxid: int, request: bytes) -> "Pending":
+    async def start_submit(self, session_id: int, cxid: int, request: bytes, decoded: object = None) -> "Pending":
         """Hand a write to the peer now and return without waiting for it to commit.
 
         Writes started one after another from one task are proposed in that order, so
         a client connection can pipeline many writes and still see ZooKeeper's FIFO
-        order; await `.result()` of each for its outcome.
+        order; await `.result()` of each for its outcome. `decoded`: what the state
+        machine's prepare() would decode `request` to, if the caller has it (the
+        ClientRequest event's field).
         """
-        return await self._start(session_id, cxid, lambda rid: ClientRequest(session_id, rid, request))
+        return await self._start(session_id, cxid, lambda rid: ClientRequest(session_id, rid, request, decoded))
 
     async def _start(self, session_id: int, cxid: int, make: Callable[[int], Event]) -> "Pending":
         """`cxid` is the caller's number for the request; Zab carries a unique identity instead."""

@@ -212,15 +212,15 @@ class LeaderRole:
     def on_client_request(self, ev: ClientRequest) -> list[Action]:
         if not self.established:
             return [RequestFailed(ev.session_id, ev.cxid, "NoLeader")]
-        return self._propose(self.id, ev.session_id, ev.cxid, ev.data)
+        return self._propose(self.id, ev.session_id, ev.cxid, ev.data, ev.decoded)
 
-    def _propose(self, origin: int, session_id: int, cxid: int, data: bytes) -> list[Action]:
+    def _propose(self, origin: int, session_id: int, cxid: int, data: bytes, decoded: object = None) -> list[Action]:
         assert self.epoch is not None
         if self.counter >= self.cfg.zxid_counter_limit:
             # zxid counter rollover: only a new epoch can continue the history.
             return [RequestFailed(session_id, cxid, "NoLeader")] + self.peer.look()
         zxid = Z.make(self.epoch, self.counter + 1)
-        prepared = self.peer.sm.prepare(zxid, session_id, data)
+        prepared = self.peer.sm.prepare(zxid, session_id, data, decoded)
         if isinstance(prepared, Refusal):
             # A failed request changes nothing, so it costs no log write and no quorum round
             # (ZooKeeper logs an error txn); its answer waits for what was prepared before it.

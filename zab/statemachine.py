@@ -51,10 +51,13 @@ class StateMachine(Protocol):
 
     last_zxid: int
 
-    def prepare(self, zxid: int, session_id: int, request: bytes) -> bytes | Refusal:
+    def prepare(self, zxid: int, session_id: int, request: bytes, decoded: object = None) -> bytes | Refusal:
         """Leader only: the transaction `zxid` for `request` from `session_id`, given every
         transaction already prepared (and not yet applied); or a Refusal, which must
-        leave the prepared view as it was (`zxid` is then used by the next request)."""
+        leave the prepared view as it was (`zxid` is then used by the next request).
+        `decoded`, when not None, is what this process's client edge decoded `request` to
+        (ClientRequest.decoded, in the state machine's own form): use it instead of decoding
+        again. Requests forwarded from other nodes always come as bytes alone."""
 
     def refused(self, zxid: int, refusal: bytes) -> object:
         """The result for the waiting client of a refused request (Refusal.data), answered
