@@ -121,7 +121,7 @@ class MetastoreService:
                     conn.send(jute.encode_notification(jute.WatcherEvent(ev, KeeperState.SYNC_CONNECTED, at)))
         if isinstance(applied.result, SessionCreated) and self._tracking:
             # Sessions opened through any node reach the leader's tracker here.
-            self.tracker.add(applied.result.session_id, applied.result.timeout_ms, _now_ms())
+            self.tracker.add(applied.result.session_id, applied.result.timeout_ms, _elapsed_ms())
         if isinstance(applied.result, SessionClosed):
             self.tracker.remove(applied.result.session_id)
             conn = self.by_session.pop(applied.result.session_id, None)
@@ -129,7 +129,7 @@ class MetastoreService:
                 conn.close()
 
     def sessions_touched(self, frm: int, session_ids: tuple[int, ...]) -> None:
-        now = _now_ms()
+        now = _elapsed_ms()
         for sid in session_ids:
             self.tracker.touch(sid, now)
 
@@ -186,11 +186,11 @@ class MetastoreService:
                 self._tracking = False
                 continue
             if not self._tracking:
-                self.tracker.reset(self.sm.tree.sessions(), _now_ms())
+                self.tracker.reset(self.sm.tree.sessions(), _elapsed_ms())
                 self._tracking = True
             if CS.read_secret(self.sm.tree) is None and not self._initializing_secret:
                 nursery.start_soon(self._init_secret)
-            for sid in self.tracker.expired(_now_ms()):
+            for sid in self.tracker.expired(_elapsed_ms()):
                 nursery.start_soon(self._submit_internal, E.CLOSE_SESSION, sid, b"")
             rounds += 1
             if rounds % CONTAINER_CHECK_ROUNDS == 0:
@@ -412,7 +412,7 @@ class MetastoreService:
             old.close()  # the client moved here: its old connection must not act for it any more
         conn.session_id = session_id
         self.by_session[session_id] = conn
-        self.tracker.touch(session_id, _now_ms())
+        self.tracker.touch(session_id, _elapsed_ms())
         conn.send(jute.encode_connect_response(
             jute.ConnectResponse(0, timeout, session_id, self._password(session_id), False)))
         return True
@@ -590,4 +590,11 @@ class MetastoreService:
 
 
 def _now_ms() -> int:
+    """Wall-clock time: a znode's ctime/mtime and TTLs (ZooKeeper's currentWallTime)."""
     return int(time.time() * 1000)
+
+
+def _elapsed_ms() -> int:
+    """A clock that never jumps, for session deadlines (ZooKeeper's currentElapsedTime): a
+    wall clock stepped forward by NTP would expire every session at once."""
+    return int(trio.current_time() * 1000)
