@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from replay.invariants import DeliveryOracle, InvariantViolation, LeadershipOracle
 from sim.disk import SimDisk
 from sim.network import SimNetwork
+from zab.acks import coalesce_acks
 from zab.actions import (Action, Answered, ClientRequest, Delivered, Disconnect, InstallSnapshot, LogAppend, LogSync,
                          LogTruncate, PeerDisconnected, PersistEpoch, Received, RequestFailed, RoleChanged, Send,
                          SessionsTouched, Synced, TakeSnapshot, Tick)
@@ -310,7 +311,7 @@ class SimCluster:
         disk.check()
         if run_then:
             disk.fsyncs += 1
-            self._execute(node, then)
+            self._execute(node, coalesce_acks(then))  # one fsync for the queue: the log writer's rule too
 
     # -- observation ---------------------------------------------------------------------
     def _log(self, line: str) -> None:

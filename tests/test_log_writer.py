@@ -5,7 +5,8 @@ import trio
 import trio.testing
 
 from zab.actions import LogAppend, LogSync, PersistEpoch, Send
-from zab.log_writer import LogWriter, coalesce_acks, send_acks
+from zab.acks import coalesce_acks
+from zab.log_writer import LogWriter, send_acks
 from zab.messages import Ack, AckNewLeader, Ping
 from zab.snapshot import SnapshotStore
 from zab.txn import Txn

@@ -44,6 +44,7 @@ from collections.abc import Callable
 
 import trio
 
+from zab.acks import coalesce_acks
 from zab.actions import Action, InstallSnapshot, LogAppend, LogSync, LogTruncate, Send, TakeSnapshot
 from zab.history import txn_bytes
 from zab.messages import Ack
@@ -328,21 +329,3 @@ def send_acks(actions: list[Action]) -> bool:
     """Whether `actions` are only ACKs to other nodes: what a follower's fsync releases, and
     all the writer's thread may send itself (anything else runs on the trio thread, in order)."""
     return all(type(a) is Send and type(a.msg) is Ack for a in actions)
-
-
-def coalesce_acks(actions: list[Action]) -> list[Action]:
-    """Keep only the last ACK to each peer among actions released by one fsync.
-
-    An ACK of zxid z says "I logged everything up to z" (the leader counts it that
-    way), so after one group commit the highest ACK per destination says all the
-    others do: one message instead of one per proposal. Everything else keeps its
-    place and order.
-    """
-    last: dict[int, int] = {}
-    for i, a in enumerate(actions):
-        if isinstance(a, Send) and isinstance(a.msg, Ack):
-            last[a.to] = i
-    if len(last) == sum(1 for a in actions if isinstance(a, Send) and isinstance(a.msg, Ack)):
-        return actions
-    return [a for i, a in enumerate(actions)
-            if not (isinstance(a, Send) and isinstance(a.msg, Ack)) or last[a.to] == i]
