@@ -17,7 +17,7 @@ PACKAGES = ["edge", "zab", "metastore", "bookie", "ledger", "clusterd", "replay"
 
 # Edge modules: the only ones allowed to touch sockets, files, clocks and threads.
 EDGE = {
-    "edge/files.py", "edge/sockets.py", "edge/tls_stream.py", "edge/trio_thread.py",
+    "edge/files.py", "edge/outbox.py", "edge/sockets.py", "edge/tls_stream.py", "edge/trio_thread.py",
     "zab/driver.py", "zab/transport.py", "zab/log_writer.py",
     "zab/txnlog.py", "zab/snapshot.py", "zab/epochfile.py", "zab/recovery.py",
     "bookie/journal.py", "bookie/entrylog.py", "bookie/storage.py", "bookie/storage_commit.py",
@@ -29,7 +29,19 @@ EDGE = {
     "replay/spark_ledger.py", "replay/verify_ledgers.py",
 }
 IMPURE = {"trio", "socket", "time", "threading", "os", "subprocess", "asyncio", "select", "pathlib", "shutil"}
-MAX_MODULE_LINES = 600
+MAX_MODULE_LINES = 500
+# Modules over MAX_MODULE_LINES when the cap came (issue 21), each at most its size then. The list
+# may only shrink: a module split below the cap must leave it (test_long_module_exceptions_only_shrink).
+LONG_MODULES = {
+    "bookie/storage.py": 510,
+    "bookie/service.py": 521,
+    "bookie/client.py": 559,
+    "clusterd/config.py": 502,
+    "metastore/client/session.py": 586,
+    "metastore/service.py": 600,
+    "metastore/tree.py": 577,
+    "zab/txnlog.py": 584,
+}
 MAX_FUNCTION_LINES = 70
 
 
@@ -84,9 +96,17 @@ def test_cores_never_import_the_daemon():
 @pytest.mark.parametrize("path", [p for pkg in PACKAGES for p in modules(pkg)], ids=lambda p: str(p.relative_to(REPO)))
 def test_small_units(path: Path):
     lines = path.read_text().splitlines()
-    assert len(lines) <= MAX_MODULE_LINES, f"{path.relative_to(REPO)} has {len(lines)} lines: split it"
+    cap = LONG_MODULES.get(str(path.relative_to(REPO)), MAX_MODULE_LINES)
+    assert len(lines) <= cap, f"{path.relative_to(REPO)} has {len(lines)} lines (max {cap}): split it"
     for node in ast.walk(ast.parse("\n".join(lines))):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             length = node.end_lineno - node.lineno + 1
             assert length <= MAX_FUNCTION_LINES, (
                 f"{path.relative_to(REPO)}:{node.lineno} {node.name} has {length} lines (max {MAX_FUNCTION_LINES})")
+
+
+@pytest.mark.parametrize("name", sorted(LONG_MODULES))
+def test_long_module_exceptions_only_shrink(name: str):
+    lines = len((REPO / name).read_text().splitlines())
+    assert lines > MAX_MODULE_LINES, (
+        f"{name} has {lines} lines, within the cap of {MAX_MODULE_LINES}: remove it from LONG_MODULES")
