@@ -38,7 +38,8 @@ from typing import TypeVar
 from bookie.errors import StorageError
 from bookie.storage_codec import (FILE_HEADER_BYTES, FRAME_BYTES, JOURNAL_MAGIC, CorruptRecord, JournalRecord,
                                   decode_file_header, decode_journal_record, encode_file_header, scan_journal)
-from edge.files import FILE_MODE, ensure_directory, fsync_directory, write_all, write_preallocated
+from edge.files import ensure_directory, fsync_directory
+from edge.segments import FailStop, SegmentWriter, fsync_file, remove_durably, truncate_durably
 
 _log = logging.getLogger("quire.bookie.journal")
 _T = TypeVar("_T")
@@ -75,11 +76,9 @@ class Journal:
         self._segments = segments
         self._next_seq = next_seq
         self._segment_bytes = segment_bytes
-        self._fd: int | None = None
-        self._allocated = 0  # bytes the newest segment's file holds (records, then zero fill); with _fd
-        self._dirty = False
+        self._writer: SegmentWriter | None = None  # the newest segment's, once used
         self._dir_dirty = False
-        self._failed: str | None = None
+        self._fail_stop = FailStop(StorageError, f"journal {directory}", "restart the bookie")
         self.bytes_written = 0
         self.syncs = 0
 
@@ -100,7 +99,7 @@ class Journal:
         for seq, path in found:
             if seq < from_seq:
                 _log.warning("journal %s: removing segment older than the checkpoint", path)
-                _remove(path)
+                remove_durably(path)
         paths = [(seq, path) for seq, path in found if seq >= from_seq]
         if checkpointed and not paths:
             raise JournalCorrupt(f"{directory}: journal segment {segment_name(from_seq)}, which the checkpoint "
@@ -115,7 +114,7 @@ class Journal:
             if segment is not None:
                 segments.append(segment)
         if segments:
-            _fsync_file(segments[-1].path)
+            fsync_file(segments[-1].path)
         fsync_directory(directory)
         next_seq = segments[-1].seq + 1 if segments else from_seq
         return cls(directory, segments, next_seq, segment_bytes)
@@ -150,22 +149,19 @@ class Journal:
                                   and self._segments[-1].size >= self._segment_bytes):
             self._guarded(self._roll)
         data = b"".join(records)
-        self._allocated = self._guarded(write_preallocated, self._current_fd(), data, self._segments[-1].size,
-                                        self._allocated, PREALLOCATE_BYTES)
+        self._guarded(self._current().write, data, self._segments[-1].size)
         self._segments[-1].size += len(data)
         self.bytes_written += len(data)
-        self._dirty = True
 
     def sync(self) -> None:
         """Make every appended record durable: the group-commit point (one fsync, plus the directory's
         after a segment was created)."""
         self._check_usable()
-        if self._dirty:
-            self._guarded(os.fdatasync, self._current_fd())
+        if self._writer is not None and self._guarded(self._writer.datasync):
             self.syncs += 1
         if self._dir_dirty:
             self._guarded(fsync_directory, self.directory)
-        self._dirty = self._dir_dirty = False
+        self._dir_dirty = False
 
     def roll(self) -> int:
         """Start a new segment unless the newest holds no record yet, durably; return its seq.
@@ -183,14 +179,11 @@ class Journal:
         self._close_current()
         seq = self._next_seq
         path = self.directory / segment_name(seq)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
-        self._fd, self._allocated = fd, 0
         header = encode_file_header(JOURNAL_MAGIC, seq)
-        write_all(fd, header)
-        self._allocated = len(header)
+        self._writer = SegmentWriter.create(path, header, preallocate_bytes=PREALLOCATE_BYTES)
         self._segments.append(_Segment(seq, path, len(header)))
         self._next_seq = seq + 1
-        self._dirty = self._dir_dirty = True
+        self._dir_dirty = True
         self.bytes_written += len(header)
 
     def trim_before(self, seq: int) -> int:
@@ -201,49 +194,35 @@ class Journal:
         removed = 0
         while self._segments and self._segments[0].seq < seq and len(self._segments) > 1:
             segment = self._segments.pop(0)
-            self._guarded(_remove, segment.path)
+            self._guarded(remove_durably, segment.path)
             removed += 1
         return removed
 
     def close(self) -> None:
         """Release the file descriptor (does not sync)."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
 
-    def _current_fd(self) -> int:
-        if self._fd is None:
-            self._fd = os.open(self._segments[-1].path, os.O_WRONLY)
-            self._allocated = os.fstat(self._fd).st_size
-        return self._fd
+    def _current(self) -> SegmentWriter:
+        if self._writer is None:
+            self._writer = SegmentWriter(self._segments[-1].path, preallocate_bytes=PREALLOCATE_BYTES)
+        return self._writer
 
     def _close_current(self) -> None:
-        # The segment is fsynced before the next exists: only the newest may hold unsynced bytes,
+        # The segment is sealed before the next exists: only the newest may hold unsynced bytes,
         # and only the newest may end in zero fill (open() refuses it anywhere else).
         if not self._segments:
             return
-        fd = self._current_fd()  # also when this run never wrote to it: it may end in zero fill
-        if self._allocated > self._segments[-1].size:
-            os.ftruncate(fd, self._segments[-1].size)
-            self._allocated = self._segments[-1].size
-            self._dirty = True
-        if self._dirty:
-            os.fsync(fd)
+        if self._current().seal(self._segments[-1].size):
             self.syncs += 1
-            self._dirty = False
-        os.close(fd)
-        self._fd = None
+        self._writer = None
 
     def _check_usable(self) -> None:
-        if self._failed is not None:
-            raise StorageError(f"journal {self.directory} failed earlier ({self._failed}); restart the bookie")
+        self._fail_stop.check()
 
     def _guarded(self, operation: Callable[..., _T], *args: object) -> _T:
-        try:
-            return operation(*args)
-        except OSError as err:
-            self._failed = f"{type(err).__name__}: {err}"
-            raise StorageError(f"journal {self.directory}: {self._failed}; restart the bookie") from err
+        return self._fail_stop.run(operation, *args)
 
 
 def _load_segment(seq: int, path: Path, *, is_last: bool) -> _Segment | None:
@@ -251,7 +230,7 @@ def _load_segment(seq: int, path: Path, *, is_last: bool) -> _Segment | None:
     if decode_file_header(buf, JOURNAL_MAGIC) != seq:
         if is_last and not scan_journal(buf, min(len(buf), FILE_HEADER_BYTES)).records:
             _log.warning("journal %s: removing newest segment with a torn header and no record", path)
-            _remove(path)
+            remove_durably(path)
             return None
         raise JournalCorrupt(f"{path}: segment header is invalid; {_WIPE_ADVICE}")
     scan = scan_journal(buf, FILE_HEADER_BYTES)
@@ -265,7 +244,7 @@ def _load_segment(seq: int, path: Path, *, is_last: bool) -> _Segment | None:
             raise JournalCorrupt(f"{path}: {scan.stop}, followed by valid records; {_WIPE_ADVICE}")
         _log.warning("journal %s: truncating torn tail at offset %d (%d bytes): %s",
                      path, scan.end, len(buf) - scan.end, scan.stop)
-        _truncate(path, scan.end)
+        truncate_durably(path, scan.end)
     return _Segment(seq, path, scan.end)
 
 
@@ -278,25 +257,3 @@ def _valid_record_follows(buf: bytes, offset: int) -> bool:
     except (StorageError, ValueError):
         return False
     return True
-
-
-def _truncate(path: Path, size: int) -> None:
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.ftruncate(fd, size)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _remove(path: Path) -> None:
-    path.unlink()
-    fsync_directory(path.parent)

@@ -52,7 +52,8 @@ from typing import TypeVar
 from crc32c import crc32c
 
 from zab.record import RECORD_HEADER_BYTES, decode_record, encode_record, scan_records
-from edge.files import FILE_MODE, ensure_directory, fsync_directory, write_all, write_preallocated
+from edge.files import ensure_directory, fsync_directory
+from edge.segments import FailStop, SegmentWriter, fsync_file, remove_durably, truncate_durably
 from zab.storage_errors import LogCorruptError, RecordError, RecordReason, StorageError
 from zab.txn import Txn
 
@@ -123,12 +124,10 @@ class TxnLog:
         self._segment_max_bytes = segment_max_bytes
         # prev_zxid (as on disk) for the first segment created while the log is empty.
         self._empty_base = 0
-        self._fd: int | None = None
-        self._allocated = 0  # bytes the newest segment's file holds (records, then zero fill); with _fd
-        self._dirty = False
+        self._writer: SegmentWriter | None = None  # the newest segment's, once used
         self._dir_dirty = False
         self._pending_records = 0
-        self._failed: str | None = None
+        self._fail_stop = FailStop(StorageError, f"txn log {directory}", "restart the node")
         self._closed = False
         self._stats = {"records_appended": 0, "records_synced": 0, "syncs": 0, "bytes_written": 0}
         self._last_sync_seconds = 0.0
@@ -244,10 +243,8 @@ class TxnLog:
     def _write_batch(self, batch: list[bytes], batch_bytes: int) -> None:
         if not batch:
             return
-        self._allocated = self._guarded(write_preallocated, self._current_fd(), b"".join(batch),
-                                        self._segments[-1].size, self._allocated, PREALLOCATE_BYTES)
+        self._guarded(self._current().write, b"".join(batch), self._segments[-1].size)
         self._segments[-1].size += batch_bytes
-        self._dirty = True
         self._pending_records += len(batch)
         self._stats["records_appended"] += len(batch)
         self._stats["bytes_written"] += batch_bytes
@@ -262,37 +259,24 @@ class TxnLog:
         prev_zxid = self._segments[-1].last_zxid if self._segments else self._empty_base
         self._sync_and_close_current()
         path = self.directory / segment_name(first_zxid)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
-        self._fd, self._allocated = fd, 0
         header = encode_segment_header(first_zxid, prev_zxid)
-        write_all(fd, header)
-        self._allocated = len(header)
+        self._writer = SegmentWriter.create(path, header, preallocate_bytes=PREALLOCATE_BYTES)
         self._segments.append(_Segment(path, first_zxid, prev_zxid, 0, len(header)))
-        self._dirty = True
         self._dir_dirty = True  # the new name is durable only once the directory is fsynced
         self._stats["bytes_written"] += len(header)
 
-    def _current_fd(self) -> int:
-        if self._fd is None:
-            self._fd = self._guarded(os.open, self._segments[-1].path, os.O_WRONLY)
-            self._allocated = os.fstat(self._fd).st_size
-        return self._fd
+    def _current(self) -> SegmentWriter:
+        if self._writer is None:
+            self._writer = SegmentWriter(self._segments[-1].path, preallocate_bytes=PREALLOCATE_BYTES)
+        return self._writer
 
     def _sync_and_close_current(self) -> None:
         # Only the newest segment may hold unsynced bytes or end in zero fill (open() refuses
-        # both anywhere else): cut it to its records, also when this run never wrote to it.
+        # both anywhere else): sealed to its records, also when this run never wrote to it.
         if not self._segments:
             return
-        fd = self._current_fd()
-        if self._allocated > self._segments[-1].size:
-            os.ftruncate(fd, self._segments[-1].size)
-            self._allocated = self._segments[-1].size
-            self._dirty = True
-        if self._dirty:
-            os.fsync(fd)
-            self._dirty = False
-        os.close(fd)
-        self._fd = None
+        self._current().seal(self._segments[-1].size)
+        self._writer = None
 
     # --- durability ------------------------------------------------------------------
 
@@ -304,14 +288,15 @@ class TxnLog:
         not counted.
         """
         self._check_usable()
-        if not (self._dirty or self._dir_dirty):
+        dirty = self._writer is not None and self._writer.dirty
+        if not (dirty or self._dir_dirty):
             return
         started = time.perf_counter()
-        if self._dirty:
-            self._guarded(os.fdatasync, self._current_fd())
+        if dirty:
+            self._guarded(self._writer.datasync)
         if self._dir_dirty:
             self._guarded(fsync_directory, self.directory)
-        self._dirty = self._dir_dirty = False
+        self._dir_dirty = False
         self._last_sync_seconds = time.perf_counter() - started
         self._stats["syncs"] += 1
         self._stats["records_synced"] += self._pending_records
@@ -391,9 +376,9 @@ class TxnLog:
 
     def close(self) -> None:
         """Release the file descriptor. Does not sync: unsynced records may be lost."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
         self._closed = True
 
     def __enter__(self) -> TxnLog:
@@ -405,19 +390,11 @@ class TxnLog:
     def _check_usable(self) -> None:
         if self._closed:
             raise ValueError("txn log is closed")
-        if self._failed is not None:
-            raise StorageError(
-                f"txn log {self.directory} failed earlier ({self._failed}); restart the node "
-                "so that it rescans its log"
-            )
+        self._fail_stop.check()
 
     def _guarded(self, operation: Callable[..., _T], *args: object) -> _T:
         """Run a disk operation; after an OSError refuse further use (see class doc)."""
-        try:
-            return operation(*args)
-        except OSError as err:
-            self._failed = f"{type(err).__name__}: {err}"
-            raise StorageError(f"txn log {self.directory}: {self._failed}; restart the node") from err
+        return self._fail_stop.run(operation, *args)
 
 
 # --- opening helpers ----------------------------------------------------------------
@@ -454,7 +431,7 @@ def _handle_bad_header(path: Path, buf: bytes, is_last: bool) -> None:
     # record follows, the crash happened before the segment held anything.
     if is_last and not scan_records(buf[SEGMENT_HEADER_BYTES:]).txns:
         _log.warning("txn log %s: removing newest segment with a torn header", path)
-        _remove(path)
+        remove_durably(path)
         return None
     raise LogCorruptError(f"{path}: segment header is invalid; {_WIPE_ADVICE}")
 
@@ -473,7 +450,7 @@ def _handle_bad_tail(
         "txn log %s: truncating %s tail at offset %d (%d bytes dropped): %s",
         path, reason, offset, len(buf) - offset, detail,
     )
-    _truncate_file(path, offset)
+    truncate_durably(path, offset)
 
 
 def _valid_record_follows(buf: bytes, offset: int) -> bool:
@@ -494,7 +471,7 @@ def _handle_empty(path: Path, is_last: bool) -> None:
     if not is_last:
         raise LogCorruptError(f"{path}: segment holds no record; {_WIPE_ADVICE}")
     _log.warning("txn log %s: removing newest segment, which holds no record", path)
-    _remove(path)
+    remove_durably(path)
     return None
 
 
@@ -548,18 +525,9 @@ def _truncate_segment_after(segment: _Segment, zxid: int) -> None:
     scan = scan_records(segment.path.read_bytes()[: segment.size], SEGMENT_HEADER_BYTES)
     keep = [i for i, txn in enumerate(scan.txns) if txn.zxid <= zxid]
     cut = scan.offsets[keep[-1] + 1] if keep[-1] + 1 < len(scan.offsets) else segment.size
-    _truncate_file(segment.path, cut)
+    truncate_durably(segment.path, cut)
     segment.size = cut
     segment.last_zxid = scan.txns[keep[-1]].zxid
-
-
-def _truncate_file(path: Path, size: int) -> None:
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.ftruncate(fd, size)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _make_durable(directory: Path, segments: list[_Segment]) -> None:
@@ -571,14 +539,5 @@ def _make_durable(directory: Path, segments: list[_Segment]) -> None:
     fsynced before the next one was created.
     """
     if segments:
-        fd = os.open(segments[-1].path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_file(segments[-1].path)
     fsync_directory(directory)
-
-
-def _remove(path: Path) -> None:
-    path.unlink()
-    fsync_directory(path.parent)
