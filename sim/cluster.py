@@ -5,6 +5,12 @@ and disk; time is simulated milliseconds; all randomness comes from one
 `random.Random(seed)`, so a failing run replays exactly from its seed. The
 invariant oracles of replay.invariants are checked on every delivery, every
 leader establishment and every flush of a log.
+
+The state machine is the metastore's (metastore.state_machine), the one the
+daemon replicates. A test's client writes are ZooKeeper creates and setDatas of
+top-level znodes named by a key (`SimCluster.create`, `SimCluster.set_data`);
+`create_request` and `set_data_request` build the same requests for a real
+`PeerDriver`.
 """
 
 from __future__ import annotations
@@ -14,6 +20,13 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from metastore import envelope as E
+from metastore import jute
+from metastore.acl import OPEN_ACL_UNSAFE
+from metastore.errors import BY_CODE
+from metastore.jute_defs import OpCode
+from metastore.state_machine import MetastoreStateMachine
+from metastore.txn import CreateResult, ErrorResult, MultiResult, SetDataResult
 from replay.invariants import DeliveryOracle, InvariantViolation, LeadershipOracle
 from sim.disk import SimDisk
 from sim.network import SimNetwork
@@ -22,13 +35,67 @@ from zab.actions import (Action, Answered, ClientRequest, Delivered, Disconnect,
                          LogTruncate, PeerDisconnected, PersistEpoch, Received, RequestFailed, RoleChanged, Send,
                          SessionsTouched, Synced, TakeSnapshot, Tick)
 from zab.config import ZabConfig
-from sim.kv_state_machine import KVStateMachine, decode_result, encode_put
 from zab.leader import LeaderRole
 from zab.peer import Peer
+
+ANY_VERSION = -1  # setData's expected version that matches any
+_TICK = Tick()  # a Tick has no fields: one serves every tick
+
+
+# -- the metastore's client writes ---------------------------------------------------------
+def path_of(key: str) -> str:
+    """The znode a test's key names: a child of the root ("a" and "/a" are the same znode)."""
+    return key if key.startswith("/") else "/" + key
+
+
+def _client_request(opcode: int, body: object, origin: int, time_ms: int) -> bytes:
+    payload = jute.encode_request(jute.RequestHeader(1, opcode), body)
+    return E.encode_envelope(E.Envelope(E.CLIENT, origin, time_ms, (), payload))
+
+
+def create_request(key: str, value: str, *, origin: int, time_ms: int = 0) -> bytes:
+    """The request a node hands Zab for a client's create of the persistent znode
+    `path_of(key)` holding `value` (UTF-8), open to anyone. `origin` is the node the
+    client is connected to: the leader refuses a session's requests from any other
+    node (SessionMoved) until the session reconnects."""
+    body = jute.CreateRequest(path_of(key), value.encode(), OPEN_ACL_UNSAFE, 0)
+    return _client_request(OpCode.CREATE, body, origin, time_ms)
+
+
+def set_data_request(key: str, value: str, version: int = ANY_VERSION, *, origin: int, time_ms: int = 0) -> bytes:
+    """A client's setData of `path_of(key)` to `value` if the znode is at `version`
+    (ANY_VERSION: whatever it is): ZooKeeper's compare-and-set."""
+    body = jute.SetDataRequest(path_of(key), value.encode(), version)
+    return _client_request(OpCode.SET_DATA, body, origin, time_ms)
+
+
+def read_key(state_machine: MetastoreStateMachine, key: str) -> tuple[str, int] | None:
+    """The data (UTF-8) and version of `path_of(key)` in what `state_machine` has
+    applied, or None if it holds no such znode."""
+    node = state_machine.tree.node(path_of(key))
+    return None if node is None else (node.data.decode(), node.version)
+
+
+def error_of(result: object) -> str | None:
+    """The name of the ZooKeeper error in a metastore result ("BadVersion", "NodeExists",
+    ...), None if the request succeeded or the result is not the metastore's."""
+    r = getattr(result, "result", None)
+    if not isinstance(r, (ErrorResult, MultiResult)) or not r.code:
+        return None
+    cls = BY_CODE.get(r.code)
+    return cls.__name__ if cls is not None else f"error {r.code}"
+
+
+def version_of(result: object) -> int | None:
+    """The znode's data version after a successful create (0) or setData, else None."""
+    r = getattr(result, "result", None)
+    return r.stat.version if isinstance(r, (CreateResult, SetDataResult)) else None
 
 
 @dataclass
 class ClientOp:
+    """One client write and what became of it. `result` is what the state machine
+    returned for it (the metastore's `Applied`) once acknowledged or refused."""
     node: int
     key: str
     value: str
@@ -36,7 +103,17 @@ class ClientOp:
     cxid: int
     status: str = "pending"  # pending | acked | refused | failed | unknown
     zxid: int | None = None
-    result: dict | None = None
+    result: object = None
+
+    @property
+    def error(self) -> str | None:
+        """The ZooKeeper error a refused write got ("BadVersion", "NodeExists", ...)."""
+        return error_of(self.result)
+
+    @property
+    def version(self) -> int | None:
+        """The znode's data version this acknowledged write produced."""
+        return version_of(self.result)
 
 
 @dataclass
@@ -49,6 +126,7 @@ class SimNode:
     flush_scheduled: bool = False
     prev_delivered: int = 0
     pending: dict[tuple[int, int], ClientOp] = field(default_factory=dict)
+    reported_epoch: int | None = None  # the last epoch the leadership oracle heard this node lead
 
     @property
     def alive(self) -> bool:
@@ -56,9 +134,13 @@ class SimNode:
 
 
 class SimCluster:
+    """`voters` + `observers` nodes (ids from 1) running `zab.peer.Peer` on a fresh
+    `state_machine()` per incarnation (by default the metastore's), with `config` as
+    ZabConfig fields."""
+
     def __init__(self, voters: int = 3, observers: int = 0, seed: int = 0, *, tick_ms: int = 50,
                  crash_keeps_unsynced: bool = True, disk_latency_ms: dict[int, int] | None = None,
-                 state_machine: Callable[[], object] = KVStateMachine, **config: int) -> None:
+                 state_machine: Callable[[], object] = MetastoreStateMachine, **config: int) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.net = SimNetwork(self.rng)
@@ -143,13 +225,24 @@ class SimCluster:
         self.net.heal()
 
     # -- clients ------------------------------------------------------------------
-    def put(self, node: int, key: str, value: str, version: int | None = None) -> ClientOp:
-        """A write of the key-value demo state machine."""
-        return self.submit(node, encode_put(key, value, version), key=key, value=value)
+    def create(self, node: int, key: str, value: str = "") -> ClientOp:
+        """A client of `node` creates the znode `path_of(key)` holding `value`. The leader
+        refuses it with NodeExists if the znode exists in its view of the future (the
+        committed tree plus every write it prepared before): no two creates of one key
+        both succeed. Acknowledged, `op.version` is 0."""
+        return self.submit(node, create_request(key, value, origin=node, time_ms=self.now), key=key, value=value)
+
+    def set_data(self, node: int, key: str, value: str, version: int = ANY_VERSION) -> ClientOp:
+        """A client of `node` sets the data of `path_of(key)` to `value` if its version is
+        `version` (ANY_VERSION: any): refused with NoNode or BadVersion otherwise.
+        Acknowledged, `op.version` is the version it produced (one more than before)."""
+        request = set_data_request(key, value, version, origin=node, time_ms=self.now)
+        return self.submit(node, request, key=key, value=value)
 
     def submit(self, node: int, request: bytes, *, session_id: int | None = None, key: str = "",
                value: str = "") -> ClientOp:
-        """Any write request for the cluster's state machine, through `node`."""
+        """Any write request for the cluster's state machine, through `node` (for the
+        metastore, an envelope whose origin is `node`). The default session is one per node."""
         self._cxid += 1
         op = ClientOp(node, key, value, (node << 48) | 1 if session_id is None else session_id, self._cxid)
         self.ops.append(op)
@@ -180,28 +273,32 @@ class SimCluster:
         self.run_until(lambda: False, ms)
 
     def run_until(self, predicate: Callable[[], bool], timeout_ms: int) -> bool:
+        """Run events until `predicate()` holds (True) or `timeout_ms` simulated ms pass (False)."""
         deadline = self.now + timeout_ms
-        while self._events and self._events[0][0] <= deadline:
+        # Millions of events in the random tests: the loop works on locals, and _dispatch
+        # tests `peer is None` rather than the `alive` property.
+        events, pop, dispatch = self._events, heapq.heappop, self._dispatch
+        while events and events[0][0] <= deadline:
             if predicate():
                 return True
-            t, _, event = heapq.heappop(self._events)
+            t, _, event = pop(events)
             self.now = t
-            self._dispatch(event)
+            dispatch(event)
         self.now = max(self.now, deadline)
         return predicate()
 
     def _dispatch(self, event: tuple) -> None:
         kind, i, incarnation = event[0], event[1], event[2]
         node = self.nodes[i]
-        if not node.alive or node.incarnation != incarnation:
+        if node.peer is None or node.incarnation != incarnation:
             return
         self.steps += 1
         if kind == "tick":
-            self._step(node, Tick())
+            self._step(node, _TICK)
             self._at(self.now + self.tick_ms, "tick", i, incarnation)
         elif kind == "msg":
             frm, gen, msg = event[3], event[4], event[5]
-            if self.net.current(frm, i, gen) and self.nodes[frm].alive:
+            if self.net.current(frm, i, gen) and self.nodes[frm].peer is not None:
                 self._step(node, Received(frm, msg))
         elif kind == "local":
             self._step(node, Received(i, event[3]))
@@ -219,20 +316,22 @@ class SimCluster:
     def _step(self, node: SimNode, event) -> None:
         assert node.peer is not None
         self._execute(node, node.peer.step(event))
-        role = node.peer.role_state if node.peer else None
-        if isinstance(role, LeaderRole) and role.established:
+        role = node.peer.role_state if node.peer is not None else None
+        if isinstance(role, LeaderRole) and role.established and role.epoch != node.reported_epoch:
             assert role.epoch is not None
+            # Once per epoch a node leads: the oracle's answer cannot change until the epoch does.
+            node.reported_epoch = role.epoch
             self.leadership.established(role.epoch, node.id)
 
     # -- actions ----------------------------------------------------------------------
     def _execute(self, node: SimNode, actions: list[Action]) -> None:
         for a in actions:
-            if not node.alive:
+            if node.peer is None:
                 return
-            if isinstance(a, (LogAppend, LogSync, LogTruncate, TakeSnapshot)):
-                self._queue_write(node, a)
-            elif isinstance(a, Send):
+            if isinstance(a, Send):  # the most frequent action first
                 self._send(node, a)
+            elif isinstance(a, (LogAppend, LogSync, LogTruncate, TakeSnapshot)):
+                self._queue_write(node, a)
             elif isinstance(a, InstallSnapshot):
                 # The core restored its state machine to the leader's snapshot: deliveries
                 # continue from there (the writer makes it durable later).
@@ -245,14 +344,12 @@ class SimCluster:
                 node.prev_delivered = a.txn.zxid
                 op = node.pending.pop((a.txn.session_id, a.txn.cxid), None)
                 if op is not None:
-                    op.result = decode_result(a.result) if isinstance(a.result, bytes) else a.result
-                    op.status, op.zxid = "acked", a.txn.zxid
+                    op.result, op.status, op.zxid = a.result, "acked", a.txn.zxid
             elif isinstance(a, Answered):
                 op = node.pending.pop((a.session_id, a.cxid), None)
                 if op is not None:
-                    op.result = decode_result(a.result) if isinstance(a.result, bytes) else a.result
-                    # KV's answer is a dict, the metastore's an Applied: both name the zxid it follows.
-                    after = op.result["zxid"] if isinstance(op.result, dict) else op.result.zxid
+                    op.result = a.result
+                    after = a.result.zxid  # refused() stamps the zxid the answer was ordered after
                     if after > node.prev_delivered:
                         raise InvariantViolation(f"node {node.id} answered a refusal ordered after {after:#x} "
                                                  f"having delivered {node.prev_delivered:#x}")
@@ -288,7 +385,7 @@ class SimCluster:
             self._at(self.now, "local", node.id, node.incarnation, a.msg)
             return
         target = self.nodes.get(a.to)
-        if target is None or not target.alive:
+        if target is None or target.peer is None:
             return
         slot = self.net.schedule(node.id, a.to, self.now)
         if slot is not None:
@@ -327,6 +424,11 @@ class SimCluster:
             if isinstance(r, LeaderRole) and r.established:
                 return i
         return None
+
+    def read(self, node: int, key: str) -> tuple[str, int] | None:
+        """The data (UTF-8) and version of `path_of(key)` in what `node` has applied, or
+        None if it has no such znode there."""
+        return read_key(self.peer(node).sm, key)
 
     def peer(self, i: int) -> Peer:
         p = self.nodes[i].peer

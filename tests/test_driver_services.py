@@ -7,8 +7,8 @@ from pathlib import Path
 
 import trio
 
+from sim.cluster import create_request, read_key
 from test_transport import Ensemble, run_ensemble
-from sim.kv_state_machine import encode_put
 
 
 class Listener:
@@ -34,13 +34,13 @@ def test_sync_touch_and_listener(tmp_path: Path) -> None:
         follower = min(i for i in ens.drivers if i != leader)
         heard = Listener()
         ens.drivers[leader].listen(heard)
-        await ens.drivers[leader].submit(9, 1, encode_put("k", "v"))
+        await ens.drivers[leader].submit(9, 1, create_request("k", "v", origin=leader))
         [seen] = heard.delivered_txns  # told inline, before submit() returned
         assert seen.session_id == 9
         # sync on a follower: it has delivered at least that write when sync returns
         zxid = await ens.drivers[follower].sync(5, 1)
         assert zxid >= seen.zxid
-        assert ens.drivers[follower].state_machine.get("k") == ("v", 1)
+        assert read_key(ens.drivers[follower].state_machine, "k") == ("v", 0)
         # a session active on the follower is reported to the leader with the next ping
         ens.drivers[follower].touch((4242,))
         with trio.fail_after(10):

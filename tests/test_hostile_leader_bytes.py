@@ -22,7 +22,6 @@ from sim.cluster import ClientOp, SimCluster
 from zab import zxid as Z
 from zab.actions import Answered, Delivered, Disconnect, InstallSnapshot, LogAppend, Received, Send
 from zab.config import ZabConfig
-from sim.kv_state_machine import KVStateMachine
 from zab.messages import (Commit, LeaderInfo, NewLeader, Notification, Proposal, Refused, ServerState, Sync, SyncMode,
                           SyncTxns, UpToDate)
 from zab.peer import DiskState, Peer
@@ -30,9 +29,7 @@ from zab.statemachine import MalformedState
 from zab.txn import Txn
 
 SETTLE_MS = 10_000
-STATE_MACHINES = {"kv": KVStateMachine, "metastore": MetastoreStateMachine}
-# Not JSON, not UTF-8, not a metastore transaction or snapshot; and well-formed JSON or
-# jute of the wrong shape, which raised KeyError or TypeError past the decoder's first step.
+# Not UTF-8, not a metastore transaction or snapshot; and JSON or jute of the wrong shape.
 GARBAGE = [b"\xff\xfe\x00garbage", b"", b"{}", b'{"t":"set"}', b'{"zxid":1,"items":[[1]]}', b"[1,2]", b"null",
            b'{"e":1}', b'{"k":"a","t":"set","v":"x","ver":true}', b"[" * 100_000,
            struct.pack(">iq", 1, 0) + b"\x07" * 9]
@@ -56,26 +53,15 @@ def metastore_cluster(seed: int) -> SimCluster:
 
 # -- the state machines: MalformedState, before any change ------------------------------
 
-@pytest.mark.parametrize("name", sorted(STATE_MACHINES))
 @pytest.mark.parametrize("data", GARBAGE)
-def test_undecodable_bytes_raise_malformed_state_and_change_nothing(name, data):
-    sm = STATE_MACHINES[name]()
+def test_undecodable_bytes_raise_malformed_state_and_change_nothing(data):
+    sm = MetastoreStateMachine()
     digest, last = sm.digest(), sm.last_zxid
     for call in (lambda: sm.apply(Z.make(1, 1), data), lambda: sm.restore(Z.make(1, 1), data),
                  lambda: sm.refused(0, data)):
         with pytest.raises(MalformedState):
             call()
         assert (sm.digest(), sm.last_zxid) == (digest, last)
-
-
-def test_a_kv_set_without_its_version_is_malformed_before_the_zxid_moves():
-    """KVStateMachine.apply set last_zxid, then failed on t["ver"]: a half-applied txn."""
-    sm = KVStateMachine()
-    with pytest.raises(MalformedState):
-        sm.apply(Z.make(1, 1), b'{"k":"a","t":"set","v":"x"}')
-    assert sm.last_zxid == 0 and sm.get("a") is None
-    sm.apply(Z.make(1, 1), b'{"k":"a","t":"set","v":"x","ver":1}')  # the honest txn at that zxid still fits
-    assert sm.get("a") == ("x", 1)
 
 
 def test_a_metastore_refusal_that_is_a_real_transaction_is_malformed():
@@ -90,9 +76,8 @@ def test_a_metastore_refusal_that_is_a_real_transaction_is_malformed():
 
 # -- the learner: drop the leader, persist and deliver nothing of it -------------------
 
-@pytest.mark.parametrize("name", sorted(STATE_MACHINES))
-def test_a_snap_of_garbage_leaves_the_follower_as_it_was_and_looking(name):
-    sm = STATE_MACHINES[name]()
+def test_a_snap_of_garbage_leaves_the_follower_as_it_was_and_looking():
+    sm = MetastoreStateMachine()
     p = Peer(ZabConfig(my_id=2, voters=frozenset({1, 2, 3})), sm)
     p.start()
     p.step(Received(1, Notification(1, 0, 0, 1, ServerState.LEADING)))
@@ -106,9 +91,8 @@ def test_a_snap_of_garbage_leaves_the_follower_as_it_was_and_looking(name):
     assert (sm.digest(), sm.last_zxid, p.last_committed, p.last_zxid) == (digest, 0, 0, 0)
 
 
-@pytest.mark.parametrize("name", sorted(STATE_MACHINES))
-def test_a_refused_with_garbage_data_is_not_answered_and_the_follower_resyncs(name):
-    c = settled(SimCluster(3, seed=11, state_machine=STATE_MACHINES[name]))
+def test_a_refused_with_garbage_data_is_not_answered_and_the_follower_resyncs():
+    c = settled(SimCluster(3, seed=11))
     leader = c.leader()
     follower = next(n for n in c.nodes if n != leader)
     mark = len(c.trace)

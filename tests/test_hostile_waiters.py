@@ -14,8 +14,8 @@ from pathlib import Path
 
 import trio
 
+from sim.cluster import create_request, set_data_request, version_of
 from test_transport import Ensemble, run_ensemble
-from sim.kv_state_machine import decode_result, encode_put
 
 ROUNDS = 30
 SESSION = 5 << 56 | 1  # one session, as if it had moved from one follower to the other
@@ -26,18 +26,25 @@ def test_the_same_session_and_cxid_on_two_nodes_get_their_own_answers(tmp_path: 
         leader = await ens.wait_leader()
         await ens.wait_until("every node in broadcast", ens.all_in_broadcast, 20)
         a, b = [i for i in ens.drivers if i != leader]
-        versions_a, versions_b, syncs = [], [], []
+        results_a, results_b, syncs = [], [], []
+        # Both envelopes name node a as the client's node: the leader's SessionMoved check
+        # (tests/test_metastore_prepare.py) would refuse one of the two otherwise, and this
+        # story is about the drivers' waiters, which must tell two successful writes apart.
         with trio.fail_after(60):
             for cxid in range(1, ROUNDS + 1):
-                pa = await ens.drivers[a].start_submit(SESSION, cxid, encode_put("a", str(cxid)))
-                pb = await ens.drivers[b].start_submit(SESSION, cxid, encode_put(f"b{cxid}", "x"))
+                write_a = (create_request("a", "1", origin=a) if cxid == 1
+                           else set_data_request("a", str(cxid), origin=a))
+                pa = await ens.drivers[a].start_submit(SESSION, cxid, write_a)
+                pb = await ens.drivers[b].start_submit(SESSION, cxid, create_request(f"b{cxid}", "x", origin=a))
                 ps = await ens.drivers[leader].start_sync(SESSION, cxid)
-                versions_a.append(decode_result(await pa.result())["version"])
-                versions_b.append(decode_result(await pb.result())["version"])
+                results_a.append(await pa.result())
+                results_b.append(await pb.result())
                 syncs.append(await ps.result())
-        # Node a rewrote one key (versions 1, 2, ...), node b wrote a fresh key each time (version 1).
-        assert versions_a == list(range(1, ROUNDS + 1)), versions_a
-        assert versions_b == [1] * ROUNDS, versions_b
+        # Node a wrote one znode over and over (versions 0, 1, ...), node b created a fresh one each time.
+        versions_a = [version_of(r) for r in results_a]
+        assert versions_a == list(range(ROUNDS)), versions_a
+        created_b = [(r.result.path, version_of(r)) for r in results_b]
+        assert created_b == [(f"/b{cxid}", 0) for cxid in range(1, ROUNDS + 1)], created_b
         assert all(isinstance(z, int) for z in syncs), syncs
 
     run_ensemble(tmp_path, story)

@@ -9,12 +9,12 @@ ensemble keeps its invariants (the simulator checks them on every step)."""
 
 from __future__ import annotations
 
-from sim.cluster import SimCluster
+from metastore.state_machine import MetastoreStateMachine
+from sim.cluster import SimCluster, create_request
 from zab import zxid as Z
 from zab.actions import Disconnect, PersistEpoch, Received, Send
 from zab.codec import encode_frame
 from zab.config import ZabConfig
-from sim.kv_state_machine import KVStateMachine, encode_put
 from zab.messages import (Ack, AckEpoch, AckNewLeader, FollowerInfo, LeaderInfo, Notification, Ping, Request,
                           ServerState, SyncReply, SyncRequest)
 from zab.peer import Peer
@@ -41,12 +41,12 @@ def test_a_forged_request_from_a_peer_the_leader_never_synchronized_is_not_propo
     c.run(100)
     before, mark = c.peer(leader).last_zxid, len(c.trace)
     for frm in (absent, 99):  # a member id with no link, and no member at all
-        c.forge(leader, frm, Request(HUGE, HUGE, encode_put("evil", "x")))
+        c.forge(leader, frm, Request(HUGE, HUGE, create_request("evil", "x", origin=absent)))
         c.forge(leader, frm, SyncRequest(HUGE, HUGE))
         c.forge(leader, frm, Ping((1, 2, 3)))
     c.run(500)
     assert c.peer(leader).last_zxid == before, "a request from outside the forwarding set was proposed"
-    assert c.peer(leader).sm.get("evil") is None
+    assert c.read(leader, "evil") is None
     assert not any(n == leader for n, _ in c.touched), "touches of a peer that never synchronized were taken"
     assert c.leader() == leader and not stepped_down(c, leader, mark), c.describe_failure()
 
@@ -69,7 +69,7 @@ def test_an_ack_for_a_zxid_never_proposed_counts_toward_no_quorum():
     c.run(20)
     forge_learner(c, leader, f3)
     c.crash(f2)  # only the leader has the write below; the forged learner must not make it a quorum
-    op = c.put(leader, "k", "v")
+    op = c.create(leader, "k", "v")
     c.run(5)
     c.forge(leader, f3, Ack(HUGE))
     c.run(20)
@@ -102,7 +102,7 @@ def test_a_forged_followerinfo_during_discovery_never_sets_the_epoch_to_the_limi
     assert all(n.disk.accepted_epoch < Z.EPOCH_MAX - 1 for n in c.nodes.values()), \
         [n.disk.accepted_epoch for n in c.nodes.values()]
     settled(c)
-    op = c.put(c.leader(), "k", "v")
+    op = c.create(c.leader(), "k", "v")
     assert c.run_until(lambda: op.status == "acked", SETTLE_MS), c.describe_failure()
 
 
@@ -122,7 +122,7 @@ def test_votes_for_a_non_member_never_leave_the_ensemble_leaderless():
 
 def decided_follower() -> tuple[Peer, list]:
     """Node 2 of {1, 2, 3}, told by 1 (LEADING) and 3 (FOLLOWING) that 1 leads: in discovery."""
-    p = Peer(ZabConfig(my_id=2, voters=frozenset({1, 2, 3})), KVStateMachine())
+    p = Peer(ZabConfig(my_id=2, voters=frozenset({1, 2, 3})), MetastoreStateMachine())
     p.start()
     p.step(Received(1, Notification(1, 0, 0, 1, ServerState.LEADING)))
     out = p.step(Received(3, Notification(1, 0, 0, 1, ServerState.FOLLOWING)))
@@ -140,7 +140,7 @@ def test_a_leaderinfo_at_the_epoch_limit_is_refused_not_persisted():
 
 def test_a_vote_from_an_election_round_at_the_limit_is_ignored():
     """A round number a notification cannot carry once incremented would end the node when sent."""
-    p = Peer(ZabConfig(my_id=1, voters=frozenset({1, 2, 3})), KVStateMachine())
+    p = Peer(ZabConfig(my_id=1, voters=frozenset({1, 2, 3})), MetastoreStateMachine())
     p.start()
     for state in (ServerState.LOOKING, ServerState.FOLLOWING):
         p.step(Received(2, Notification(3, 0, 0, HUGE, state)))

@@ -16,12 +16,11 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim.cluster import SimCluster
+from sim.cluster import SimCluster, create_request
 from replay.invariants import InvariantViolation
 from zab import zxid as Z
 from zab.actions import Action, Delivered, PersistEpoch, RoleChanged, Send
 from zab.codec import encode_frame
-from sim.kv_state_machine import encode_put
 from zab.messages import (Ack, AckEpoch, AckNewLeader, Commit, FollowerInfo, Inform, LeaderInfo, NewLeader,
                           Notification, Ping, Proposal, Refused, Reject, Request, ServerState, Sync, SyncMode,
                           SyncReply, SyncRequest, SyncTxns, UpToDate)
@@ -35,7 +34,8 @@ ABSENT = 3  # down for the whole fuzzing: a member id nobody synchronizes
 
 ints = st.one_of(st.sampled_from(EDGES), st.integers(min_value=-(2**70), max_value=2**70),
                  st.integers(min_value=0, max_value=(1 << 32) + 8))
-blobs = st.one_of(st.binary(max_size=48), st.builds(encode_put, st.sampled_from(("k0", "evil")), st.just("x")))
+blobs = st.one_of(st.binary(max_size=48), st.builds(create_request, st.sampled_from(("k0", "evil")), st.just("x"),
+                                                     origin=st.sampled_from((1, 2, ABSENT))))
 txns = st.builds(Txn, ints, ints, ints, blobs)
 
 MESSAGES = st.one_of(
@@ -111,12 +111,13 @@ def test_forged_messages_from_strangers_and_unsynchronized_peers_never_break_the
             c.partition({step[1]}, set(c.nodes) - {step[1]})
         else:
             c.heal()
-        if i % 3 == 0:
-            c.put(1 + i % 2, f"k{i % 5}", f"v{i}")
+        if i % 3 == 0:  # five creates, then setDatas: writes that change existing znodes too
+            n = i // 3
+            (c.create if n < 5 else c.set_data)(1 + i % 2, f"k{n % 5}", f"v{i}")
     c.heal()
     c.restart(ABSENT)
     assert c.run_until(c.converged, SETTLE_MS), c.describe_failure()
-    done = [c.put(n, "after", str(n)) for n in c.alive()]
+    done = [c.create(n, f"after{n}", str(n)) for n in c.alive()]
     assert c.run_until(lambda: all(o.status == "acked" for o in done), SETTLE_MS), c.describe_failure()
     assert c.run_until(c.converged, SETTLE_MS), c.describe_failure()
     c.check_final()

@@ -1,11 +1,12 @@
 """Random fault schedules over the whole simulated ensemble (sim.cluster.SimCluster).
 
 A scenario is one seed, an ensemble shape, a few configuration knobs and a
-list of steps: client puts through any node, crashes (never more than a
-minority of voters down at once, except "crash_all" which takes every node
-down and restarts every node at once), restarts, partitions (random halves or
-one node isolated), heals and runs of simulated time. The invariant oracles of
-replay.invariants watch the whole run. Afterwards the network heals, every node
+list of steps: client writes (creates and compare-and-set setDatas of five
+znodes) through any node, crashes (never more than a minority of voters down
+at once, except "crash_all" which takes every node down and restarts every
+node at once), restarts, partitions (random halves or one node isolated),
+heals and runs of simulated time. The invariant oracles of replay.invariants
+watch the whole run. Afterwards the network heals, every node
 restarts, and the ensemble must converge (liveness), answer every request,
 keep taking writes, and pass check_final() plus the extra oracles below.
 
@@ -18,7 +19,6 @@ See docs/testing.md.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import time
@@ -29,9 +29,13 @@ import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
+from metastore.errors import TxnConflict
+from metastore.state_machine import MetastoreStateMachine
+from metastore.tree import next_version
+from metastore.txn import SetData
+from metastore.txn_codec import decode_txn
 from replay.invariants import InvariantViolation
-from sim.cluster import SimCluster
-from sim.kv_state_machine import KVStateMachine, encode_put
+from sim.cluster import ANY_VERSION, SimCluster, create_request
 
 SOAK = os.environ.get("QUIRE_SOAK") == "1"
 KEYS = ("k0", "k1", "k2", "k3", "k4")
@@ -75,8 +79,8 @@ class _Chooser:
 
 
 # Step kinds, weighted by repetition. Hypothesis shrinks towards the first.
-_KINDS = (("put",) * 6 + ("run",) * 6 + ("burst",) * 2 + ("crash",) * 2 + ("crash_leader",) * 2 + ("restart",) * 3
-          + ("partition", "isolate", "isolate_leader", "heal", "heal", "crash_all"))
+_KINDS = (("create",) * 2 + ("set",) * 4 + ("run",) * 6 + ("burst",) * 2 + ("crash",) * 2 + ("crash_leader",) * 2
+          + ("restart",) * 3 + ("partition", "isolate", "isolate_leader", "heal", "heal", "crash_all"))
 
 
 def _build_scenario(seed: int, c: _Chooser, max_steps: int) -> Scenario:
@@ -91,9 +95,11 @@ def _build_scenario(seed: int, c: _Chooser, max_steps: int) -> Scenario:
         kind = c.pick(_KINDS)
         alive = [i for i in ids if i not in down]
         voters_down = len([i for i in down if i <= voters])
-        if kind == "put":
-            version = c.pick((None,) * 4 + (0, 1, 2))
-            steps.append(("put", c.pick(alive), c.pick(KEYS), f"v{n}", version))
+        if kind == "create":
+            steps.append(("create", c.pick(alive), c.pick(KEYS), f"v{n}"))
+        elif kind == "set":
+            version = c.pick((ANY_VERSION,) * 4 + (0, 1, 2))
+            steps.append(("set", c.pick(alive), c.pick(KEYS), f"v{n}", version))
         elif kind == "burst":
             steps.append(("burst", c.pick(alive), c.integer(2, 12)))
         elif kind == "crash_leader":
@@ -147,13 +153,20 @@ def scenarios(draw, max_steps: int = 30) -> Scenario:
 # -- running ------------------------------------------------------------------------------
 def _apply(c: SimCluster, step: tuple) -> None:
     kind = step[0]
-    if kind == "put":
+    if kind == "create":
+        _, node, key, value = step
+        c.create(node, key, value)
+    elif kind == "set":
         _, node, key, value, version = step
-        c.put(node, key, value, version)
+        c.set_data(node, key, value, version)
     elif kind == "burst":
         _, node, count = step
-        for k in range(count):
-            c.put(node, KEYS[k % len(KEYS)], f"b{len(c.ops)}")
+        for k in range(count):  # creates first (refused once the znode exists), so the setDatas after them succeed
+            key, value = KEYS[k % len(KEYS)], f"b{len(c.ops)}"
+            if k < len(KEYS):
+                c.create(node, key, value)
+            else:
+                c.set_data(node, key, value)
     elif kind == "crash":
         _crash_within_minority(c, step[1])
     elif kind == "crash_leader":
@@ -269,15 +282,19 @@ def _check_history(c: SimCluster) -> None:
                                      "to its client but committed")
     # The transactions carry the versions the leader predicted; replayed in order
     # from the empty state they must agree with themselves and with every node.
-    replayed = KVStateMachine()
+    replayed = MetastoreStateMachine()
     for t in order:
-        doc = json.loads(t.data)
-        if doc["t"] == "set":
-            expected = (replayed.get(doc["k"]) or (None, 0))[1] + 1
-            if doc["ver"] != expected:
-                raise InvariantViolation(f"txn {t.zxid:#x} sets {doc['k']} to version {doc['ver']}, "
+        body = decode_txn(t.data).body
+        if isinstance(body, SetData):
+            stat = replayed.tree.exists(body.path)
+            expected = None if stat is None else next_version(stat.version)
+            if body.version != expected:
+                raise InvariantViolation(f"txn {t.zxid:#x} sets {body.path} to version {body.version}, "
                                          f"but the committed history before it implies {expected}")
-        replayed.apply(t.zxid, t.data)
+        try:  # a create of a znode that exists, or under a parent at another cversion, does not fit
+            replayed.apply(t.zxid, t.data)
+        except TxnConflict as e:
+            raise InvariantViolation(f"txn {t.zxid:#x} does not fit the committed history before it: {e}") from e
     digests = {c.peer(i).sm.digest() for i in c.alive()}
     if digests != {replayed.digest()}:
         raise InvariantViolation(f"replaying the committed history gives digest {replayed.digest()}, "
@@ -285,7 +302,7 @@ def _check_history(c: SimCluster) -> None:
 
 
 def _check_writes_resume(c: SimCluster) -> None:
-    ops = [c.put(i, f"after-{i}", "x") for i in c.alive()]
+    ops = [c.create(i, f"after-{i}", "x") for i in c.alive()]
     assert c.run_until(lambda: all(op.status == "acked" for op in ops), 30_000), (
         f"liveness: writes after recovery not acknowledged: {[(op.node, op.status) for op in ops]}")
     assert c.run_until(c.converged, 30_000)
@@ -354,16 +371,16 @@ def test_sim_tracks_delivered_prefix_across_snap_sync() -> None:
     zxid it had delivered before; the oracle must see it that way."""
     c = SimCluster(3, seed=5, sync_window_txns=2, snapshot_every_txns=1_000)
     assert c.run_until(c.converged, 10_000)
-    c.put(1, "a", "1")
+    c.create(1, "a", "1")
     assert c.run_until(lambda: c.peer(3).last_committed > 0, 5_000)
     victim = 3 if c.leader() != 3 else 2
     c.crash(victim)
-    ops = [c.put(c.leader(), f"k{i}", "v") for i in range(10)]
+    ops = [c.create(c.leader(), f"k{i}", "v") for i in range(10)]
     assert c.run_until(lambda: all(op.status == "acked" for op in ops), 10_000)
     c.restart(victim)
     assert c.run_until(c.converged, 10_000)
-    c.put(c.leader(), "after", "snap")  # the first delivery after the SNAP trips the oracle
-    assert c.run_until(lambda: c.peer(victim).sm.get("after") is not None, 10_000)
+    c.create(c.leader(), "after", "snap")  # the first delivery after the SNAP trips the oracle
+    assert c.run_until(lambda: c.read(victim, "after") is not None, 10_000)
     assert c.run_until(c.converged, 10_000)
     c.check_final()
 
@@ -374,8 +391,8 @@ def test_sim_tracks_delivered_prefix_across_snap_sync() -> None:
 STALLED_PROPOSALS = Scenario(
     seed=200819, voters=3, observers=0, crash_keeps_unsynced=True, options=(),
     steps=(("crash_all",), ("restart_all",), ("crash_all",), ("restart_all",), ("crash_all",), ("restart_all",),
-           ("run", 700), ("run", 300), ("burst", 2, 11), ("crash", 1), ("put", 3, "k3", "v47", 0),
-           ("put", 2, "k1", "v49", None), ("restart", 1), ("run", 5), ("isolate", 2)))
+           ("run", 700), ("run", 300), ("burst", 2, 11), ("crash", 1), ("create", 3, "k3", "v47"),
+           ("set", 2, "k1", "v49", ANY_VERSION), ("restart", 1), ("run", 5), ("isolate", 2)))
 
 def test_regression_stalled_proposals_after_resync() -> None:
     """Story (seed 200819): node 3 leads, node 2 follows, node 1 is down. Node 3 proposes
@@ -396,7 +413,7 @@ def test_leader_commits_outstanding_proposals_acked_through_newleader() -> None:
                               ServerState, SyncTxns, UpToDate)
     from zab.peer import Peer
 
-    leader = Peer(ZabConfig(my_id=1, voters=frozenset({1, 2, 3})), KVStateMachine())
+    leader = Peer(ZabConfig(my_id=1, voters=frozenset({1, 2, 3})), MetastoreStateMachine())
     leader.start()
     clock = leader.election.logical_clock
     for frm in (2, 3):  # both vote for node 1
@@ -420,7 +437,7 @@ def test_leader_commits_outstanding_proposals_acked_through_newleader() -> None:
     assert any(isinstance(a, Send) and isinstance(a.msg, UpToDate) for a in out)
 
     # A write is proposed and logged by the leader; node 2's link breaks before its ACK.
-    run_then(leader.step(ClientRequest(7, 1, encode_put("k", "v"))))
+    run_then(leader.step(ClientRequest(7, 1, create_request("k", "v", origin=1))))
     z = leader.last_zxid
     leader.step(PeerDisconnected(2))
 

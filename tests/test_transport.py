@@ -22,12 +22,13 @@ import pytest
 import trio
 
 from clusterd.localcluster import free_ports
+from metastore.state_machine import MetastoreStateMachine
+from sim.cluster import create_request, error_of, read_key, set_data_request
 from zab import transport
 from zab.codec import encode_frame, encode_hello, frame
 from zab.config import ZabConfig
 from zab.driver import PeerDriver
 from zab.errors import NoLeader, OutcomeUnknown
-from sim.kv_state_machine import KVStateMachine, decode_result, encode_put
 from zab.messages import Commit, Ping
 
 CLUSTER = "quire-test"
@@ -55,7 +56,7 @@ class Ensemble:
                          election_resend_ticks=5)
 
     async def start(self, i: int) -> PeerDriver:
-        driver = PeerDriver(self.config(i), self.addresses, self.base / f"node{i}", KVStateMachine(),
+        driver = PeerDriver(self.config(i), self.addresses, self.base / f"node{i}", MetastoreStateMachine(),
                             max_frame_bytes=MAX_FRAME_BYTES, send_queue_max=10_000, snapshots_retained=3,
                             cluster_name=CLUSTER)
         self.drivers[i] = driver
@@ -111,18 +112,23 @@ class Ensemble:
         return leader
 
     # -- writing --------------------------------------------------------------------
-    async def put(self, via: int, key: str, value: str) -> dict:
-        """A write through node `via`, retried while there is no leader; returns the result."""
+    async def put(self, via: int, key: str, value: str) -> object:
+        """Set the znode of `key` to `value` through node `via`, as a ZooKeeper client would:
+        create it, or set its data if it exists; retried while there is no leader. Returns
+        the metastore's result of the write that succeeded."""
+        session = via << 48 | 1
         with trio.fail_after(WRITE_TIMEOUT_S):
             while True:
-                cxid = next(self._cxid)
                 try:
-                    result = decode_result(await self.drivers[via].submit(via << 48 | 1, cxid,
-                                                                         encode_put(key, value)))
+                    result = await self.drivers[via].submit(session, next(self._cxid),
+                                                            create_request(key, value, origin=via))
+                    if error_of(result) == "NodeExists":
+                        result = await self.drivers[via].submit(session, next(self._cxid),
+                                                                set_data_request(key, value, origin=via))
                 except (NoLeader, OutcomeUnknown):
                     await trio.sleep(0.05)
                     continue
-                assert result["ok"], result
+                assert error_of(result) is None, result
                 return result
 
     def converged(self, ids) -> bool:
@@ -337,7 +343,7 @@ def test_stopped_node_restarts_from_its_data_dir_and_catches_up(tmp_path: Path, 
         await ens.wait_until(f"node {victim} caught up", lambda: ens.converged(IDS), WRITE_TIMEOUT_S)
         target = ens.drivers[rest[0]].status()["last_committed_zxid"]
         assert ens.drivers[victim].status()["last_committed_zxid"] == target
-        assert ens.drivers[victim].state_machine.get("k1") == ens.drivers[rest[0]].state_machine.get("k1")
+        assert read_key(ens.drivers[victim].state_machine, "k1") == read_key(ens.drivers[rest[0]].state_machine, "k1")
         await ens.put(victim, "after-restart", "ok")  # and it takes writes again
         await ens.wait_until("all three converged", lambda: ens.converged(IDS), WRITE_TIMEOUT_S)
 
@@ -370,12 +376,11 @@ def test_acknowledged_writes_survive_a_leader_stopped_mid_stream_and_a_full_rest
                 attempted.add(key)
                 try:
                     with trio.fail_after(WRITE_TIMEOUT_S):
-                        result = decode_result(await driver.submit(i << 48 | 2, next(ens._cxid),
-                                                                   encode_put(key, key)))
+                        result = await driver.submit(i << 48 | 2, next(ens._cxid), create_request(key, key, origin=i))
                 except (NoLeader, OutcomeUnknown):
                     await trio.sleep(0.02)
                     continue
-                assert result["ok"], result
+                assert error_of(result) is None, result
                 acked[key] = key
 
         async with trio.open_nursery() as writers:
@@ -404,10 +409,10 @@ def test_acknowledged_writes_survive_a_leader_stopped_mid_stream_and_a_full_rest
         await ens.wait_until("all three converged after the full restart", lambda: ens.converged(IDS),
                              WRITE_TIMEOUT_S)
         for i, d in ens.drivers.items():
-            items = d.state_machine.items
-            lost = [k for k in acked if items.get(k, (None,))[0] != k]
+            lost = [k for k in acked if read_key(d.state_machine, k) != (k, 0)]
             assert not lost, f"node {i} lost acknowledged writes {lost[:10]} ({len(lost)} of {len(acked)})"
-            invented = [k for k in items if k.startswith("w") and k not in attempted]
+            invented = [k for k in d.state_machine.tree.children("/")
+                        if k.startswith("w") and k not in attempted]
             assert not invented, f"node {i} has writes nobody made: {invented}"
 
     run_ensemble(tmp_path, story)
@@ -420,7 +425,7 @@ def test_submit_after_the_driver_stopped_fails_instead_of_hanging(tmp_path: Path
         await ens.stop(1)
         with trio.move_on_after(2) as waited:
             with pytest.raises(NoLeader):
-                await stopped.submit(1 << 48 | 3, 1, encode_put("k", "v"))
+                await stopped.submit(1 << 48 | 3, 1, create_request("k", "v", origin=1))
         assert not waited.cancelled_caught, "submit() on a stopped driver still waiting after 2 s"
 
     run_ensemble(tmp_path, story)

@@ -7,11 +7,12 @@ PROPOSAL and COMMIT interleaved before UPTODATE; gaps refused.
 
 from __future__ import annotations
 
+from metastore.state_machine import MetastoreStateMachine
+from sim.cluster import create_request
 from zab import zxid as Z
 from zab.actions import (Delivered, Disconnect, InstallSnapshot, LogAppend, LogSync, LogTruncate, Phase,
                          PersistEpoch, Received, Role, Send, Tick)
 from zab.config import ZabConfig
-from sim.kv_state_machine import KVStateMachine, encode_put
 from zab.messages import (Ack, AckEpoch, AckNewLeader, Commit, FollowerInfo, LeaderInfo, NewLeader, Notification, Proposal,
                           ServerState, Sync, SyncMode, SyncTxns, UpToDate)
 from zab.peer import DiskState, Peer
@@ -21,12 +22,18 @@ LEADER = 3
 
 
 def txn(epoch: int, counter: int, key: str = "k") -> Txn:
-    return Txn(Z.make(epoch, counter), 0, 0, KVStateMachine().prepare(Z.make(epoch, counter), 0, encode_put(f"{key}{counter}", "v")))
+    """The leader's transaction `counter` of `epoch`: the create of /{key}{counter}. A create
+    names its parent's resulting child count, so the leader prepares the creates of
+    counters 1..counter-1 first: the transactions of one epoch apply one after the other."""
+    leader = MetastoreStateMachine()
+    for n in range(1, counter + 1):
+        data = leader.prepare(Z.make(epoch, n), 0, create_request(f"{key}{n}", "v", origin=LEADER))
+    return Txn(Z.make(epoch, counter), 0, 0, data)
 
 
 def following(disk: DiskState = DiskState()) -> Peer:
     """Node 1 of {1,2,3}, told by a quorum that node 3 leads: it is in DISCOVERY."""
-    p = Peer(ZabConfig(my_id=1, voters=frozenset({1, 2, 3})), KVStateMachine(), disk)
+    p = Peer(ZabConfig(my_id=1, voters=frozenset({1, 2, 3})), MetastoreStateMachine(), disk)
     p.start()
     clock = p.election.logical_clock
     for frm in (2, 3):
@@ -131,7 +138,7 @@ def test_trunc_below_what_we_delivered_is_refused():
 def test_snap_installs_the_state_before_anything_after_it():
     p = following()
     to_sync(p)
-    leader_sm = KVStateMachine()
+    leader_sm = MetastoreStateMachine()
     t1 = txn(1, 1)
     leader_sm.apply(t1.zxid, t1.data)
     state = leader_sm.freeze().to_bytes()

@@ -54,7 +54,7 @@ def test_a_follower_behind_the_byte_window_is_synchronized_by_snapshot():
     leader = c.leader()
     lagging = next(n for n in c.nodes if n != leader)
     c.crash(lagging)
-    ops = [c.put(leader, f"k{i}", "v" * 10_000) for i in range(60)]
+    ops = [c.create(leader, f"k{i}", "v" * 10_000) for i in range(60)]
     assert c.run_until(lambda: all(o.status == "acked" for o in ops), 10_000), c.describe_failure()
     assert c.peer(leader).history.bytes <= 200_000 * 9 // 8
     c.restart(lagging)

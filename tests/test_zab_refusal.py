@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from sim.cluster import SimCluster
 from zab import zxid as Z
-from sim.kv_state_machine import encode_put
 
 SETTLE_MS = 10_000
 
@@ -27,18 +26,18 @@ def test_the_loser_of_a_compare_and_set_race_is_refused_after_the_winner_commits
     c = settled(SimCluster(3, seed=5))
     leader = c.leader()
     f1, f2 = [n for n in c.nodes if n != leader]
-    first = c.put(f1, "k", "a", version=0)
+    first = c.create(f1, "k", "a")
     done(c, first)
-    a, b = c.put(f1, "k", "b", version=1), c.put(f2, "k", "c", version=1)
+    a, b = c.set_data(f1, "k", "b", version=0), c.set_data(f2, "k", "c", version=0)
     done(c, a, b)
     winner, loser = (a, b) if a.status == "acked" else (b, a)
     assert (winner.status, loser.status) == ("acked", "refused"), c.describe_failure()
-    assert loser.result["error"] == "BadVersion"
+    assert loser.error == "BadVersion"
     # Ordered after the winner: its node had delivered the winner when it answered (checked
-    # by the simulation), so a read there after the refusal sees version 2.
-    assert loser.result["zxid"] >= winner.zxid
-    assert c.peer(loser.node).sm.get("k") == (winner.value, 2)
-    after = c.put(leader, "k", "d", version=2)
+    # by the simulation), so a read there after the refusal sees the winner's version 1.
+    assert loser.result.zxid >= winner.zxid
+    assert c.read(loser.node, "k") == (winner.value, 1)
+    after = c.set_data(leader, "k", "d", version=1)
     done(c, after)
     assert Z.counter_of(after.zxid) == Z.counter_of(winner.zxid) + 1, "a refusal spent a zxid"
     settled(c).check_final()
@@ -47,11 +46,11 @@ def test_the_loser_of_a_compare_and_set_race_is_refused_after_the_winner_commits
 def test_a_refusal_on_the_leader_waits_for_the_proposal_before_it():
     c = settled(SimCluster(3, seed=7))
     leader = c.leader()
-    create = c.put(leader, "k", "a", version=0)
-    again = c.put(leader, "k", "b", version=0)  # refused against the future state: create is not committed yet
+    create = c.create(leader, "k", "a")
+    again = c.create(leader, "k", "b")  # refused against the future state: create is not committed yet
     assert c.run_until(lambda: again.status != "pending", SETTLE_MS), c.describe_failure()
     assert create.status == "acked", "the refusal was answered before the write prepared before it"
-    assert again.status == "refused" and again.result["zxid"] == create.zxid
+    assert again.status == "refused" and again.error == "NodeExists" and again.result.zxid == create.zxid
     settled(c).check_final()
 
 
@@ -59,14 +58,15 @@ def test_refusals_queued_behind_a_slow_commit_keep_their_order():
     c = settled(SimCluster(3, seed=13))
     leader = c.leader()
     f1 = next(n for n in c.nodes if n != leader)
-    ops = [c.put(f1, "k", "v0", version=0)]
-    ops += [c.put(f1, "k", f"x{i}", version=0) for i in range(5)]  # all refused: the create is prepared first
-    ops.append(c.put(f1, "k", "v1", version=1))
-    ops += [c.put(f1, "k", f"y{i}", version=1) for i in range(5)]
+    ops = [c.create(f1, "k", "v0")]
+    ops += [c.create(f1, "k", f"x{i}") for i in range(5)]  # all refused: the create is prepared first
+    ops.append(c.set_data(f1, "k", "v1", version=0))
+    ops += [c.set_data(f1, "k", f"y{i}", version=0) for i in range(5)]
     done(c, *ops)
     assert [o.status for o in ops] == ["acked"] + ["refused"] * 5 + ["acked"] + ["refused"] * 5, c.describe_failure()
-    assert [o.result["zxid"] for o in ops[1:6]] == [ops[0].zxid] * 5
-    assert [o.result["zxid"] for o in ops[7:]] == [ops[6].zxid] * 5
+    assert [o.error for o in ops] == [None] + ["NodeExists"] * 5 + [None] + ["BadVersion"] * 5
+    assert [o.result.zxid for o in ops[1:6]] == [ops[0].zxid] * 5
+    assert [o.result.zxid for o in ops[7:]] == [ops[6].zxid] * 5
     assert Z.counter_of(ops[6].zxid) == Z.counter_of(ops[0].zxid) + 1
 
 
@@ -75,10 +75,10 @@ def test_a_malformed_request_is_refused_without_a_transaction():
     leader = c.leader()
     follower = next(n for n in c.nodes if n != leader)
     before = c.peer(leader).last_zxid
-    bad = c.submit(follower, b"not json")
+    bad = c.submit(follower, b"not an envelope")
     done(c, bad)
-    assert bad.status == "refused" and bad.result["error"] == "BadRequest"
+    assert bad.status == "refused" and bad.error == "MarshallingError"
     assert c.peer(leader).last_zxid == before
-    good = c.submit(follower, encode_put("k", "v"))
+    good = c.create(follower, "k", "v")
     done(c, good)
     assert good.status == "acked"

@@ -6,11 +6,11 @@ the tail of the trace (SimCluster.describe_failure) so the run replays exactly.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from sim.cluster import SimCluster
+from metastore.txn import Create, SetData
+from metastore.txn_codec import decode_txn
+from sim.cluster import SimCluster, path_of
 from zab import zxid as Z
 from zab.actions import Phase, Role
 
@@ -24,7 +24,7 @@ def settled(c: SimCluster) -> SimCluster:
 
 def write_all(c: SimCluster, n: int, prefix: str = "k", via=None) -> list:
     nodes = via or c.alive()
-    ops = [c.put(nodes[i % len(nodes)], f"{prefix}{i}", str(i)) for i in range(n)]
+    ops = [c.create(nodes[i % len(nodes)], f"{prefix}{i}", str(i)) for i in range(n)]
     c.run_until(lambda: all(o.status != "pending" for o in ops), SETTLE_MS)
     return ops
 
@@ -39,8 +39,10 @@ def finish(c: SimCluster) -> None:
     c.check_final()
 
 
-def values_delivered(c: SimCluster) -> list[bytes]:
-    return [c.deliveries.data[z].data for z in c.deliveries.order]
+def writes_delivered(c: SimCluster) -> list[tuple[str, str]]:
+    """(path, data) of every create and setData some node delivered, in zxid order."""
+    bodies = [decode_txn(c.deliveries.data[z].data).body for z in c.deliveries.order]
+    return [(b.path, b.data.decode()) for b in bodies if isinstance(b, (Create, SetData))]
 
 
 @pytest.mark.parametrize("voters", [1, 3, 5, 7])
@@ -75,25 +77,25 @@ def test_paper_causal_order_w1_w2_w3():
     version 1) must win, and w2 must never be delivered anywhere."""
     c = settled(SimCluster(3, seed=3))
     l1 = c.leader()
-    w1 = c.put(l1, "/a", "1")
+    w1 = c.create(l1, "/a", "1")
     c.run_until(lambda: w1.status == "acked", SETTLE_MS)
-    assert w1.result == {"ok": True, "version": 1, "zxid": w1.zxid}
+    assert (w1.error, w1.version, w1.result.zxid) == (None, 0, w1.zxid)
     others = {i for i in c.nodes if i != l1}
     c.partition({l1}, others)
-    w2 = c.put(l1, "/a", "2")
+    w2 = c.set_data(l1, "/a", "2")
     c.run(5)
     assert c.peer(l1).last_zxid > w1.zxid, "L1 must have logged w2 locally"
     c.crash(l1)
     settled(c)
     via = sorted(others)[0]
-    w3 = c.put(via, "/a", "3", version=1)
+    w3 = c.set_data(via, "/a", "3", version=0)  # the version w1 created
     c.run_until(lambda: w3.status != "pending", SETTLE_MS)
-    assert w3.status == "acked" and w3.result["version"] == 2, (w3, c.describe_failure())
+    assert w3.status == "acked" and w3.version == 1, (w3, c.describe_failure())
     finish(c)
     assert w2.status != "acked"
-    assert not any(b'"v":"2"' in d for d in values_delivered(c)), "w2 was delivered: causal order broken"
+    assert ("/a", "2") not in writes_delivered(c), "w2 was delivered: causal order broken"
     for i in c.nodes:
-        assert c.peer(i).sm.get("/a") == ("3", 2)
+        assert c.read(i, "/a") == ("3", 1)
 
 
 def test_most_up_to_date_node_absent_from_election_is_truncated():
@@ -105,7 +107,7 @@ def test_most_up_to_date_node_absent_from_election_is_truncated():
     others = {i for i in c.nodes if i != l1}
     c.partition({l1}, others)
     for i in range(5):
-        c.put(l1, f"orphan{i}", "x")
+        c.create(l1, f"orphan{i}", "x")
     c.run(5)
     orphan_last = c.peer(l1).last_zxid
     c.crash(l1)
@@ -117,7 +119,7 @@ def test_most_up_to_date_node_absent_from_election_is_truncated():
     settled(c)
     c.check_final()
     assert c.nodes[l1].disk.log and all(b"orphan" not in t.data for t in c.nodes[l1].disk.log)
-    assert c.peer(l1).sm.get("orphan0") is None
+    assert c.read(l1, "orphan0") is None
 
 
 @pytest.mark.parametrize("restart_old_leader_first", [False, True])
@@ -129,7 +131,7 @@ def test_txn_logged_only_on_old_leader_is_truncated(restart_old_leader_first):
     l1 = c.leader()
     others = {i for i in c.nodes if i != l1}
     c.partition({l1}, others)
-    t1 = c.put(l1, "t1", "only-on-old-leader")
+    t1 = c.create(l1, "t1", "only-on-old-leader")
     c.run(5)
     assert any(t.data and b"only-on-old-leader" in t.data for t in c.peer(l1).history.after(0))
     # The isolated leader notices it lost its quorum and steps down within sync_limit.
@@ -153,10 +155,10 @@ def test_follower_that_syncs_during_broadcast_gets_every_proposal():
     c = SimCluster(3, seed=13)
     c.crash(1)
     settled(c)
-    ops = [c.put(2 + i % 2, f"k{i}", str(i)) for i in range(200)]
+    ops = [c.create(2 + i % 2, f"k{i}", str(i)) for i in range(200)]
     c.run(20)
     c.restart(1)
-    more = [c.put(2 + i % 2, f"m{i}", str(i)) for i in range(200)]
+    more = [c.create(2 + i % 2, f"m{i}", str(i)) for i in range(200)]
     c.run_until(lambda: all(o.status != "pending" for o in ops + more), SETTLE_MS)
     finish(c)
     assert c.peer(1).last_committed == c.peer(2).last_committed
@@ -197,7 +199,7 @@ def test_follower_crashes_mid_proposal_and_resyncs():
     what it did not apply, and the trees match afterwards."""
     c = settled(SimCluster(3, seed=23))
     follower = min(i for i in c.nodes if i != c.leader())
-    ops = [c.put(c.leader(), f"k{i}", str(i)) for i in range(100)]
+    ops = [c.create(c.leader(), f"k{i}", str(i)) for i in range(100)]
     c.run(7)
     c.crash(follower)
     c.restart(follower)
@@ -222,7 +224,7 @@ def test_no_quorum_no_commit():
     for i in c.nodes:
         if i != leader:
             c.crash(i)
-    op = c.put(leader, "lonely", "x")
+    op = c.create(leader, "lonely", "x")
     c.run(3000)
     assert op.status != "acked", "a lone node committed without a quorum"
     finish(c)
@@ -239,7 +241,7 @@ def test_observer_receives_commits_but_never_votes():
     for i in (1, 2, 3):
         if i != leader:
             c.crash(i)
-    op = c.put(observer, "no-quorum", "x")
+    op = c.create(observer, "no-quorum", "x")
     c.run(3000)
     assert op.status != "acked", "an observer's ack must not count toward a quorum"
     finish(c)
@@ -250,10 +252,10 @@ def test_zxid_counter_rollover_forces_a_new_epoch():
     leader = c.leader()
     epoch = c.peer(leader).current_epoch
     write_all(c, 4, via=[leader])
-    last = c.put(leader, "last-of-epoch", "x")
+    last = c.create(leader, "last-of-epoch", "x")
     c.run_until(lambda: last.status != "pending", SETTLE_MS)
     assert last.status == "acked" and Z.counter_of(last.zxid) == 5
-    rolled = c.put(leader, "rolled", "y")
+    rolled = c.create(leader, "rolled", "y")
     c.run(1)
     assert rolled.status == "failed"
     settled(c)
@@ -287,14 +289,14 @@ def test_slow_fsync_on_a_follower_does_not_cost_the_quorum():
 
 def test_all_nodes_crash_at_once_and_come_back():
     c = settled(SimCluster(3, seed=53))
-    ops = [c.put(1 + i % 3, f"k{i}", str(i)) for i in range(100)]
+    ops = [c.create(1 + i % 3, f"k{i}", str(i)) for i in range(100)]
     # Crash in the middle of the stream: some writes acknowledged, most still in flight.
     assert c.run_until(lambda: sum(o.status == "acked" for o in ops) >= 10, SETTLE_MS), c.describe_failure()
     for i in c.nodes:
         c.crash(i)
     finish(c)  # every acknowledged one is still there
-    in_history = {(t["k"], t["v"]) for t in map(json.loads, values_delivered(c))}
-    assert all((o.key, o.value) in in_history for o in ops if o.status == "acked")
+    in_history = set(writes_delivered(c))
+    assert all((path_of(o.key), o.value) in in_history for o in ops if o.status == "acked")
 
 
 def test_phase_is_broadcast_everywhere_after_election():
@@ -326,13 +328,13 @@ def test_sync_on_a_follower_returns_after_every_earlier_commit_is_delivered_ther
     c = settled(SimCluster(3, seed=61))
     leader = c.leader()
     follower = min(i for i in c.nodes if i != leader)
-    op = c.put(leader, "fresh", "value")
+    op = c.create(leader, "fresh", "value")
     c.run_until(lambda: op.status == "acked", SETTLE_MS)
     c.inject(follower, ClientSync(77, 1))
     assert c.run_until(lambda: any(n == follower for n, _ in c.synced), SETTLE_MS)
     [(_, synced)] = [(n, s) for n, s in c.synced if n == follower]
     assert synced.zxid >= op.zxid
-    assert c.peer(follower).sm.get("fresh") == ("value", 1)
+    assert c.read(follower, "fresh") == ("value", 0)
 
 
 def test_session_touches_on_any_node_reach_the_leader():
