@@ -22,7 +22,7 @@ from pathlib import Path
 from replay.spark_replay import ReplayTask, plan_replays, run_task
 from replay.spark_source import parse_dirs
 from replay.verify_decode import walk_segment
-from zab.recovery import SNAPSHOT_DIR, TXNLOG_DIR
+from zab.storage.recovery import SNAPSHOT_DIR, TXNLOG_DIR
 
 DEFAULT_TASKS = 8
 

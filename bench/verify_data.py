@@ -14,15 +14,15 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from metastore.acl import OPEN_ACL_UNSAFE
-from metastore.state_machine import MetastoreStateMachine
-from metastore.txn import Create, SetData, Transaction
-from metastore.txn_codec import encode_txn
-from zab import zxid as Z
-from zab.recovery import SNAPSHOT_DIR, TXNLOG_DIR
-from zab.snapshot import SnapshotStore
-from zab.txn import Txn
-from zab.txnlog import TxnLog
+from metastore.core.acl import OPEN_ACL_UNSAFE
+from metastore.core.state_machine import MetastoreStateMachine
+from metastore.core.txn import Create, SetData, Transaction
+from metastore.wire.txn_codec import encode_txn
+from zab.core import zxid as Z
+from zab.storage.recovery import SNAPSHOT_DIR, TXNLOG_DIR
+from zab.storage.snapshot import SnapshotStore
+from zab.core.txn import Txn
+from zab.storage.txnlog import TxnLog
 
 ZNODES = 1000
 BATCH = 10000

@@ -20,7 +20,7 @@ from replay.spark_replay import plan_replays, run_task
 from replay.spark_source import parse_dirs
 from replay.verify_decode import ORDER_NAMES, ORDER_OK, ORDER_UNKNOWN, decode_chunk, walk_segment
 from replay.verify_replay import check_snapshot
-from zab.recovery import SNAPSHOT_DIR, TXNLOG_DIR
+from zab.storage.recovery import SNAPSHOT_DIR, TXNLOG_DIR
 
 
 def scan(dirs: list[str]) -> dict:

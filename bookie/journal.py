@@ -1,6 +1,6 @@
 """The bookie journal: the write-ahead log of adds, fences, explicit LACs and deletions (edge).
 
-Synchronous, like zab/txnlog.py: BookieStorage calls it from one worker
+Synchronous, like zab/storage/txnlog.py: BookieStorage calls it from one worker
 thread at a time. Segments `journal.<seq as 16 hex>` in one directory, seqs
 consecutive; records in the bookie.storage_codec format. A batch of records is
 written with one write() and made durable with one fdatasync (group commit).

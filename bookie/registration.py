@@ -25,10 +25,10 @@ import trio
 
 from bookie.errors import CookieMismatch
 from clusterd.service_loop import ServiceLoop  # the loop every background service of a node runs under
-from metastore import jute_records as J
+from metastore.wire import jute_records as J
 from metastore.client import MetaClient, State
 from metastore.client.ops import ANYONE, Create, Delete, MultiFailed
-from metastore.jute_defs import Perms
+from metastore.wire.jute_defs import Perms
 from metastore.errors import BadVersion, NodeExists, NoNode
 
 log = logging.getLogger("quire.bookie.registration")

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ledger.replication import ReplicationTask
-from metastore import jute_records as J
+from metastore.wire import jute_records as J
 from metastore.client import MetaClient
 from metastore.errors import BadVersion, NodeExists, NoNode
 from metastore.client.recipes import Lock

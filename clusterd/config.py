@@ -30,15 +30,15 @@ from pathlib import Path
 from typing import Any
 
 from clusterd.tls_config import TlsConfig, TlsConfigError, parse_tls
-from metastore.acl import parse_super_digest
-from metastore.sasl_edge import ENFORCEABLE_SCHEMES, SaslConfigError, read_users_file
-from zab.config import ZabConfig, ZabConfigError
+from metastore.core.acl import parse_super_digest
+from metastore.edge.sasl_edge import ENFORCEABLE_SCHEMES, SaslConfigError, read_users_file
+from zab.core.config import ZabConfig, ZabConfigError
 
 VOTER = "voter"
 OBSERVER = "observer"
 BOOKIE = "bookie"
 ROLES = (VOTER, OBSERVER, BOOKIE)
-MAX_NODE_ID = 255  # ids are packed into session ids (metastore/service.py) and request ids (zab/driver.py)
+MAX_NODE_ID = 255  # ids are packed into session ids (metastore/edge/service.py) and request ids (zab/edge/driver.py)
 PORT_KEYS = ("peer_port", "client_port", "admin_port")
 BOOKIE_PORT = "bookie_port"  # required on, and only on, nodes with the bookie role
 BOOKIE_JOURNAL_DIR = "bookie_journal_dir"  # optional, only on nodes with the bookie role
@@ -113,17 +113,17 @@ class ClusterConfig:
     snapshots_retained: int = 3
     max_frame_bytes: int = 64 << 20
     send_queue_max: int = 10_000
-    send_queue_max_bytes: int = 128 << 20  # bytes queued per peer link (zab/transport.py)
-    log_queue_max_bytes: int = 64 << 20  # log writes queued for the disk before new work waits (zab/log_writer.py)
+    send_queue_max_bytes: int = 128 << 20  # bytes queued per peer link (zab/edge/transport.py)
+    log_queue_max_bytes: int = 64 << 20  # log writes queued for the disk before new work waits (zab/edge/log_writer.py)
     # What the client port speaks: only "zookeeper" (the metastore: ZooKeeper's client protocol,
     # kazoo, zkCli). The key stays so that a config naming the retired "kv" demo protocol is told so.
     client_protocol: str = "zookeeper"
     min_session_timeout_ms: int = 2_000
     max_session_timeout_ms: int = 60_000
     # Optional: mixed into the session-password key, which derives from the cluster secret the
-    # first leader draws and commits through Zab (metastore/cluster_secret.py). No shipped default.
+    # first leader draws and commits through Zab (metastore/core/cluster_secret.py). No shipped default.
     session_secret: str = ""
-    # The client port's limits (metastore/edge_guard.py ClientLimits), ZooKeeper's names in docs/operations.md.
+    # The client port's limits (metastore/edge/edge_guard.py ClientLimits), ZooKeeper's names in docs/operations.md.
     jute_max_buffer_bytes: int = 0xFFFFF  # jute.maxbuffer: the largest buffer in a request or reply
     client_outgoing_max_bytes: int = 32 << 20  # replies queued for a client that does not read; more: cut off
     max_client_connections: int = 60  # maxClientCnxns: connections from one client address
@@ -132,10 +132,10 @@ class ClusterConfig:
     global_outstanding_limit: int = 1000  # globalOutstandingLimit: requests in flight before reading pauses
     global_outstanding_bytes: int = 64 << 20  # the same in request bytes
     # ZooKeeper's DigestAuthenticationProvider.superDigest: "user:base64(sha1(user:password))"
-    # (metastore.acl.generate_digest); addAuth("digest", "user:password") then passes every ACL.
+    # (metastore.core.acl.generate_digest); addAuth("digest", "user:password") then passes every ACL.
     super_digest: str = ""
     # SASL DIGEST-MD5 on the client port: ZooKeeper's JAAS file, whose Server section's
-    # DigestLoginModule user_<name>="<password>" options are the users (metastore/sasl_users.py).
+    # DigestLoginModule user_<name>="<password>" options are the users (metastore/core/sasl_users.py).
     # Relative: against this file's folder. Empty: SASL is off.
     sasl_users_file: str = ""
     # ZooKeeper's enforce.auth.enabled + enforce.auth.schemes: with schemes (comma-separated, from

@@ -42,12 +42,12 @@ from bookie.registration import ROOT as BOOKIES
 from clusterd.autorecovery import DECOMMISSIONED, ELECTION, LOCKS, TASKS
 from clusterd.autorecovery import ROOT as AUTORECOVERY
 from ledger.manager import DEFAULT_IDGEN, DEFAULT_KEYS, DEFAULT_ROOT, QUIRE_ROOT
-from metastore import jute_records as J
-from metastore.acl import generate_digest
+from metastore.wire import jute_records as J
+from metastore.core.acl import generate_digest
 from metastore.client import MetaClient
 from metastore.client.ops import ANYONE
 from metastore.errors import NodeExists, NoNode
-from metastore.jute_defs import Perms
+from metastore.wire.jute_defs import Perms
 from edge.files import FILE_MODE
 
 log = logging.getLogger("clusterd.daemon_identity")

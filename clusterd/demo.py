@@ -37,7 +37,7 @@ from clusterd.config import ClusterConfig, NodeConfig
 from clusterd.demo_writers import COUNTER, COUNTER_LOG, MEMBERS, ROOT, SEQUENTIAL, DemoClients, GaveUp, Record
 from clusterd.localcluster import ClusterError
 from metastore.errors import MetastoreError
-from zab.zxid import fmt
+from zab.core.zxid import fmt
 
 START_TIMEOUT_S = 30.0
 CONVERGE_TIMEOUT_S = 60.0

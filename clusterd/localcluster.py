@@ -25,7 +25,7 @@ from clusterd import tls_node
 from clusterd.admin import AdminUnavailable, fetch_status
 from clusterd.config import ClusterConfig, NodeConfig
 from edge.files import FILE_MODE, ensure_directory
-from zab.zxid import fmt
+from zab.core.zxid import fmt
 
 PID_FILE = "clusterd.pid"
 LOG_FILE = "clusterd.log"

@@ -26,11 +26,11 @@ from clusterd.admin import AdminServer
 from clusterd.bookie_node import BookieNode, BookieStartupError
 from clusterd.config import ClusterConfig, ConfigError, NodeConfig, load
 from clusterd.tls_context import TlsSetupError
-from metastore.edge_guard import ClientLimits
-from metastore.sasl_edge import SaslConfigError, SaslSettings, load_settings
-from metastore.service import MetastoreConfig, MetastoreService
-from metastore.state_machine import MetastoreStateMachine
-from zab.driver import PeerDriver
+from metastore.edge.edge_guard import ClientLimits
+from metastore.edge.sasl_edge import SaslConfigError, SaslSettings, load_settings
+from metastore.edge.service import MetastoreConfig, MetastoreService
+from metastore.core.state_machine import MetastoreStateMachine
+from zab.edge.driver import PeerDriver
 
 log = logging.getLogger("clusterd")
 
@@ -166,7 +166,7 @@ def sasl_settings(config: ClusterConfig) -> SaslSettings:
 
 
 def client_limits(config: ClusterConfig) -> ClientLimits:
-    """The client port's limits (metastore.edge_guard) from cluster.toml."""
+    """The client port's limits (metastore.edge.edge_guard) from cluster.toml."""
     return ClientLimits(
         jute_max_buffer_bytes=config.jute_max_buffer_bytes, outgoing_max_bytes=config.client_outgoing_max_bytes,
         max_client_connections=config.max_client_connections, max_connections=config.max_client_connections_total,

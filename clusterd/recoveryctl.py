@@ -28,7 +28,7 @@ from clusterd.autorecovery import (DECOMMISSIONED, ELECTION, TASKS, decommission
 from clusterd.config import ClusterConfig
 from ledger.errors import NoSuchLedger
 from ledger.manager import LedgerManager
-from metastore import jute_records as J
+from metastore.wire import jute_records as J
 from metastore.client import MetaClient
 from metastore.errors import NoNode
 from metastore.client.recipes import LeaderElection

@@ -1,7 +1,7 @@
 """TLS on a node's connections (trio edge): the handshakes, with a deadline, and who may stay.
 
 The services take these objects as optional hooks and know nothing of ssl:
-- `PeerTls` (Zab peer links, zab/transport.py): `accept` before the HELLO, `admit` after it
+- `PeerTls` (Zab peer links, zab/edge/transport.py): `accept` before the HELLO, `admit` after it
   (the certificate's node id must be the id the HELLO claims), `dial` after connecting (the
   server's certificate must name the node dialed).
 - `ServerTls` (the client and bookie ports): `accept`, and `identities` for the client port's
@@ -21,7 +21,7 @@ import trio
 
 from clusterd.tls_context import certificate_node_ids, certificate_subject
 from edge.tls_stream import TlsStream
-from metastore.acl import Id
+from metastore.core.acl import Id
 from edge.sockets import peer_address
 
 log = logging.getLogger("quire.tls")

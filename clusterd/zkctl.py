@@ -31,7 +31,7 @@ from metastore.client.core import ANY_VERSION
 from metastore.client.ops import stat_dict
 from metastore.client.sync import SyncMetaClient
 from metastore.errors import MetastoreError, NoNode
-from metastore.stat import Stat
+from metastore.core.stat import Stat
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2

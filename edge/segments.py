@@ -1,4 +1,4 @@
-"""The segment-file machinery the Zab txn log (zab/txnlog.py) and the bookie journal
+"""The segment-file machinery the Zab txn log (zab/storage/txnlog.py) and the bookie journal
 (bookie/journal.py) share: the newest segment's writer, fail-stop after a disk error, and
 the durable truncations and removals of recovery and purging.
 

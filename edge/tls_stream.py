@@ -6,7 +6,7 @@ load (docs/benchmarks.md, section 9):
   a ZooKeeper client sends a record per request, so a busy connection delivers dozens per read,
   and one call per record cost a scheduler pass each.
 - `send_frames` seals each frame in records of its own (kazoo needs that, see
-  metastore/client_conn.py) and hands them all to the socket in one write.
+  metastore/edge/client_conn.py) and hands them all to the socket in one write.
 - `write_now` lets the write-through of edge/sockets.py work under TLS: a lone reply or proposal
   is encrypted and handed to the kernel at once instead of a scheduler pass later.
 

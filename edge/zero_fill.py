@@ -1,6 +1,6 @@
 """The clean end of a preallocated segment file (the txn log's and the bookie journal's newest
 segment): zero bytes after the last record, never a record. Pure: the readers of those files
-(zab/record.py, bookie/storage_codec.py, the verifiers) share it.
+(zab/storage/record.py, bookie/storage_codec.py, the verifiers) share it.
 """
 
 from __future__ import annotations

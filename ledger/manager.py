@@ -35,12 +35,12 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from metastore import jute_records as J
+from metastore.wire import jute_records as J
 from metastore.client import MetaClient
 from metastore.client.core import ANY_VERSION, Version
 from metastore.client.ops import ANYONE, Create, Delete, MultiFailed, Op
 from metastore.errors import BadVersion, InvalidACL, NoAuth, NodeExists, NoNode, NotEmpty
-from metastore.jute_defs import Perms
+from metastore.wire.jute_defs import Perms
 from metastore.client.recipes import IdGenerator
 
 from ledger.errors import MetadataConflict, NoSuchLedger, NotLedgerOwner

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from zab import zxid as Z
-from zab.txn import Txn
+from zab.core import zxid as Z
+from zab.core.txn import Txn
 
 
 class InvariantViolation(AssertionError):

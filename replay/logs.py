@@ -1,6 +1,6 @@
 """Cross-node checks over transaction logs read back from disk.
 
-Pure: callers read the logs (zab.txnlog / zab.recovery) and pass the records.
+Pure: callers read the logs (zab.storage.txnlog / zab.storage.recovery) and pass the records.
 Shared by the multi-process tests now and the Spark verifiers later.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from replay.invariants import InvariantViolation, check_log
-from zab import zxid as Z
-from zab.txn import Txn
+from zab.core import zxid as Z
+from zab.core.txn import Txn
 
 
 def check_logs_agree(logs: Mapping[int, Sequence[Txn]]) -> None:

@@ -29,8 +29,8 @@ from replay.spark_source import NodeDir, SegmentFile
 from replay.verify_ledger_decode import DIGEST_BAD, entry_log_file, journal_file, ledgers_in
 from replay.verify_replay import replay, restore
 from replay.verify_report import MAX_EXAMPLES, CheckResult
-from zab import zxid as Z
-from zab.snapshot import read_snapshot
+from zab.core import zxid as Z
+from zab.storage.snapshot import read_snapshot
 
 ENTRY_DIGESTS, REPLICAS, CLOSED = "EntryDigests", "AckQuorumReplicas", "ClosedLedgers"
 _ENTRY_SCHEMA = ("bookie int, source string, file string, ledger bigint, entry bigint, lac bigint, length bigint, "

@@ -22,10 +22,10 @@ from pyspark.sql import SparkSession
 
 from replay.verify_decode import iter_chunk, zxid_before
 from replay.verify_replay import replay, restore
-from zab.record import MAX_RECORD_BYTES, RECORD_HEADER_BYTES, checked_length
-from zab.snapshot import read_snapshot
-from zab.storage_errors import RecordError, SnapshotCorruptError
-from zab.txnlog import SEGMENT_HEADER_BYTES
+from zab.storage.record import MAX_RECORD_BYTES, RECORD_HEADER_BYTES, checked_length
+from zab.storage.snapshot import read_snapshot
+from zab.storage.storage_errors import RecordError, SnapshotCorruptError
+from zab.storage.txnlog import SEGMENT_HEADER_BYTES
 
 
 @dataclass(frozen=True, slots=True)

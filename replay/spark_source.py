@@ -39,7 +39,7 @@ from pyspark.sql import functions as F
 from replay.verify_decode import (CHECKSUM_CORRUPT, CHECKSUM_OK, CHECKSUM_TORN, DEFAULT_CHUNK_RECORDS, ORDER_NAMES,
                                   Chunk, SegmentLayout, VerifyInputError, decode_chunk, walk_segment, zxid_before)
 from replay.verify_replay import check_snapshot
-from zab.recovery import SNAPSHOT_DIR, TXNLOG_DIR
+from zab.storage.recovery import SNAPSHOT_DIR, TXNLOG_DIR
 
 _SEGMENT = re.compile(r"log\.([0-9a-f]{16})")
 _SNAPSHOT = re.compile(r"snapshot\.([0-9a-f]{16})")

@@ -18,8 +18,8 @@ from replay.spark_source import ZabFrames
 from replay.verify_decode import ORDER_OK, ORDER_UNKNOWN
 from replay.verify_history import CommittedHistory, build_history
 from replay.verify_report import MAX_EXAMPLES, CheckResult
-from zab import zxid as Z
-from zab.txnlog import UNKNOWN_PREV_ZXID
+from zab.core import zxid as Z
+from zab.storage.txnlog import UNKNOWN_PREV_ZXID
 
 CHECKSUMS, AGREEMENT, PREFIX, EPOCH_ORDER = "Checksums", "Agreement", "PrefixConsistency/TotalOrder", "EpochOrder"
 QUORUM, SKIPPED, REPLAY = "QuorumPresence", "NoSkippedProposal", "Replay"

@@ -3,8 +3,8 @@
 The Spark verifiers (replay/spark_source.py) read files and hand their bytes to
 these functions inside Spark tasks; the plain scan of bench/verify_scan.py calls
 the same ones. Every byte is parsed by the project's own decoders: record
-framing and CRC by zab.record, segment headers by zab.txnlog, snapshot files by
-zab.snapshot, metastore transactions by metastore.txn_codec, snapshot states by the
+framing and CRC by zab.storage.record, segment headers by zab.storage.txnlog, snapshot files by
+zab.storage.snapshot, metastore transactions by metastore.wire.txn_codec, snapshot states by the
 state machines' own restore. Nothing here reads a file.
 
 A segment is decoded in two steps so that one big file can feed several Spark
@@ -23,13 +23,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from metastore.errors import DecodeError
-from metastore.txn import CloseSession, Create, CreateSession, Delete, Error, Multi, SetACL, SetData
-from metastore.txn_codec import decode_txn
-from zab import zxid as Z
+from metastore.core.txn import CloseSession, Create, CreateSession, Delete, Error, Multi, SetACL, SetData
+from metastore.wire.txn_codec import decode_txn
+from zab.core import zxid as Z
 from edge.zero_fill import is_zero_fill
-from zab.record import RECORD_HEADER_BYTES, checked_length, decode_record
-from zab.storage_errors import CorruptRecordError, RecordError, TornRecordError
-from zab.txnlog import SEGMENT_HEADER_BYTES, UNKNOWN_PREV_ZXID, decode_segment_header
+from zab.storage.record import RECORD_HEADER_BYTES, checked_length, decode_record
+from zab.storage.storage_errors import CorruptRecordError, RecordError, TornRecordError
+from zab.storage.txnlog import SEGMENT_HEADER_BYTES, UNKNOWN_PREV_ZXID, decode_segment_header
 
 # Checksum status of a record (the `checksum` column).
 CHECKSUM_OK, CHECKSUM_CORRUPT, CHECKSUM_TORN = "ok", "corrupt", "torn"
@@ -97,7 +97,7 @@ def walk_segment(buf: bytes | memoryview, chunk_records: int = DEFAULT_CHUNK_REC
     stop = (None, None, "")
     while pos < len(view):
         try:
-            # The framing rule of zab.record.decode_record itself (lengths only): one parser.
+            # The framing rule of zab.storage.record.decode_record itself (lengths only): one parser.
             length = checked_length(view, pos)
         except RecordError as err:
             if not is_zero_fill(view[pos:]):  # zero fill: the newest segment's preallocated clean end
@@ -146,7 +146,7 @@ def _signed(value: int) -> int:
 
 
 def classify_order(prev: int | None, zxid: int) -> str:
-    """The `order` column: may `zxid` directly follow `prev` in one log (zab.zxid.follows)?"""
+    """The `order` column: may `zxid` directly follow `prev` in one log (zab.core.zxid.follows)?"""
     if prev is None or prev == UNKNOWN_PREV_ZXID:
         return ORDER_UNKNOWN
     if Z.follows(prev, zxid):

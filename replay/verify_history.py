@@ -27,7 +27,7 @@ from bisect import bisect_right
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from zab import zxid as Z
+from zab.core import zxid as Z
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from bookie.entry import EntryFormatError, crc32c_digest_ok, parse_header
 from bookie.storage_codec import (ENTRY_LOG_MAGIC, FILE_HEADER_BYTES, JOURNAL_MAGIC, Kind, decode_file_header,
                                   scan_entry_log, scan_journal)
 from ledger.metadata import LedgerMetadata, LedgerMetadataError, decode, ledger_id_from_path
-from metastore.tree import DataTree
+from metastore.core.tree import DataTree
 
 DIGEST_OK, DIGEST_BAD, DIGEST_UNCHECKED = "ok", "bad", "unchecked"
 # One stored entry: (ledger, entry, lac, length, digest status, offset or -1) or a damaged record.

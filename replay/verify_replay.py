@@ -12,10 +12,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from metastore.errors import MetastoreError, TxnConflict
-from metastore.state_machine import MetastoreStateMachine
-from zab.snapshot import decode_snapshot
-from zab.storage_errors import SnapshotCorruptError
-from zab.txn import Txn
+from metastore.core.state_machine import MetastoreStateMachine
+from zab.storage.snapshot import decode_snapshot
+from zab.storage.storage_errors import SnapshotCorruptError
+from zab.core.txn import Txn
 
 # What the state machine raises when a transaction or a snapshot state does not fit: MalformedState
 # (a ValueError) for bytes that do not decode, TxnConflict for a transaction that does not fit the tree;
@@ -34,7 +34,7 @@ class SnapshotInfo:
 
 
 def check_snapshot(buf: bytes, name_zxid: int, source: str) -> SnapshotInfo:
-    """Verify a snapshot file's bytes (zab.snapshot) and restore its state to get its digest."""
+    """Verify a snapshot file's bytes (zab.storage.snapshot) and restore its state to get its digest."""
     try:
         zxid, state = decode_snapshot(buf, source=source)
     except SnapshotCorruptError as err:

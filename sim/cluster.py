@@ -1,12 +1,12 @@
 """A whole Zab ensemble in one process, driven by one seed.
 
-Every node runs the real pure core (zab.peer.Peer) over a simulated network
+Every node runs the real pure core (zab.core.peer.Peer) over a simulated network
 and disk; time is simulated milliseconds; all randomness comes from one
 `random.Random(seed)`, so a failing run replays exactly from its seed. The
 invariant oracles of replay.invariants are checked on every delivery, every
 leader establishment and every flush of a log.
 
-The state machine is the metastore's (metastore.state_machine), the one the
+The state machine is the metastore's (metastore.core.state_machine), the one the
 daemon replicates. A test's client writes are ZooKeeper creates and setDatas of
 top-level znodes named by a key (`SimCluster.create`, `SimCluster.set_data`);
 `create_request` and `set_data_request` build the same requests for a real
@@ -20,23 +20,23 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from metastore import envelope as E
-from metastore import jute
-from metastore.acl import OPEN_ACL_UNSAFE
+from metastore.wire import envelope as E
+from metastore.wire import jute
+from metastore.core.acl import OPEN_ACL_UNSAFE
 from metastore.errors import BY_CODE
-from metastore.jute_defs import OpCode
-from metastore.state_machine import MetastoreStateMachine
-from metastore.txn import CreateResult, ErrorResult, MultiResult, SetDataResult
+from metastore.wire.jute_defs import OpCode
+from metastore.core.state_machine import MetastoreStateMachine
+from metastore.core.txn import CreateResult, ErrorResult, MultiResult, SetDataResult
 from replay.invariants import DeliveryOracle, InvariantViolation, LeadershipOracle
 from sim.disk import SimDisk
 from sim.network import SimNetwork
-from zab.acks import coalesce_acks
-from zab.actions import (Action, Answered, ClientRequest, Delivered, Disconnect, InstallSnapshot, LogAppend, LogSync,
+from zab.core.acks import coalesce_acks
+from zab.core.actions import (Action, Answered, ClientRequest, Delivered, Disconnect, InstallSnapshot, LogAppend, LogSync,
                          LogTruncate, PeerDisconnected, PersistEpoch, Received, RequestFailed, RoleChanged, Send,
                          SessionsTouched, Synced, TakeSnapshot, Tick)
-from zab.config import ZabConfig
-from zab.leader import LeaderRole
-from zab.peer import Peer
+from zab.core.config import ZabConfig
+from zab.core.leader import LeaderRole
+from zab.core.peer import Peer
 
 ANY_VERSION = -1  # setData's expected version that matches any
 _TICK = Tick()  # a Tick has no fields: one serves every tick
@@ -134,7 +134,7 @@ class SimNode:
 
 
 class SimCluster:
-    """`voters` + `observers` nodes (ids from 1) running `zab.peer.Peer` on a fresh
+    """`voters` + `observers` nodes (ids from 1) running `zab.core.peer.Peer` on a fresh
     `state_machine()` per incarnation (by default the metastore's), with `config` as
     ZabConfig fields."""
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from replay.invariants import check_epochs, check_log
-from zab.peer import DiskState
-from zab.txn import Txn
+from zab.core.peer import DiskState
+from zab.core.txn import Txn
 
 
 @dataclass

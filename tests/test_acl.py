@@ -9,7 +9,7 @@ from cryptography.x509.oid import NameOID
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from metastore.acl import (ACL, ANYONE_ID, CREATOR_ALL_ACL, OPEN_ACL_UNSAFE, READ_ACL_UNSAFE, SUPER_ID, Id, Perm,
+from metastore.core.acl import (ACL, ANYONE_ID, CREATOR_ALL_ACL, OPEN_ACL_UNSAFE, READ_ACL_UNSAFE, SUPER_ID, Id, Perm,
                            check, digest_auth_id, digest_auth_ids, encode_acl, fixup_acl, generate_digest, ip_matches,
                            is_valid_id, obfuscated, parse_super_digest, require, validate_acl)
 from metastore.errors import InvalidACL, NoAuth

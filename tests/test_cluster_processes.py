@@ -24,8 +24,8 @@ from clusterd import config as cfg
 from clusterd import localcluster
 from clusterd.localcluster import free_ports
 from replay.logs import check_logs_converged
-from zab.recovery import TXNLOG_DIR
-from zab.txnlog import TxnLog
+from zab.storage.recovery import TXNLOG_DIR
+from zab.storage.txnlog import TxnLog
 
 pytestmark = pytest.mark.multiprocess
 

@@ -1,4 +1,4 @@
-"""The peer wire codec (zab/codec.py) under fuzzing.
+"""The peer wire codec (zab/wire/codec.py) under fuzzing.
 
 Round trips: every message type encodes and decodes back to itself, alone,
 framed, and split at any point of a byte stream. Hostile input: random bytes,
@@ -19,16 +19,16 @@ from crc32c import crc32c
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from zab import codec
-from zab.codec import (FrameDecoder, decode_hello, decode_message, encode_frame, encode_hello, encode_message,
+from zab.wire import codec
+from zab.wire.codec import (FrameDecoder, decode_hello, decode_message, encode_frame, encode_hello, encode_message,
                        frame)
 from zab.errors import FrameError, ProtocolError
-from zab.messages import (Ack, AckEpoch, AckNewLeader, Commit, FollowerInfo, Inform, LeaderInfo, Message, NewLeader,
+from zab.core.messages import (Ack, AckEpoch, AckNewLeader, Commit, FollowerInfo, Inform, LeaderInfo, Message, NewLeader,
                           Notification, Ping, Proposal, Refused, Reject, Request, ServerState, Sync, SyncMode,
                           SyncReply,
                           SyncRequest, SyncTxns,
                           UpToDate)
-from zab.txn import Txn
+from zab.core.txn import Txn
 
 # QUIRE_SOAK=1 (or pytest --soak): many more examples, and new ones on every run.
 SOAK = os.environ.get("QUIRE_SOAK") == "1"

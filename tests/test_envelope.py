@@ -1,7 +1,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from metastore.envelope import Envelope, EnvelopeError, decode_envelope, encode_envelope
+from metastore.wire.envelope import Envelope, EnvelopeError, decode_envelope, encode_envelope
 
 text = st.text(max_size=20)
 envelopes = st.builds(Envelope, st.integers(0, 4), st.integers(0, 255), st.integers(-2**63, 2**63 - 1),

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zab.epochfile import (
+from zab.storage.epochfile import (
     ACCEPTED_EPOCH,
     CURRENT_EPOCH,
     encode_epoch,
@@ -17,8 +17,8 @@ from zab.epochfile import (
     read_epochs,
     write_epoch,
 )
-from zab.storage_errors import EpochFileError, StorageError
-from zab.zxid import EPOCH_MAX
+from zab.storage.storage_errors import EpochFileError, StorageError
+from zab.core.zxid import EPOCH_MAX
 
 
 def test_new_node_reads_zero_zero(tmp_path):

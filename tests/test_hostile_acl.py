@@ -24,19 +24,19 @@ from kazoo.security import make_digest_acl
 
 from clusterd import config as cfg
 from clusterd import localcluster
-from metastore import acl as A
-from metastore import envelope as E
-from metastore import jute
+from metastore.core import acl as A
+from metastore.wire import envelope as E
+from metastore.wire import jute
 from metastore.errors import NoAuth, NoNode
-from metastore.jute_defs import EventType, OpCode
-from metastore.responses import read_reply
-from metastore.state_machine import MetastoreStateMachine
-from metastore.txn import ErrorResult
-from metastore.watches import WatchKind, WatchManager
+from metastore.wire.jute_defs import EventType, OpCode
+from metastore.core.responses import read_reply
+from metastore.core.state_machine import MetastoreStateMachine
+from metastore.core.txn import ErrorResult
+from metastore.core.watches import WatchKind, WatchManager
 from cluster_fixtures import Cluster, copy_config
 from test_kazoo import started_kazoo
 from test_metastore_prepare import answer
-from zab import zxid as Z
+from zab.core import zxid as Z
 
 ALICE = A.digest_auth_id(b"alice:secret")
 BOB = A.digest_auth_id(b"bob:pw")

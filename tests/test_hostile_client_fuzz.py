@@ -12,18 +12,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from metastore import cluster_secret as CS
-from metastore import envelope as E
-from metastore import jute
-from metastore.acl import ACL, OPEN_ACL_UNSAFE, SUPER_ID, Id, Perm, fixup_acl
-from metastore.edge_guard import MAX_AUTH_IDS, ClientLimits, ClientRefused, check_auth, check_connect, check_reply
+from metastore.core import cluster_secret as CS
+from metastore.wire import envelope as E
+from metastore.wire import jute
+from metastore.core.acl import ACL, OPEN_ACL_UNSAFE, SUPER_ID, Id, Perm, fixup_acl
+from metastore.edge.edge_guard import MAX_AUTH_IDS, ClientLimits, ClientRefused, check_auth, check_connect, check_reply
 from metastore.errors import BadArguments, NoAuth
-from metastore.jute_defs import Err, OpCode
-from metastore.responses import READ_OPS, read_reply, write_reply
-from metastore.state_machine import MetastoreStateMachine
-from metastore.txn import Error, ErrorResult, MultiResult
-from zab import zxid as Z
-from zab.statemachine import Refusal
+from metastore.wire.jute_defs import Err, OpCode
+from metastore.core.responses import READ_OPS, read_reply, write_reply
+from metastore.core.state_machine import MetastoreStateMachine
+from metastore.core.txn import Error, ErrorResult, MultiResult
+from zab.core import zxid as Z
+from zab.core.statemachine import Refusal
 
 I32 = st.sampled_from([-(1 << 31), -2, -1, 0, 1, (1 << 31) - 1]) | st.integers(-(1 << 31), (1 << 31) - 1)
 I64 = st.sampled_from([-(1 << 63), -1, 0, 1, (1 << 40), (1 << 63) - 1]) | st.integers(-(1 << 63), (1 << 63) - 1)

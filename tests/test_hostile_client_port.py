@@ -24,10 +24,10 @@ from kazoo.exceptions import AuthFailedError, ConnectionLoss, MarshallingError, 
 
 from clusterd import config as cfg
 from clusterd import localcluster
-from metastore import jute
-from metastore.acl import OPEN_ACL_UNSAFE
-from metastore.edge_guard import MAX_AUTH_IDS
-from metastore.jute_defs import OpCode
+from metastore.wire import jute
+from metastore.core.acl import OPEN_ACL_UNSAFE
+from metastore.edge.edge_guard import MAX_AUTH_IDS
+from metastore.wire.jute_defs import OpCode
 from cluster_fixtures import Cluster, copy_config
 from test_kazoo import started_kazoo, wait_for
 

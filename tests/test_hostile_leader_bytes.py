@@ -14,19 +14,19 @@ import struct
 
 import pytest
 
-from metastore import envelope as E
-from metastore.state_machine import MetastoreStateMachine
-from metastore.txn import Error, Transaction
-from metastore.txn_codec import encode_txn
+from metastore.wire import envelope as E
+from metastore.core.state_machine import MetastoreStateMachine
+from metastore.core.txn import Error, Transaction
+from metastore.wire.txn_codec import encode_txn
 from sim.cluster import ClientOp, SimCluster
-from zab import zxid as Z
-from zab.actions import Answered, Delivered, Disconnect, InstallSnapshot, LogAppend, Received, Send
-from zab.config import ZabConfig
-from zab.messages import (Commit, LeaderInfo, NewLeader, Notification, Proposal, Refused, ServerState, Sync, SyncMode,
+from zab.core import zxid as Z
+from zab.core.actions import Answered, Delivered, Disconnect, InstallSnapshot, LogAppend, Received, Send
+from zab.core.config import ZabConfig
+from zab.core.messages import (Commit, LeaderInfo, NewLeader, Notification, Proposal, Refused, ServerState, Sync, SyncMode,
                           SyncTxns, UpToDate)
-from zab.peer import DiskState, Peer
-from zab.statemachine import MalformedState
-from zab.txn import Txn
+from zab.core.peer import DiskState, Peer
+from zab.core.statemachine import MalformedState
+from zab.core.txn import Txn
 
 SETTLE_MS = 10_000
 # Not UTF-8, not a metastore transaction or snapshot; and JSON or jute of the wrong shape.

@@ -184,8 +184,8 @@ def test_the_verifiers_still_find_an_owned_ledger_under_its_guard():
     """replay's ledgers_in skipped znodes with children: an owned ledger (with its `owned` child)
     went missing from the Spark checks."""
     from ledger.metadata import Fragment, LedgerMetadata, encode
-    from metastore.acl import OPEN_ACL_UNSAFE as OPEN
-    from metastore.tree import DataTree
+    from metastore.core.acl import OPEN_ACL_UNSAFE as OPEN
+    from metastore.core.tree import DataTree
     from replay.verify_ledger_decode import ledgers_in
 
     tree, zxid = DataTree(), 0

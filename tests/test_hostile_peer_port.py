@@ -20,12 +20,12 @@ import trio
 from cluster_fixtures import Cluster, copy_config
 from clusterd import config as cfg
 from clusterd import localcluster
-from metastore import envelope as E
-from metastore import jute
+from metastore.wire import envelope as E
+from metastore.wire import jute
 from metastore.client.sync import SyncMetaClient
-from metastore.jute_defs import OpCode
-from zab.codec import encode_frame, encode_hello
-from zab.messages import Ack, FollowerInfo, Notification, Ping, Request, ServerState
+from metastore.wire.jute_defs import OpCode
+from zab.wire.codec import encode_frame, encode_hello
+from zab.core.messages import Ack, FollowerInfo, Notification, Ping, Request, ServerState
 
 pytestmark = pytest.mark.multiprocess
 

@@ -9,15 +9,15 @@ ensemble keeps its invariants (the simulator checks them on every step)."""
 
 from __future__ import annotations
 
-from metastore.state_machine import MetastoreStateMachine
+from metastore.core.state_machine import MetastoreStateMachine
 from sim.cluster import SimCluster, create_request
-from zab import zxid as Z
-from zab.actions import Disconnect, PersistEpoch, Received, Send
-from zab.codec import encode_frame
-from zab.config import ZabConfig
-from zab.messages import (Ack, AckEpoch, AckNewLeader, FollowerInfo, LeaderInfo, Notification, Ping, Request,
+from zab.core import zxid as Z
+from zab.core.actions import Disconnect, PersistEpoch, Received, Send
+from zab.wire.codec import encode_frame
+from zab.core.config import ZabConfig
+from zab.core.messages import (Ack, AckEpoch, AckNewLeader, FollowerInfo, LeaderInfo, Notification, Ping, Request,
                           ServerState, SyncReply, SyncRequest)
-from zab.peer import Peer
+from zab.core.peer import Peer
 
 SETTLE_MS = 10_000
 HUGE = 2**64 - 1

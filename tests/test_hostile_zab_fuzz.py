@@ -2,7 +2,7 @@
 that is not a member or not synchronized, into a 3-node simulated ensemble that keeps
 taking writes (issue 17).
 
-Every message type of zab/messages.py, every field drawn from the edges of its wire type
+Every message type of zab/core/messages.py, every field drawn from the edges of its wire type
 and beyond (0, -1, 2**32-1, 2**63, 2**64-1, 2**64, ...), is forged to a random node
 (sim.cluster.SimCluster.forge) from a stranger's id or from the id of a node that is down,
 between ordinary writes. The core may only refuse (ignore, or drop the sender's links
@@ -18,13 +18,13 @@ from hypothesis import strategies as st
 
 from sim.cluster import SimCluster, create_request
 from replay.invariants import InvariantViolation
-from zab import zxid as Z
-from zab.actions import Action, Delivered, PersistEpoch, RoleChanged, Send
-from zab.codec import encode_frame
-from zab.messages import (Ack, AckEpoch, AckNewLeader, Commit, FollowerInfo, Inform, LeaderInfo, NewLeader,
+from zab.core import zxid as Z
+from zab.core.actions import Action, Delivered, PersistEpoch, RoleChanged, Send
+from zab.wire.codec import encode_frame
+from zab.core.messages import (Ack, AckEpoch, AckNewLeader, Commit, FollowerInfo, Inform, LeaderInfo, NewLeader,
                           Notification, Ping, Proposal, Refused, Reject, Request, ServerState, Sync, SyncMode,
                           SyncReply, SyncRequest, SyncTxns, UpToDate)
-from zab.txn import Txn
+from zab.core.txn import Txn
 
 SETTLE_MS = 20_000
 EDGES = (0, 1, 2, 7, -1, -(2**63), 2**31, 2**32 - 2, 2**32 - 1, 2**32, 2**32 + 1, 2**62, 2**63 - 1, 2**63,

@@ -1,4 +1,4 @@
-"""The ZooKeeper client-protocol codec (metastore/jute.py).
+"""The ZooKeeper client-protocol codec (metastore/wire/jute.py).
 
 Three kinds of evidence that we speak the protocol:
 - byte fixtures written by hand from zookeeper.jute (a reader can check each
@@ -23,9 +23,9 @@ from kazoo.protocol.states import EVENT_TYPE_MAP, ZnodeStat
 from kazoo.security import ACL as KzACL
 from kazoo.security import Id as KzId
 
-from metastore import jute, jute_records
-from metastore.jute_codec import I32, KINDS, REQUEST_HEADER
-from metastore.jute import (ACL, REQUEST_BODIES, RESPONSE_BODIES, AddWatchRequest, AuthPacket, CheckResult,
+from metastore.wire import jute, jute_records
+from metastore.wire.jute_codec import I32, KINDS, REQUEST_HEADER
+from metastore.wire.jute import (ACL, REQUEST_BODIES, RESPONSE_BODIES, AddWatchRequest, AuthPacket, CheckResult,
                             CheckVersionRequest, CheckWatchesRequest, ClientInfo, ConnectRequest, ConnectResponse,
                             Create2Response, CreateRequest, CreateResponse, CreateTTLRequest, DeleteRequest,
                             DeleteResult, Err, ErrorResponse, ErrorResult, EventType, ExistsRequest, ExistsResponse,

@@ -1,4 +1,4 @@
-"""The client-protocol codec (metastore/jute.py) under hostile input.
+"""The client-protocol codec (metastore/wire/jute.py) under hostile input.
 
 Random bytes, random bodies behind every opcode, every prefix of a valid
 encoding, lying lengths and counts, and random mutations give only a clean
@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from test_jute import RECORDS, request_body, response_body
 
-from metastore.jute import (REQUEST_BODIES, RESPONSE_BODIES, ConnectRequest, ConnectResponse, CreateRequest,
+from metastore.wire.jute import (REQUEST_BODIES, RESPONSE_BODIES, ConnectRequest, ConnectResponse, CreateRequest,
                             FrameReader, JuteError, OpCode, ReplyHeader, RequestHeader, UnknownOpcode, WatcherEvent,
                             decode_connect_request, decode_connect_response, decode_notification, decode_record,
                             decode_reply, decode_request, encode_connect_request, encode_connect_response,

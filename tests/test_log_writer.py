@@ -4,13 +4,13 @@ import threading
 import trio
 import trio.testing
 
-from zab.actions import LogAppend, LogSync, PersistEpoch, Send
-from zab.acks import coalesce_acks
-from zab.log_writer import LogWriter, send_acks
-from zab.messages import Ack, AckNewLeader, Ping
-from zab.snapshot import SnapshotStore
-from zab.txn import Txn
-from zab.txnlog import TxnLog
+from zab.core.actions import LogAppend, LogSync, PersistEpoch, Send
+from zab.core.acks import coalesce_acks
+from zab.edge.log_writer import LogWriter, send_acks
+from zab.core.messages import Ack, AckNewLeader, Ping
+from zab.storage.snapshot import SnapshotStore
+from zab.core.txn import Txn
+from zab.storage.txnlog import TxnLog
 
 
 def test_only_the_highest_ack_per_peer_survives_a_group_commit_and_order_is_kept():

@@ -32,7 +32,7 @@ from metastore.client.ops import Check, Create, Delete, MultiFailed, RolledBack,
 from metastore.client.watches import Watch
 from metastore.errors import (AuthFailed, BadVersion, ConnectionLoss, NoAuth, NodeExists, NoNode, NotEmpty,
                               RuntimeInconsistency, SessionExpired)
-from metastore.jute_defs import EventType
+from metastore.wire.jute_defs import EventType
 from metastore.client.recipes import IdGenerator, LeaderElection, LeadershipLost, Lock
 from cluster_fixtures import ENV, Cluster, copy_config
 

@@ -9,13 +9,13 @@ import struct
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from metastore import envelope as E
-from metastore import jute
-from metastore.jute_defs import OpCode
-from metastore.state_machine import MetastoreStateMachine
-from metastore.txn import Error, ErrorResult, MultiResult
-from zab import zxid as Z
-from zab.statemachine import Refusal
+from metastore.wire import envelope as E
+from metastore.wire import jute
+from metastore.wire.jute_defs import OpCode
+from metastore.core.state_machine import MetastoreStateMachine
+from metastore.core.txn import Error, ErrorResult, MultiResult
+from zab.core import zxid as Z
+from zab.core.statemachine import Refusal
 
 
 def answer(sm: MetastoreStateMachine, zxid: int, session: int, request: bytes):

@@ -10,13 +10,13 @@ import struct
 
 import pytest
 
-from metastore import envelope as E
-from metastore import jute
-from metastore.jute_defs import OpCode
-from metastore.snapshot_codec import decode_snapshot
-from metastore.state_machine import MetastoreStateMachine
-from metastore.txn import apply
-from metastore.txn_codec import decode_txn
+from metastore.wire import envelope as E
+from metastore.wire import jute
+from metastore.wire.jute_defs import OpCode
+from metastore.wire.snapshot_codec import decode_snapshot
+from metastore.core.state_machine import MetastoreStateMachine
+from metastore.core.txn import apply
+from metastore.wire.txn_codec import decode_txn
 from sim.cluster import SimCluster
 
 OPEN = (jute.ACL(31, jute.Id("world", "anyone")),)

@@ -7,14 +7,14 @@ import struct
 
 import pytest
 
-from metastore.acl import ACL, OPEN_ACL_UNSAFE, Id, Perm
+from metastore.core.acl import ACL, OPEN_ACL_UNSAFE, Id, Perm
 from metastore.errors import DecodeError, TxnConflict
-from metastore.snapshot_codec import encode_tree
-from metastore.tree import CONTAINER_OWNER, DataTree
-from metastore.txn import (AlreadyApplied, Check, CheckResult, CloseSession, Create, CreateResult, CreateSession,
+from metastore.wire.snapshot_codec import encode_tree
+from metastore.core.tree import CONTAINER_OWNER, DataTree
+from metastore.core.txn import (AlreadyApplied, Check, CheckResult, CloseSession, Create, CreateResult, CreateSession,
                            Delete, DeleteResult, Error, ErrorResult, Multi, MultiResult, SessionCreated, SetACL,
                            SetData, SetDataResult, Transaction, apply)
-from metastore.txn_codec import decode_txn, encode_txn
+from metastore.wire.txn_codec import decode_txn, encode_txn
 
 SESSION = 0x0100_0000_0000_0001
 ZXID = 0x2_0000_0001

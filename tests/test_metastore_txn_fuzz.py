@@ -15,13 +15,13 @@ import tracemalloc
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from metastore.acl import ACL, Id
+from metastore.core.acl import ACL, Id
 from metastore.errors import DecodeError
-from metastore.snapshot_codec import decode_snapshot, encode_tree
-from metastore.tree import CONTAINER_OWNER, DataTree, ttl_owner
-from metastore.txn import (Check, CloseSession, Create, CreateSession, Delete, Error, Multi, SetACL, SetData,
+from metastore.wire.snapshot_codec import decode_snapshot, encode_tree
+from metastore.core.tree import CONTAINER_OWNER, DataTree, ttl_owner
+from metastore.core.txn import (Check, CloseSession, Create, CreateSession, Delete, Error, Multi, SetACL, SetData,
                            Transaction)
-from metastore.txn_codec import decode_txn, encode_txn
+from metastore.wire.txn_codec import decode_txn, encode_txn
 
 FUZZ = settings(max_examples=200, derandomize=True, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow])
@@ -113,7 +113,7 @@ def test_lying_lengths_allocate_nothing_big(txn, data):
 
 
 def _sample_snapshot() -> bytes:
-    from metastore.txn import apply
+    from metastore.core.txn import apply
     tree = DataTree()
     bodies = [CreateSession(0x0100_0000_0000_0001, 5000),
               Create("/a", b"data", (ACL(31, Id("world", "anyone")),), 0, 1),

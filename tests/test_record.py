@@ -9,7 +9,7 @@ from crc32c import crc32c
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zab.record import (
+from zab.storage.record import (
     MAX_DATA_BYTES,
     MAX_RECORD_BYTES,
     RECORD_HEADER_BYTES,
@@ -18,8 +18,8 @@ from zab.record import (
     encoded_size,
     scan_records,
 )
-from zab.storage_errors import CorruptRecordError, RecordError, RecordReason, TornRecordError
-from zab.txn import Txn
+from zab.storage.storage_errors import CorruptRecordError, RecordError, RecordReason, TornRecordError
+from zab.core.txn import Txn
 
 U64 = st.integers(min_value=0, max_value=(1 << 64) - 1)
 txns_strategy = st.builds(Txn, zxid=U64, session_id=U64, cxid=U64, data=st.binary(max_size=200))

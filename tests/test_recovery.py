@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from zab.epochfile import ACCEPTED_EPOCH, CURRENT_EPOCH, write_epoch
-from zab.recovery import SNAPSHOT_DIR, TXNLOG_DIR, purge, recover
-from zab.snapshot import SnapshotStore, snapshot_name
-from zab.storage_errors import EpochFileError, MissingHistoryError
-from zab.txn import Txn
-from zab.txnlog import TxnLog
+from zab.storage.epochfile import ACCEPTED_EPOCH, CURRENT_EPOCH, write_epoch
+from zab.storage.recovery import SNAPSHOT_DIR, TXNLOG_DIR, purge, recover
+from zab.storage.snapshot import SnapshotStore, snapshot_name
+from zab.storage.storage_errors import EpochFileError, MissingHistoryError
+from zab.core.txn import Txn
+from zab.storage.txnlog import TxnLog
 
 SEGMENT_MAX = 200  # a few records per segment, so purge has whole segments to drop
 

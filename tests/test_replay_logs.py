@@ -4,8 +4,8 @@ import pytest
 
 from replay.invariants import InvariantViolation
 from replay.logs import check_logs_agree, check_logs_converged
-from zab import zxid as Z
-from zab.txn import Txn
+from zab.core import zxid as Z
+from zab.core.txn import Txn
 
 
 def t(e: int, c: int, data: bytes = b"x") -> Txn:

@@ -30,14 +30,14 @@ from kazoo.exceptions import ConnectionLoss, NoAuthError, SessionClosedRequireSa
 
 from clusterd import config as cfg
 from clusterd import localcluster
-from metastore import acl as A
-from metastore import jute
-from metastore.jute_defs import Err, OpCode
-from metastore.jute_records import (ACL, ConnectRequest, CreateRequest, GetACLRequest, GetDataRequest,
+from metastore.core import acl as A
+from metastore.wire import jute
+from metastore.wire.jute_defs import Err, OpCode
+from metastore.wire.jute_records import (ACL, ConnectRequest, CreateRequest, GetACLRequest, GetDataRequest,
                                     GetSASLRequest, Id, RequestHeader)
-from metastore.sasl_digest import (DigestMD5Server, SaslFailure, check_rspauth, digest_response,
+from metastore.core.sasl_digest import (DigestMD5Server, SaslFailure, check_rspauth, digest_response,
                                    make_nonce, parse_directives)
-from metastore.sasl_users import JaasError, parse_jaas_users
+from metastore.core.sasl_users import JaasError, parse_jaas_users
 from cluster_fixtures import Cluster, copy_config, start_cluster
 
 USERS = {"alice": "secret", "bob": "bobpw"}

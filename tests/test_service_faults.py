@@ -45,7 +45,7 @@ from metastore import errors as E
 from metastore.client import MetaClient
 from metastore.client.core import Backoff
 from metastore.client.ops import OPEN_ACL_UNSAFE, READ_ACL_UNSAFE, digest_acl
-from metastore.jute_defs import OpCode
+from metastore.wire.jute_defs import OpCode
 from metastore.client.recipes import LeadershipLost, LockLost
 from cluster_fixtures import Cluster, copy_config
 

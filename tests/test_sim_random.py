@@ -30,10 +30,10 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 from metastore.errors import TxnConflict
-from metastore.state_machine import MetastoreStateMachine
-from metastore.tree import next_version
-from metastore.txn import SetData
-from metastore.txn_codec import decode_txn
+from metastore.core.state_machine import MetastoreStateMachine
+from metastore.core.tree import next_version
+from metastore.core.txn import SetData
+from metastore.wire.txn_codec import decode_txn
 from replay.invariants import InvariantViolation
 from sim.cluster import ANY_VERSION, SimCluster, create_request
 
@@ -407,11 +407,11 @@ def test_regression_stalled_proposals_after_resync() -> None:
 def test_leader_commits_outstanding_proposals_acked_through_newleader() -> None:
     """The same bug, step by step on one leader Peer (no simulator, no randomness): a
     learner's NEWLEADER ack counts for the proposals it received in the sync."""
-    from zab.actions import ClientRequest, Delivered, LogSync, PeerDisconnected, Received, Role, Send, Tick
-    from zab.config import ZabConfig
-    from zab.messages import (AckEpoch, AckNewLeader, FollowerInfo, NewLeader, Notification, Ping,
+    from zab.core.actions import ClientRequest, Delivered, LogSync, PeerDisconnected, Received, Role, Send, Tick
+    from zab.core.config import ZabConfig
+    from zab.core.messages import (AckEpoch, AckNewLeader, FollowerInfo, NewLeader, Notification, Ping,
                               ServerState, SyncTxns, UpToDate)
-    from zab.peer import Peer
+    from zab.core.peer import Peer
 
     leader = Peer(ZabConfig(my_id=1, voters=frozenset({1, 2, 3})), MetastoreStateMachine())
     leader.start()

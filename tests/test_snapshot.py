@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zab.snapshot import (
+from zab.storage.snapshot import (
     HEADER_BYTES,
     SnapshotStore,
     decode_snapshot,
@@ -18,7 +18,7 @@ from zab.snapshot import (
     read_snapshot,
     snapshot_name,
 )
-from zab.storage_errors import SnapshotCorruptError
+from zab.storage.storage_errors import SnapshotCorruptError
 
 
 @pytest.fixture

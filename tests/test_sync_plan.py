@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from zab import zxid as Z
-from zab.history import History
-from zab.messages import SyncMode
-from zab.sync_plan import SyncPlan, plan_sync
-from zab.txn import Txn
+from zab.core import zxid as Z
+from zab.core.history import History
+from zab.core.messages import SyncMode
+from zab.core.sync_plan import SyncPlan, plan_sync
+from zab.core.txn import Txn
 
 
 def history(*zxids: tuple[int, int], base: int = 0) -> History:

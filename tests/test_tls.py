@@ -31,12 +31,12 @@ from clusterd import localcluster
 from clusterd.tls_material import issue, load_authority, new_authority, node_uri, write_pair
 from clusterd.tls_streams import ClientTls
 from clusterd.tls_context import client_context
-from metastore import jute
-from metastore.acl import Id, is_valid_id
-from metastore.jute_defs import OpCode
+from metastore.wire import jute
+from metastore.core.acl import Id, is_valid_id
+from metastore.wire.jute_defs import OpCode
 from metastore.client import MetaClient
 from cluster_fixtures import Cluster, copy_config
-from zab.codec import encode_hello
+from zab.wire.codec import encode_hello
 
 pytestmark = pytest.mark.multiprocess
 
@@ -178,7 +178,7 @@ def test_the_dialer_refuses_a_server_whose_certificate_names_another_node(tls_cl
 
 # -- the client port -------------------------------------------------------------------
 
-@pytest.mark.skipif(not is_valid_id(Id("x509", "CN=alice")), reason="metastore/acl.py has no x509 scheme yet")
+@pytest.mark.skipif(not is_valid_id(Id("x509", "CN=alice")), reason="metastore/core/acl.py has no x509 scheme yet")
 def test_kazoo_over_tls_writes_and_reads_and_its_certificate_is_its_acl_identity(tls_cluster: Cluster):
     alice, bob = kazoo(tls_cluster, "alice"), kazoo(tls_cluster, "bob")
     try:

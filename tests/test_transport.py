@@ -1,4 +1,4 @@
-"""Three PeerDrivers in one process over real loopback TCP (zab/transport.py, zab/driver.py).
+"""Three PeerDrivers in one process over real loopback TCP (zab/edge/transport.py, zab/edge/driver.py).
 
 Story (a): hostile bytes on a node's peer port (garbage, a truncated frame, an
 oversized length header, a HELLO of another cluster or of an unknown id, a
@@ -22,14 +22,14 @@ import pytest
 import trio
 
 from clusterd.localcluster import free_ports
-from metastore.state_machine import MetastoreStateMachine
+from metastore.core.state_machine import MetastoreStateMachine
 from sim.cluster import create_request, error_of, read_key, set_data_request
-from zab import transport
-from zab.codec import encode_frame, encode_hello, frame
-from zab.config import ZabConfig
-from zab.driver import PeerDriver
+from zab.edge import transport
+from zab.wire.codec import encode_frame, encode_hello, frame
+from zab.core.config import ZabConfig
+from zab.edge.driver import PeerDriver
 from zab.errors import NoLeader, OutcomeUnknown
-from zab.messages import Commit, Ping
+from zab.core.messages import Commit, Ping
 
 CLUSTER = "quire-test"
 IDS = (1, 2, 3)

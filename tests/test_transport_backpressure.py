@@ -8,11 +8,11 @@ from functools import partial
 import trio
 
 from clusterd.localcluster import free_ports
-from zab.actions import PeerDisconnected
-from zab.codec import FrameDecoder
-from zab.messages import Proposal
-from zab.transport import PeerTransport
-from zab.txn import Txn
+from zab.core.actions import PeerDisconnected
+from zab.wire.codec import FrameDecoder
+from zab.core.messages import Proposal
+from zab.edge.transport import PeerTransport
+from zab.core.txn import Txn
 
 QUEUE_MAX = 8
 PAYLOAD = b"x" * 65536

@@ -1,4 +1,4 @@
-"""HELLO handling of the peer transport (zab/transport.py) over real loopback TCP.
+"""HELLO handling of the peer transport (zab/edge/transport.py) over real loopback TCP.
 
 Only the HELLO itself is held to HELLO_MAX_BYTES: a member that sends a large frame right
 behind its HELLO (a leader with a SYNCTXNS chunk queued for a follower it reconnects to)
@@ -11,11 +11,11 @@ from __future__ import annotations
 import trio
 
 from clusterd.localcluster import free_ports
-from zab import transport
-from zab.actions import Received
-from zab.codec import encode_frame, encode_hello
-from zab.messages import Ping
-from zab.transport import PeerTransport
+from zab.edge import transport
+from zab.core.actions import Received
+from zab.wire.codec import encode_frame, encode_hello
+from zab.core.messages import Ping
+from zab.edge.transport import PeerTransport
 
 CLUSTER = "c"
 

@@ -13,9 +13,9 @@ import threading
 import trio
 
 from clusterd.localcluster import free_ports
-from zab.actions import PeerDisconnected, Received
-from zab.messages import Ack, Ping
-from zab.transport import PeerTransport
+from zab.core.actions import PeerDisconnected, Received
+from zab.core.messages import Ack, Ping
+from zab.edge.transport import PeerTransport
 
 ACKS = 3000
 PINGS = 3000

@@ -1,7 +1,7 @@
 """The znode tree, one operation at a time: the Stat effects ZooKeeper documents,
 sessions and ephemerals, containers and TTL nodes, system znodes, snapshots.
 
-Each test drives a DataTree through committed transactions (metastore.txn.apply),
+Each test drives a DataTree through committed transactions (metastore.core.txn.apply),
 as every node does, and checks what a client would read back.
 """
 
@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import pytest
 
-from metastore import paths
-from metastore.acl import ACL, OPEN_ACL_UNSAFE, READ_ACL_UNSAFE, Id, Perm
+from metastore.core import paths
+from metastore.core.acl import ACL, OPEN_ACL_UNSAFE, READ_ACL_UNSAFE, Id, Perm
 from metastore.errors import (BadArguments, DecodeError, NoChildrenForEphemerals, NoNode, NotEmpty, TxnConflict)
-from metastore.snapshot_codec import FrozenTree, decode_snapshot, encode_tree
-from metastore.tree import (CONTAINER_OWNER, MAX_TTL_MS, DataTree, EphemeralType, ephemeral_type, i32,
+from metastore.wire.snapshot_codec import FrozenTree, decode_snapshot, encode_tree
+from metastore.core.tree import (CONTAINER_OWNER, MAX_TTL_MS, DataTree, EphemeralType, ephemeral_type, i32,
                             next_version, ttl_owner)
-from metastore.txn import (AlreadyApplied, CloseSession, Create, CreateSession, Delete, SessionClosed, SetACL,
+from metastore.core.txn import (AlreadyApplied, CloseSession, Create, CreateSession, Delete, SessionClosed, SetACL,
                            SetData, Transaction, apply)
 
 SESSION = 0x0100_0000_0000_0001

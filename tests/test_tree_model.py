@@ -24,15 +24,17 @@ import os
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from metastore import errors, paths
-from metastore.acl import ACL, OPEN_ACL_UNSAFE, READ_ACL_UNSAFE, Id, Perm, check
-from metastore.stat import Stat
-from metastore.snapshot_codec import FrozenTree, decode_snapshot, encode_tree
-from metastore.tree import CONTAINER_OWNER, DataTree, next_version, ttl_owner
-from metastore.txn import (AlreadyApplied, Check, CloseSession, Create, CreateResult, CreateSession, CheckResult,
+from metastore import errors
+
+from metastore.core import paths
+from metastore.core.acl import ACL, OPEN_ACL_UNSAFE, READ_ACL_UNSAFE, Id, Perm, check
+from metastore.core.stat import Stat
+from metastore.wire.snapshot_codec import FrozenTree, decode_snapshot, encode_tree
+from metastore.core.tree import CONTAINER_OWNER, DataTree, next_version, ttl_owner
+from metastore.core.txn import (AlreadyApplied, Check, CloseSession, Create, CreateResult, CreateSession, CheckResult,
                            Delete, DeleteResult, Error, ErrorResult, Multi, MultiResult, SessionClosed,
                            SessionCreated, SetACL, SetACLResult, SetData, SetDataResult, Transaction, apply)
-from metastore.txn_codec import decode_txn, encode_txn
+from metastore.wire.txn_codec import decode_txn, encode_txn
 
 EXAMPLES = 2000 if os.environ.get("QUIRE_SOAK") else 150
 MODEL = settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metastore.errors import BadArguments
-from metastore.paths import basename, join, parent_of, sequential_path, split, validate_path
+from metastore.core.paths import basename, join, parent_of, sequential_path, split, validate_path
 
 VALID = ["/", "/a", "/a/b", "/a/.../b", "/.a", "/a.", "/..a", "/é/ß", "/a b", "/a-\u00a0", "/\uf900", "/zookeeper"]
 INVALID = [

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from zab.record import encode_record, scan_records
-from zab.storage_errors import LogCorruptError, StorageError
-from zab.txn import Txn
-from zab.txnlog import (
+from zab.storage.record import encode_record, scan_records
+from zab.storage.storage_errors import LogCorruptError, StorageError
+from zab.core.txn import Txn
+from zab.storage.txnlog import (
     PREALLOCATE_BYTES,
     SEGMENT_HEADER_BYTES,
     TxnLog,

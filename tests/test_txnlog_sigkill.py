@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from zab.txnlog import TxnLog
+from zab.storage.txnlog import TxnLog
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SEGMENT_MAX = 16 * 1024  # small, so that kills also land around segment rolls
@@ -25,8 +25,8 @@ SEGMENT_MAX = 16 * 1024  # small, so that kills also land around segment rolls
 CHILD = """
 import random, sys
 from pathlib import Path
-from zab.txn import Txn
-from zab.txnlog import TxnLog
+from zab.core.txn import Txn
+from zab.storage.txnlog import TxnLog
 
 directory, seed, segment_max = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 rng = random.Random(seed)

@@ -25,7 +25,7 @@ from kazoo.retry import KazooRetry
 
 from clusterd import config as cfg
 from clusterd import localcluster
-from metastore.snapshot_codec import decode_snapshot, encode_tree
+from metastore.wire.snapshot_codec import decode_snapshot, encode_tree
 from replay.logs import check_logs_agree
 from replay.spark_zab_checks import (AGREEMENT, CHECK_NAMES, CHECKSUMS, EPOCH_ORDER, PREFIX, QUORUM, REPLAY,
                                      SKIPPED)
@@ -33,12 +33,12 @@ from replay.verify_report import Verdict
 from replay.verify_zab import add_arguments, verify
 from replay.verify_zab import main as verify_main
 from cluster_fixtures import Cluster, copy_config
-from zab import zxid as Z
-from zab.record import encode_record, scan_records
-from zab.recovery import SNAPSHOT_DIR, TXNLOG_DIR
-from zab.snapshot import SnapshotStore
-from zab.txn import Txn
-from zab.txnlog import SEGMENT_HEADER_BYTES, TxnLog, decode_segment_header, encode_segment_header, segment_name
+from zab.core import zxid as Z
+from zab.storage.record import encode_record, scan_records
+from zab.storage.recovery import SNAPSHOT_DIR, TXNLOG_DIR
+from zab.storage.snapshot import SnapshotStore
+from zab.core.txn import Txn
+from zab.storage.txnlog import SEGMENT_HEADER_BYTES, TxnLog, decode_segment_header, encode_segment_header, segment_name
 
 pytestmark = pytest.mark.multiprocess
 

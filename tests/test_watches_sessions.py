@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from metastore.sessions import SessionTracker
-from metastore.watches import EventType as E
-from metastore.watches import WatchKind as K
-from metastore.watches import WatchManager
+from metastore.core.sessions import SessionTracker
+from metastore.core.watches import EventType as E
+from metastore.core.watches import WatchKind as K
+from metastore.core.watches import WatchManager
 
 
 def test_data_watch_fires_once_on_change():

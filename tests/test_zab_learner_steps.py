@@ -7,16 +7,16 @@ PROPOSAL and COMMIT interleaved before UPTODATE; gaps refused.
 
 from __future__ import annotations
 
-from metastore.state_machine import MetastoreStateMachine
+from metastore.core.state_machine import MetastoreStateMachine
 from sim.cluster import create_request
-from zab import zxid as Z
-from zab.actions import (Delivered, Disconnect, InstallSnapshot, LogAppend, LogSync, LogTruncate, Phase,
+from zab.core import zxid as Z
+from zab.core.actions import (Delivered, Disconnect, InstallSnapshot, LogAppend, LogSync, LogTruncate, Phase,
                          PersistEpoch, Received, Role, Send, Tick)
-from zab.config import ZabConfig
-from zab.messages import (Ack, AckEpoch, AckNewLeader, Commit, FollowerInfo, LeaderInfo, NewLeader, Notification, Proposal,
+from zab.core.config import ZabConfig
+from zab.core.messages import (Ack, AckEpoch, AckNewLeader, Commit, FollowerInfo, LeaderInfo, NewLeader, Notification, Proposal,
                           ServerState, Sync, SyncMode, SyncTxns, UpToDate)
-from zab.peer import DiskState, Peer
-from zab.txn import Txn
+from zab.core.peer import DiskState, Peer
+from zab.core.txn import Txn
 
 LEADER = 3
 

@@ -15,14 +15,14 @@ import trio.testing
 
 from clusterd.localcluster import free_ports
 from sim.cluster import SimCluster
-from zab.actions import LogAppend, LogSync, PeerDisconnected
-from zab.history import History, txn_bytes
-from zab.log_writer import LogWriter
-from zab.messages import Proposal
-from zab.snapshot import SnapshotStore
-from zab.transport import PeerTransport
-from zab.txn import Txn
-from zab.txnlog import TxnLog
+from zab.core.actions import LogAppend, LogSync, PeerDisconnected
+from zab.core.history import History, txn_bytes
+from zab.edge.log_writer import LogWriter
+from zab.core.messages import Proposal
+from zab.storage.snapshot import SnapshotStore
+from zab.edge.transport import PeerTransport
+from zab.core.txn import Txn
+from zab.storage.txnlog import TxnLog
 
 BIG = b"x" * 65536
 

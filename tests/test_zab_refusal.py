@@ -8,7 +8,7 @@ what it was ordered after); these stories make refusals happen where it matters.
 from __future__ import annotations
 
 from sim.cluster import SimCluster
-from zab import zxid as Z
+from zab.core import zxid as Z
 
 SETTLE_MS = 10_000
 

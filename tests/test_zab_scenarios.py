@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from metastore.txn import Create, SetData
-from metastore.txn_codec import decode_txn
+from metastore.core.txn import Create, SetData
+from metastore.wire.txn_codec import decode_txn
 from sim.cluster import SimCluster, path_of
-from zab import zxid as Z
-from zab.actions import Phase, Role
+from zab.core import zxid as Z
+from zab.core.actions import Phase, Role
 
 SETTLE_MS = 10_000
 
@@ -324,7 +324,7 @@ def test_failover_does_not_wait_for_a_resend(seed):
 
 
 def test_sync_on_a_follower_returns_after_every_earlier_commit_is_delivered_there():
-    from zab.actions import ClientSync
+    from zab.core.actions import ClientSync
     c = settled(SimCluster(3, seed=61))
     leader = c.leader()
     follower = min(i for i in c.nodes if i != leader)
@@ -338,7 +338,7 @@ def test_sync_on_a_follower_returns_after_every_earlier_commit_is_delivered_ther
 
 
 def test_session_touches_on_any_node_reach_the_leader():
-    from zab.actions import TouchSessions
+    from zab.core.actions import TouchSessions
     c = settled(SimCluster(3, seed=67))
     leader = c.leader()
     follower = min(i for i in c.nodes if i != leader)

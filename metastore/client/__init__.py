@@ -18,14 +18,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from metastore import jute_records as J
+from metastore.wire import jute_records as J
 from metastore.client.core import ANY_VERSION, State, Version, WatchEvent, WatchKind, wire_version
 from metastore.client.ops import Op, create_request, multi_request, multi_results
 from metastore.client.session import SessionDriver, WatchArm, credential_bytes
 from metastore.client.watches import PersistentWatch, Watch
 from metastore.errors import AuthFailed, BadArguments, BadVersion, NodeExists, NoNode, ZooKeeperError, error_for_code
-from metastore.jute_defs import AddWatchMode, Err, OpCode, WatcherType, Xid
-from metastore.stat import Stat
+from metastore.wire.jute_defs import AddWatchMode, Err, OpCode, WatcherType, Xid
+from metastore.core.stat import Stat
 
 __all__ = ["MetaClient", "State", "Watch", "PersistentWatch", "WatchEvent", "ANY_VERSION"]
 

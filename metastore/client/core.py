@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from metastore.errors import MetastoreError
-from metastore.jute_defs import EventType
-from metastore.jute_records import SetWatches2
+from metastore.wire.jute_defs import EventType
+from metastore.wire.jute_records import SetWatches2
 
 # --- connection states ---------------------------------------------------------------
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from metastore import acl as A
-from metastore import jute_records as J
+from metastore.core import acl as A
+from metastore.wire import jute_records as J
 from metastore.client.core import ANY_VERSION, Version, wire_version
 from metastore.errors import MetastoreError, ZooKeeperError, error_for_code
-from metastore.jute_defs import CreateMode, Err, OpCode, Perms
-from metastore.stat import Stat
+from metastore.wire.jute_defs import CreateMode, Err, OpCode, Perms
+from metastore.core.stat import Stat
 
 # --- ACLs ----------------------------------------------------------------------------
 

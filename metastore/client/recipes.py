@@ -31,12 +31,12 @@ from contextlib import asynccontextmanager
 
 import trio
 
-from metastore import jute_records as J
+from metastore.wire import jute_records as J
 from metastore.client import MetaClient
 from metastore.client.core import State
 from metastore.client.watches import Watch
 from metastore.errors import ConnectionLoss, MetastoreError, NoNode, SessionExpired, ZooKeeperError
-from metastore.jute_defs import EventType
+from metastore.wire.jute_defs import EventType
 
 SEQUENCE_DIGITS = 10
 RELEASE_TIMEOUT_S = 5.0

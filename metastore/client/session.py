@@ -22,13 +22,13 @@ from typing import Any, Self
 
 import trio
 
-from metastore import jute
-from metastore import jute_records as J
+from metastore.wire import jute
+from metastore.wire import jute_records as J
 from metastore.client.core import (Backoff, HostRing, Pipeline, ProtocolViolation, State, WatchEvent, WatchKind,
                                    WatchTable, Xids, check_transition)
 from metastore.client.watches import PersistentWatch, Watch
 from metastore.errors import AuthFailed, ConnectionLoss, SessionExpired, ZooKeeperError, error_for_code
-from metastore.jute_defs import (DEFAULT_MAX_BUFFER_BYTES, DEFAULT_MAX_FRAME_BYTES, PASSWORD_BYTES, Err, EventType,
+from metastore.wire.jute_defs import (DEFAULT_MAX_BUFFER_BYTES, DEFAULT_MAX_FRAME_BYTES, PASSWORD_BYTES, Err, EventType,
                                  JuteError, KeeperState, OpCode, Xid)
 from edge.sockets import METASTORE_CLIENT_TLS
 

@@ -21,12 +21,12 @@ from typing import Any
 
 import trio
 
-from metastore import jute_records as J
+from metastore.wire import jute_records as J
 from metastore.client import MetaClient
 from metastore.client.core import ANY_VERSION, State, Version, WatchEvent
 from metastore.client.ops import Op
 from metastore.client.watches import Watch
-from metastore.stat import Stat
+from metastore.core.stat import Stat
 from edge.trio_thread import TrioThread
 
 

@@ -1,0 +1,1 @@
+"""The client port (trio edge): connections, the guard on client input, SASL, four-letter words."""

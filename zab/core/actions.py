@@ -1,0 +1,182 @@
+"""Events into the Zab core and actions out of it.
+
+The driver executes actions strictly in order. Log actions go to one writer
+that appends, fsyncs once for everything queued (group commit), and only then
+runs the actions carried in LogSync.then: "persist, then send" is one action.
+
+Records here are slots dataclasses with a field hash but not frozen: a frozen
+dataclass's __init__ sets every field through object.__setattr__, about three
+times the cost, and these are built for every write. Never change one once built.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from zab.core.messages import Message
+from zab.core.statemachine import Frozen
+from zab.core.txn import Txn
+
+
+# -- events -----------------------------------------------------------------
+@dataclass(slots=True, unsafe_hash=True)
+class Tick:
+    pass
+
+
+@dataclass(slots=True, unsafe_hash=True)
+class Received:
+    frm: int
+    msg: Message
+
+
+@dataclass(slots=True, unsafe_hash=True)
+class PeerDisconnected:
+    """The link to or from `peer` broke: anything in flight on it may be lost."""
+    peer: int
+
+
+@dataclass(slots=True, unsafe_hash=True)
+class ClientRequest:
+    session_id: int
+    cxid: int
+    data: bytes
+    # What this node's state machine made of `data` already (the client port decoded it to
+    # route it): handed to prepare() when this node leads, so a request is decoded once.
+    # Never sent: a request forwarded to the leader is decoded there.
+    decoded: object = field(default=None, compare=False)
+
+
+@dataclass(slots=True, unsafe_hash=True)
+class ClientSync:
+    """A client's `sync`: answer once this node has every write committed before it."""
+    session_id: int
+    cxid: int
+
+
+@dataclass(slots=True, unsafe_hash=True)
+class TouchSessions:
+    """Client sessions active on this node; they reach the leader with the next ping."""
+    session_ids: tuple[int, ...]
+
+
+Event = Tick | Received | PeerDisconnected | ClientRequest | ClientSync | TouchSessions
+
+
+# -- actions ----------------------------------------------------------------
+class Phase(enum.Enum):
+    ELECTION = "election"
+    DISCOVERY = "discovery"
+    SYNCHRONIZATION = "synchronization"
+    BROADCAST = "broadcast"
+
+
+class Role(enum.Enum):
+    LOOKING = "looking"
+    FOLLOWING = "follower"
+    LEADING = "leader"
+    OBSERVING = "observer"
+
+
+@dataclass(slots=True, unsafe_hash=True)
+class Send:
+    to: int
+    msg: Message
+
+
+@dataclass(slots=True, unsafe_hash=True)
+class PersistEpoch:
+    """Write acceptedEpoch and/or currentEpoch durably (tmp, fsync, rename)."""
+    accepted: int | None = None
+    current: int | None = None
+
+
+@dataclass(slots=True, unsafe_hash=True)
+class LogAppend:
+    txns: tuple[Txn, ...]
+
+
+@dataclass(slots=True, unsafe_hash=True)
+class LogSync:
+    """Fsync everything appended so far, then run `then` in order."""
+    then: tuple["Action", ...] = ()
+
+
+@dataclass(slots=True, unsafe_hash=True)
+class LogTruncate:
+    """Durably drop every logged record after `zxid` (the TRUNC of synchronization)."""
+    zxid: int
+
+
+@dataclass(slots=True, unsafe_hash=True)
+class InstallSnapshot:
+    """SNAP sync: make `state` at `zxid` durable and discard the old history."""
+    zxid: int
+    state: bytes
+
+
+@dataclass(slots=True, unsafe_hash=True)
+class TakeSnapshot:
+    """Write a local snapshot of the delivered state (serialised off the event loop)."""
+    frozen: Frozen
+
+
+@dataclass(slots=True, unsafe_hash=True)
+class Delivered:
+    """A committed transaction was applied; answer its client if it is ours."""
+    txn: Txn
+    result: object
+
+
+@dataclass(slots=True, unsafe_hash=True)
+class Answered:
+    """A request the leader refused (statemachine.Refusal) is answered here, after
+    everything it was ordered behind was delivered; `result` is StateMachine.refused's."""
+    session_id: int
+    cxid: int
+    result: object
+
+
+@dataclass(slots=True, unsafe_hash=True)
+class Synced:
+    """A client's `sync` is done: this node has delivered everything up to `zxid`."""
+    session_id: int
+    cxid: int
+    zxid: int
+
+
+@dataclass(slots=True, unsafe_hash=True)
+class SessionsTouched:
+    """Leader only: these sessions are alive (seen on node `frm`, possibly ourselves)."""
+    frm: int
+    session_ids: tuple[int, ...]
+
+
+@dataclass(slots=True, unsafe_hash=True)
+class RequestFailed:
+    session_id: int
+    cxid: int
+    reason: str
+
+
+@dataclass(slots=True, unsafe_hash=True)
+class RoleChanged:
+    """The peer changed role or leader, or its leadership was established; requests in flight have an
+    unknown outcome. `broadcasting`: established in this role (the BROADCAST phase), until the next
+    RoleChanged: the leader once a quorum acked NEWLEADER, a learner once synced (UPTODATE)."""
+    role: Role
+    leader: int | None
+    epoch: int
+    broadcasting: bool = False
+
+
+@dataclass(slots=True, unsafe_hash=True)
+class Disconnect:
+    """Drop the links with `peer` (it broke the protocol or fell too far behind)."""
+    peer: int
+    reason: str = field(default="")
+
+
+Action = (Send | PersistEpoch | LogAppend | LogSync | LogTruncate | InstallSnapshot | TakeSnapshot | Delivered
+          | Answered | Synced | SessionsTouched | RequestFailed | RoleChanged | Disconnect)

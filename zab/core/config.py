@@ -1,0 +1,81 @@
+"""Configuration of one Zab peer: explicit, validated, frozen data (no global lookups)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zab.core import zxid as Z
+
+
+class ZabConfigError(ValueError):
+    """The ensemble description is unusable; the message says what to fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class ZabConfig:
+    """What the pure Zab core needs to know. Time is counted in ticks.
+
+    The driver turns `tick_ms` into Tick events; every other duration is a
+    number of ticks so that the simulator can drive the same core.
+    """
+
+    my_id: int
+    voters: frozenset[int]
+    observers: frozenset[int] = frozenset()
+    tick_ms: int = 50
+    # How long a LOOKING voter waits, once a quorum agrees on its vote, for a
+    # better vote before deciding (ZooKeeper's finalizeWait, 200 ms there).
+    election_finalize_ticks: int = 3
+    # How often a LOOKING peer re-sends its notification when nothing decides.
+    election_resend_ticks: int = 4
+    # Discovery + synchronization must finish within this (ZooKeeper's initLimit).
+    init_limit_ticks: int = 100
+    # A leader without a quorum heard from within this steps down; a follower
+    # that has not heard from its leader within this returns to election (syncLimit).
+    sync_limit_ticks: int = 10
+    ping_interval_ticks: int = 2
+    # Committed transactions kept in memory so that lagging followers get a DIFF;
+    # a follower further behind gets a SNAP.
+    sync_window_txns: int = 100_000
+    # ... and at most this many bytes of them (zab.core.history.txn_bytes): with large
+    # transactions the count alone would let the window hold gigabytes (issue 17).
+    sync_window_bytes: int = 256 << 20
+    # Take a local snapshot after this many delivered transactions.
+    snapshot_every_txns: int = 50_000
+    # The last zxid counter a leader may use before it must step down for a new
+    # epoch. Only tests lower it, to reach the rollover without 2**32 proposals.
+    zxid_counter_limit: int = Z.COUNTER_MAX
+
+    def __post_init__(self) -> None:
+        if not self.voters:
+            raise ZabConfigError("an ensemble needs at least one voter")
+        if len(self.voters) % 2 == 0:
+            raise ZabConfigError(
+                f"{len(self.voters)} voters: use an odd number (1, 3, 5 or 7); an even "
+                "count tolerates no more failures than the odd count below it")
+        if self.voters & self.observers:
+            raise ZabConfigError(f"nodes {sorted(self.voters & self.observers)} are both voter and observer")
+        if self.my_id not in self.voters | self.observers:
+            raise ZabConfigError(f"node {self.my_id} is neither a voter nor an observer of the ensemble")
+        for name in ("tick_ms", "election_finalize_ticks", "election_resend_ticks", "init_limit_ticks",
+                     "sync_limit_ticks", "ping_interval_ticks", "sync_window_txns", "sync_window_bytes",
+                     "snapshot_every_txns",
+                     "zxid_counter_limit"):
+            if getattr(self, name) <= 0:
+                raise ZabConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.zxid_counter_limit > Z.COUNTER_MAX:
+            raise ZabConfigError(f"zxid_counter_limit cannot exceed {Z.COUNTER_MAX}")
+        if self.ping_interval_ticks >= self.sync_limit_ticks:
+            raise ZabConfigError("ping_interval_ticks must be smaller than sync_limit_ticks")
+
+    @property
+    def is_observer(self) -> bool:
+        return self.my_id in self.observers
+
+    @property
+    def members(self) -> frozenset[int]:
+        return self.voters | self.observers
+
+    def is_quorum(self, ids: set[int] | frozenset[int]) -> bool:
+        """Majority quorum over the voters; observers never count."""
+        return len(ids & self.voters) * 2 > len(self.voters)

@@ -1,0 +1,186 @@
+"""The Zab peer: one node's protocol state, as a pure state machine.
+
+`Peer.step(event) -> list[Action]` is the whole interface. The peer owns what
+Zab needs of a node: the persisted epochs (acceptedEpoch, currentEpoch), the
+in-memory history of logged transactions, the state machine it delivers to,
+and its current role. Roles live in their own modules: election.py (LOOKING),
+leader.py (LEADING), learner.py (FOLLOWING and OBSERVING). Phases follow the
+paper: ELECTION, DISCOVERY, SYNCHRONIZATION, BROADCAST.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zab.core import zxid as Z
+from zab.core.actions import (Action, ClientRequest, ClientSync, Delivered, Event, PeerDisconnected, PersistEpoch, Phase, Received,
+                         RequestFailed, Role, RoleChanged, Send, TakeSnapshot, Tick, TouchSessions)
+from zab.core.config import ZabConfig
+from zab.core.election import FastLeaderElection
+from zab.core.history import History
+from zab.core.leader import LeaderRole
+from zab.core.learner import LearnerRole
+from zab.core.messages import FollowerInfo, Message, Notification, ServerState
+from zab.core.statemachine import StateMachine
+from zab.core.txn import Txn
+
+
+@dataclass(frozen=True, slots=True)
+class DiskState:
+    """What a node found on its disk at start (see zab/storage/recovery.py)."""
+    accepted_epoch: int = 0
+    current_epoch: int = 0
+    snapshot_zxid: int = 0
+    snapshot_state: bytes | None = None
+    txns: tuple[Txn, ...] = ()
+
+
+class Peer:
+    """One Zab node. Feed it events; execute the actions it returns, in order."""
+
+    def __init__(self, config: ZabConfig, state_machine: StateMachine, recovered: DiskState = DiskState()) -> None:
+        self.cfg = config
+        self.id = config.my_id
+        self.sm = state_machine
+        self.accepted_epoch = recovered.accepted_epoch
+        self.current_epoch = recovered.current_epoch
+        assert self.current_epoch <= self.accepted_epoch, "currentEpoch must never exceed acceptedEpoch"
+        if recovered.snapshot_state is not None:
+            state_machine.restore(recovered.snapshot_zxid, recovered.snapshot_state)
+        self.history = History(recovered.snapshot_zxid, [t for t in recovered.txns if t.zxid > recovered.snapshot_zxid])
+        # Delivered prefix. After a restart nothing past the snapshot counts as
+        # committed until a leader says so (UPTODATE / COMMIT).
+        self.last_committed = recovered.snapshot_zxid
+        self.now = 0
+        self.election = FastLeaderElection(config)
+        self.role = Role.LOOKING
+        self.phase = Phase.ELECTION
+        self.leader_id: int | None = None
+        self.role_state = None  # LeaderRole | LearnerRole while not LOOKING
+        self._since_snapshot = 0
+        self.join_attempts = 0
+        self._stash: dict[int, Message] = {}  # FOLLOWERINFO that arrived while we were still LOOKING
+
+    # -- the interface --------------------------------------------------------
+    def start(self) -> list[Action]:
+        return self.look()
+
+    def step(self, event: Event) -> list[Action]:
+        if isinstance(event, Tick):
+            self.now += 1
+            return self._on_tick()
+        if isinstance(event, Received):
+            return self._on_message(event.frm, event.msg)
+        if isinstance(event, PeerDisconnected):
+            return self.role_state.on_disconnected(event.peer) if self.role_state else []
+        if isinstance(event, ClientRequest):
+            if self.role_state is None:
+                return [RequestFailed(event.session_id, event.cxid, "NoLeader")]
+            return self.role_state.on_client_request(event)
+        if isinstance(event, ClientSync):
+            if self.role_state is None:
+                return [RequestFailed(event.session_id, event.cxid, "NoLeader")]
+            return self.role_state.on_client_sync(event)
+        if isinstance(event, TouchSessions):
+            return self.role_state.on_touch(event.session_ids) if self.role_state else []
+        raise TypeError(f"not a Zab event: {event!r}")
+
+    @property
+    def last_zxid(self) -> int:
+        return self.history.last_zxid
+
+    def status(self) -> dict:
+        return {"id": self.id, "role": self.role.value, "phase": self.phase.value,
+                "epoch": self.current_epoch, "accepted_epoch": self.accepted_epoch,
+                "last_zxid": self.last_zxid, "last_committed_zxid": self.last_committed,
+                "leader": self.leader_id}
+
+    # -- dispatch -------------------------------------------------------------
+    def _on_tick(self) -> list[Action]:
+        if self.role_state is None:
+            out = self._election_sends(self.election.on_tick(self.now))
+            return out + self._maybe_decided()
+        return self.role_state.on_tick()
+
+    def _on_message(self, frm: int, msg: Message) -> list[Action]:
+        if frm not in self.cfg.members:
+            return []
+        if isinstance(msg, Notification):
+            out = self._election_sends(self.election.on_notification(frm, msg, self.now))
+            if self.role_state is not None:
+                return out + self.role_state.on_notification(frm, msg)
+            return out + self._maybe_decided()
+        if self.role_state is None:
+            if isinstance(msg, FollowerInfo):
+                self._stash[frm] = msg  # the learner decided before we did
+            return []
+        return self.role_state.on_message(frm, msg)
+
+    def _election_sends(self, sends: list[tuple[int, Notification]]) -> list[Action]:
+        return [Send(to, n) for to, n in sends]
+
+    # -- role changes ---------------------------------------------------------
+    def look(self) -> list[Action]:
+        """Return to ELECTION (leader lost, quorum lost, protocol error, or start)."""
+        self.role, self.phase, self.leader_id, self.role_state = Role.LOOKING, Phase.ELECTION, None, None
+        self.sm.forget_prepared()
+        self._stash.clear()
+        out: list[Action] = [RoleChanged(Role.LOOKING, None, self.current_epoch)]
+        out += self._election_sends(self.election.start(self.current_epoch, self.last_zxid, self.now))
+        return out + self._maybe_decided()
+
+    def _maybe_decided(self) -> list[Action]:
+        decided = self.election.decided
+        if decided is None or self.role_state is not None:
+            return []
+        leader = decided.vote.leader
+        stash, self._stash = self._stash, {}
+        if leader == self.id:
+            self.election.settle(ServerState.LEADING)
+            self.role, self.leader_id = Role.LEADING, self.id
+            self.role_state = LeaderRole(self)
+            out = self.role_state.begin()
+            for frm, msg in stash.items():
+                out += self.role_state.on_message(frm, msg)
+            return out
+        observing = self.cfg.is_observer
+        self.election.settle(ServerState.OBSERVING if observing else ServerState.FOLLOWING)
+        self.role, self.leader_id = (Role.OBSERVING if observing else Role.FOLLOWING), leader
+        self.role_state = LearnerRole(self, leader)
+        return self.role_state.begin()
+
+    # -- shared steps used by the roles ----------------------------------------
+    def set_accepted_epoch(self, epoch: int) -> PersistEpoch:
+        assert Z.epoch_ok(epoch), f"epoch {epoch} is at or beyond the limit {Z.EPOCH_LIMIT}"
+        self.accepted_epoch = epoch
+        return PersistEpoch(accepted=epoch)
+
+    def set_current_epoch(self, epoch: int) -> PersistEpoch:
+        assert epoch <= self.accepted_epoch
+        self.current_epoch = epoch
+        return PersistEpoch(current=epoch)
+
+    def deliver_through(self, zxid: int, out: list[Action] | None = None) -> list[Action]:
+        """Apply every logged transaction up to `zxid` that is not yet delivered, in order,
+        adding a Delivered action to `out` for each as it goes.
+
+        A transaction the state machine cannot decode raises its MalformedState, itself
+        undelivered and the state machine untouched by it (`apply` decodes first), with
+        `out` holding what was delivered before it: a learner blames its leader and
+        resyncs (LearnerRole._deliver); on a leader it is our own bug and ends the node."""
+        out = [] if out is None else out
+        if zxid <= self.last_committed:
+            return out
+        for txn in self.history.between(self.last_committed, zxid):
+            result = self.sm.apply(txn.zxid, txn.data)
+            self.last_committed = txn.zxid
+            out.append(Delivered(txn, result))
+            self._since_snapshot += 1
+        if self._since_snapshot >= self.cfg.snapshot_every_txns:
+            self._since_snapshot = 0
+            out.append(TakeSnapshot(self.sm.freeze()))
+        self.history.trim(self.last_committed, self.cfg.sync_window_txns, self.cfg.sync_window_bytes)
+        return out
+
+    def describe(self) -> str:
+        return f"peer {self.id} {self.role.value}/{self.phase.value} e={self.current_epoch} last={Z.fmt(self.last_zxid)}"

@@ -1,0 +1,1 @@
+"""The txn log, snapshots and epoch files on disk: formats, recovery, and their writers."""

@@ -1,0 +1,1 @@
+"""The peer protocol's bytes: frames, HELLO and message codecs."""
