@@ -147,7 +147,7 @@ class RecoveryRun:
 @asynccontextmanager
 async def connected(hosts: Hosts, tls: Any = None) -> AsyncIterator[LedgerClient]:
     """A LedgerClient with its own metastore session and bookie connections (over TLS with `tls`, a
-    clusterd.tls_streams.ClientTls)."""
+    clusterd.daemon.tls_streams.ClientTls)."""
     async with MetaClient(hosts, tls=tls) as meta, BookiePool(tls=tls) as pool, LedgerClient(meta, pool) as ledgers:
         yield ledgers
 

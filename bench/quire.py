@@ -33,10 +33,10 @@ import trio
 
 from clusterd import config as cfg
 from clusterd import localcluster
-from clusterd import tlsctl
-from clusterd.admin import AdminUnavailable, fetch_status
+from clusterd.ctl import tls as tlsctl
+from clusterd.daemon.admin import AdminUnavailable, fetch_status
 from clusterd.tls_context import client_context
-from clusterd.tls_streams import ClientTls
+from clusterd.daemon.tls_streams import ClientTls
 
 BENCH_CLIENT = "bench"  # the client certificate's name (ACL identity x509:CN=bench)
 

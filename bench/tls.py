@@ -47,7 +47,7 @@ from bench.kzbench import QuireSystem, ZkSystem
 from bench.ledger_load import Quorum
 from bench.quire import TlsFiles
 from clusterd import localcluster
-from clusterd.tls_material import issue, make_private_dir, new_authority, write_cert, write_pair, write_secret
+from clusterd.ctl.tls_material import issue, make_private_dir, new_authority, write_cert, write_pair, write_secret
 
 REPO = Path(__file__).resolve().parent.parent
 PLAIN, TLS = "plain", "TLS"

@@ -161,7 +161,7 @@ class BookieClient:
     def __init__(self, host: str, port: int, *, timeout_s: float = DEFAULT_TIMEOUT_S,
                  connect_timeout_s: float = CONNECT_TIMEOUT_S, max_frame_bytes: int = (64 << 20),
                  bookie_id: int | None = None, request_ids: Iterator[int] | None = None, tls: Any = None) -> None:
-        self.tls = tls if tls is not None else BOOKIE_CLIENT_TLS.get()  # TLS when set: `async wrap(stream, host)` (clusterd.tls_streams.ClientTls); refused: OSError
+        self.tls = tls if tls is not None else BOOKIE_CLIENT_TLS.get()  # TLS when set: `async wrap(stream, host)` (clusterd.daemon.tls_streams.ClientTls); refused: OSError
         self.host, self.port = host, port
         self.bookie_id = bookie_id
         self.timeout_s = timeout_s

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 import trio
 
 from bookie.errors import CookieMismatch
-from clusterd.service_loop import ServiceLoop  # the loop every background service of a node runs under
+from ledger.service_loop import ServiceLoop  # the loop every background service of a node runs under
 from metastore.wire import jute_records as J
 from metastore.client import MetaClient, State
 from metastore.client.ops import ANYONE, Create, Delete, MultiFailed
@@ -37,7 +37,7 @@ ROOT = "/quire/bookies"
 AVAILABLE = f"{ROOT}/available"
 READONLY = f"{ROOT}/readonly"
 COOKIES = f"{ROOT}/cookies"
-# What the daemons create under /quire when their sessions authenticate (clusterd/daemon_identity.py):
+# What the daemons create under /quire when their sessions authenticate (clusterd/daemon/identity.py):
 # everything for the session's own ids ("auth"), reading for everyone. None: open (unauthenticated tests).
 DAEMON_ACL = (J.ACL(int(Perms.ALL), J.Id("auth", "")), J.ACL(int(Perms.READ), ANYONE))
 POLL_S = 1.0  # how often the registrar looks at the disk state and the session

@@ -138,7 +138,7 @@ class BookieService:
                  *, tls: Any = None) -> None:
         self.storage = storage
         # TLS with client certificates when set: `async accept(stream)` does the handshake, None
-        # when it refused (clusterd/tls_streams.py ServerTls).
+        # when it refused (clusterd/daemon/tls_streams.py ServerTls).
         self.tls = tls
         self.host = host
         self.port = port

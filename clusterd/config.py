@@ -156,7 +156,7 @@ class ClusterConfig:
     bookie_disk_usage_percent: int = 95  # above this much of its filesystem used, a bookie turns read-only
     bookie_entry_log_bytes: int = 128 << 20  # entry logs rotate at this size; compaction reclaims whole logs
     bookie_gc_interval_ms: int = 60_000  # how often a bookie looks for deleted ledgers (two misses needed)
-    # AutoRecovery (clusterd/autorecovery.py, docs/autorecovery.md), on every bookie node.
+    # AutoRecovery (ledger/autorecovery/tasks.py, docs/autorecovery.md), on every bookie node.
     autorecovery_grace_ms: int = 30_000  # unregistered this long, a bookie is lost and its ledgers re-replicated
     autorecovery_open_ledger_grace_ms: int = 30_000  # an open ledger's last fragment is left to its writer this long
     audit_interval_ms: int = 300_000  # full ledger rescans and the replica check, this often

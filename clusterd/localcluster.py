@@ -21,8 +21,8 @@ from typing import Any
 import trio
 
 import clusterd
-from clusterd import tls_node
-from clusterd.admin import AdminUnavailable, fetch_status
+from clusterd.daemon import tls_node
+from clusterd.daemon.admin import AdminUnavailable, fetch_status
 from clusterd.config import ClusterConfig, NodeConfig
 from edge.files import FILE_MODE, ensure_directory
 from zab.core.zxid import fmt
@@ -100,7 +100,7 @@ def spawn(config: ClusterConfig, node: NodeConfig, *, log_level: str = "warning"
     ensure_directory(node.data_dir)  # 0700, as everything under it (edge/files.py)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_SOURCE_ROOT), env.get("PYTHONPATH")]))
-    command = [sys.executable, "-m", "clusterd.main", "--id", str(node.id),
+    command = [sys.executable, "-m", "clusterd.daemon.main", "--id", str(node.id),
                "--config", str(config.path), "--log-level", log_level]
     fd = os.open(log_path(node), os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
     with os.fdopen(fd, "ab") as log:

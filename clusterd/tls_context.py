@@ -8,7 +8,7 @@ certificate (CERT_REQUIRED); the client port requires one with client_auth = "ne
 for one with "want", as ZooKeeper's ssl.clientAuth.
 
 The node id of a peer is read from its certificate's URI SAN `quire:node:<id>`
-(clusterd/tls_material.py writes it), never from what the peer says about itself.
+(clusterd/ctl/tls_material.py writes it), never from what the peer says about itself.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 from cryptography import x509
 
 from clusterd.tls_config import TlsConfig
-from clusterd.tls_material import NODE_URI_PREFIX
+from clusterd.ctl.tls_material import NODE_URI_PREFIX
 
 
 class TlsSetupError(Exception):

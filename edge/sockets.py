@@ -25,7 +25,7 @@ import trio
 
 # The TLS of a node's own clients of the client port (MetaClient) and of the bookie port
 # (BookieClient) when the caller passes none: clusterd sets them once at the root of a node's
-# tasks (clusterd/tls_node.py use_node_certificate), and trio tasks inherit them, so the
+# tasks (clusterd/daemon/tls_node.py use_node_certificate), and trio tasks inherit them, so the
 # daemons' clients (registration, GC, AutoRecovery, the ledger SDK inside them) dial with the
 # node's certificate without each of them carrying it. Unset elsewhere: plain TCP.
 METASTORE_CLIENT_TLS: ContextVar[Any] = ContextVar("quire_metastore_client_tls", default=None)

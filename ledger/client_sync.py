@@ -43,7 +43,7 @@ class SyncLedgerClient:
                  meta_factory: Callable[[], AbstractAsyncContextManager[Any]] | None = None,
                  meta_tls: Any = None, bookie_tls: Any = None, auth: Sequence[tuple[str, bytes | str]] = (),
                  **options: Any) -> None:
-        # meta_tls, bookie_tls: TLS for the client and bookie ports (clusterd.tls_streams.ClientTls); None: plain TCP.
+        # meta_tls, bookie_tls: TLS for the client and bookie ports (clusterd.daemon.tls_streams.ClientTls); None: plain TCP.
         # auth: the application's metastore credentials, e.g. (("digest", "app:secret"),); with them (or a
         # client certificate in meta_tls) the ledgers it creates are its own (ledger/manager.py).
         self._meta_factory = meta_factory or partial(MetaClient, list(meta_hosts), tls=meta_tls, auth=auth)

@@ -219,7 +219,7 @@ class LedgerManager:
         parent = path.rsplit("/", 1)[0]
         if parent not in self._parents:
             top = self.keys_root if parent.startswith(self.keys_root + "/") else self.root
-            await self.meta.ensure_path(top)  # open until the daemons take it over (clusterd/daemon_identity.py)
+            await self.meta.ensure_path(top)  # open until the daemons take it over (clusterd/daemon/identity.py)
             await self.meta.ensure_path(parent, acl=LEDGER_ACL)
             self._parents.add(parent)
 

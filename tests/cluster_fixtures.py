@@ -45,7 +45,7 @@ class Cluster:
         self.config = cfg.load(path)
 
     def ctl(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        return run("-m", "clusterd.ctl", "--config", str(self.path), *args, cwd=self.path.parent, timeout=timeout)
+        return run("-m", "clusterd.ctl.main", "--config", str(self.path), *args, cwd=self.path.parent, timeout=timeout)
 
     def status(self) -> list[dict]:
         done = self.ctl("status", "--json")

@@ -23,7 +23,7 @@ from bookie.entry import Digester, DigestType, master_key, password_key
 from bookie.errors import NoSuchEntry, NoSuchLedger
 from clusterd import config as cfg
 from clusterd import localcluster
-from clusterd.autorecovery import TASKS
+from ledger.autorecovery.tasks import TASKS
 from ledger.client import LedgerClient
 from ledger.handles import WriteHandle
 from ledger.metadata import Fragment, LedgerMetadata

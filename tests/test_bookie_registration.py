@@ -27,8 +27,8 @@ from bookie.errors import CookieMismatch
 from bookie_fixtures import trio_test
 from clusterd import config as cfg
 from clusterd import localcluster
-from clusterd.bookie_node import BookieNode, BookieStartupError
-from clusterd.daemon_identity import load_or_create
+from clusterd.daemon.bookie_node import BookieNode, BookieStartupError
+from clusterd.daemon.identity import load_or_create
 from clusterd.localcluster import free_ports
 from metastore.client import MetaClient
 from metastore.errors import SessionExpired
@@ -72,7 +72,7 @@ def hosts(cluster: Cluster) -> list[tuple[str, int]]:
 
 
 def daemon(cluster: Cluster) -> tuple[tuple[str, str], ...]:
-    """The daemons' metastore identity: only it may register bookies (clusterd/daemon_identity.py)."""
+    """The daemons' metastore identity: only it may register bookies (clusterd/daemon/identity.py)."""
     return load_or_create(cluster.path).auth
 
 
@@ -182,7 +182,7 @@ def test_a_wiped_bookie_directory_is_refused_at_start(cluster):
     localcluster.stop({4: pid}, timeout_s=5)
     localcluster.remove_pid_file(node, pid)
     shutil.rmtree(node.data_dir / "bookie")  # the disk was replaced
-    done = subprocess.run([sys.executable, "-m", "clusterd.main", "--config", str(cluster.path), "--id", "4"],
+    done = subprocess.run([sys.executable, "-m", "clusterd.daemon.main", "--config", str(cluster.path), "--id", "4"],
                           env=ENV, cwd=cluster.path.parent, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1, done.stderr
     assert "clusterd: bookie 4:" in done.stderr and "wiped" in done.stderr

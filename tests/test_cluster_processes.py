@@ -147,7 +147,7 @@ def test_demo_loses_no_acknowledged_write_when_nodes_are_sigkilled(cluster: Clus
 def test_a_config_naming_the_retired_kv_protocol_is_refused_with_exit_status_2(tmp_path: Path) -> None:
     path = copy_config(tmp_path)
     path.write_text(path.read_text().replace("[cluster]\n", '[cluster]\nclient_protocol = "kv"\n', 1))
-    for command in (["-m", "clusterd.main", "--id", "1"], ["-m", "clusterd.ctl", "up"]):
+    for command in (["-m", "clusterd.daemon.main", "--id", "1"], ["-m", "clusterd.ctl.main", "up"]):
         done = run(*command, "--config", str(path), cwd=tmp_path)
         assert done.returncode == 2 and "kv demo protocol was retired" in done.stderr, done.stderr
     assert not (tmp_path / "data").exists()
@@ -156,7 +156,7 @@ def test_a_config_naming_the_retired_kv_protocol_is_refused_with_exit_status_2(t
 def test_clusterd_refuses_a_bad_config_with_exit_status_2(tmp_path: Path) -> None:
     path = copy_config(tmp_path)
     path.write_text(path.read_text().replace("id = 3", "id = 2"))
-    for command in (["-m", "clusterd.main", "--id", "1"], ["-m", "clusterd.ctl", "up"]):
+    for command in (["-m", "clusterd.daemon.main", "--id", "1"], ["-m", "clusterd.ctl.main", "up"]):
         done = run(*command, "--config", str(path), cwd=tmp_path)
         assert done.returncode == 2
         assert str(path) in done.stderr and "duplicate id 2" in done.stderr, done.stderr
@@ -167,7 +167,7 @@ def test_clusterd_exits_1_when_its_port_is_taken(cluster: Cluster) -> None:
     with socket.socket() as squatter:
         squatter.bind((node.host, node.admin_port))
         squatter.listen()
-        done = run("-m", "clusterd.main", "--id", "1", "--config", str(cluster.path), cwd=cluster.path.parent)
+        done = run("-m", "clusterd.daemon.main", "--id", "1", "--config", str(cluster.path), cwd=cluster.path.parent)
     assert done.returncode == 1 and f"cannot listen for admin on {node.host}:{node.admin_port}" in done.stderr
     assert not localcluster.pid_path(node).exists()
 
@@ -179,7 +179,7 @@ def test_a_foreground_clusterd_stops_cleanly_on_sigint_and_sigterm(tmp_path: Pat
     path.write_text(f'[[node]]\nid = 7\nhost = "127.0.0.1"\npeer_port = {peer}\nclient_port = {client}\n'
                     f'admin_port = {admin}\nroles = ["voter"]\ndata_dir = "solo"\n')
     config = cfg.load(path)
-    daemon = subprocess.Popen([sys.executable, "-m", "clusterd.main", "--id", "7", "--config", str(path)],
+    daemon = subprocess.Popen([sys.executable, "-m", "clusterd.daemon.main", "--id", "7", "--config", str(path)],
                               cwd=tmp_path, env=ENV, stderr=subprocess.PIPE, text=True)
     try:
         trio.run(partial(localcluster.wait_settled, config, list(config.nodes), timeout_s=30))

@@ -27,7 +27,7 @@ from bookie.entry import Digester, DigestType, master_key
 from bookie.errors import Overloaded
 from bookie.service import BookieServiceConfig
 from clusterd import config as cluster_config
-from clusterd.bookie_node import service_config
+from clusterd.daemon.bookie_node import service_config
 from bookie_fixtures import serving_bookie, trio_test
 from ledger.client import LedgerClient
 from metastore.client import MetaClient
@@ -401,7 +401,7 @@ def test_well_formed_requests_with_extreme_values_get_a_declared_answer_and_lose
 DAEMON_PACKAGES = ("edge", "bookie", "zab", "metastore", "ledger", "clusterd", "stream", "tablespace")
 # Files written outside any data dir, with modes of their own: TLS material (keys 0600, certificates
 # 0644, in a 0700 directory) and the demo's scratch directory with its cluster.toml.
-OUTSIDE_DATA_DIRS = ("clusterd/tls_material.py", "clusterd/demo.py")
+OUTSIDE_DATA_DIRS = ("clusterd/ctl/tls_material.py", "clusterd/demo/main.py")
 _CREATES_DIRECTORY = re.compile(r"\.mkdir\(|os\.makedirs\(|os\.mkdir\(")
 _CREATES_FILE = re.compile(r"O_CREAT|\.write_text\(|\.write_bytes\(|\bopen\([^)]*[\"'][wax]b?\+?[\"']")
 

@@ -25,8 +25,8 @@ from kazoo.security import OPEN_ACL_UNSAFE
 
 from bookie.client import BookiePool
 from bookie.entry import DigestType
-from clusterd import daemon_identity
-from clusterd.autorecovery import DECOMMISSIONED, task_path
+from clusterd.daemon import identity as daemon_identity
+from ledger.autorecovery.tasks import DECOMMISSIONED, task_path
 from ledger.client import LedgerClient
 from ledger.errors import NoSuchLedger, NotLedgerOwner
 from ledger.manager import DEFAULT_KEYS, DEFAULT_ROOT, LedgerManager

@@ -2,7 +2,7 @@
 
 A 3-node cluster as `clusterctl up` runs it (every node a voter and a bookie).
 Its daemons authenticate with the digest identity of the cluster's daemon
-secret and own /quire (clusterd/daemon_identity.py). A kazoo client that did
+secret and own /quire (clusterd/daemon/identity.py). A kazoo client that did
 not authenticate tries what the review found it could do: read a ledger's
 master key or a usable password digest, change /quire, its folders, a cookie
 or their ACLs, lock the daemons out with a setACL, register a fake bookie or
@@ -24,7 +24,8 @@ from kazoo.security import OPEN_ACL_UNSAFE, make_digest_acl
 
 from bookie.client import BookiePool
 from bookie.entry import DigestType
-from clusterd import daemon_identity, localcluster
+from clusterd.daemon import identity as daemon_identity
+from clusterd import localcluster
 from ledger.client import LedgerClient
 from ledger.manager import DEFAULT_KEYS
 from ledger.metadata import ledger_path

@@ -24,7 +24,8 @@ import trio
 import trio.testing
 
 from clusterd import config as cfg
-from clusterd import ctl, localcluster
+from clusterd import localcluster
+from clusterd.ctl import main as ctl
 from metastore.client import MetaClient, SyncMetaClient
 from metastore.client.core import (ANY_VERSION, TRANSITIONS, Backoff, Pipeline, ProtocolViolation, State,
                                    WatchEvent, WatchKind, WatchTable, check_transition, wire_version)

@@ -1,4 +1,4 @@
-"""AutoRecovery's pure planning (ledger/replication.py): which fragments and entries a lost bookie
+"""AutoRecovery's pure planning (ledger/autorecovery/planning.py): which fragments and entries a lost bookie
 held, which bookie replaces it, when the metadata may record the replacement, the task record and
 the auditor's grace period."""
 
@@ -10,7 +10,7 @@ import pytest
 
 from bookie.entry import DigestType
 from ledger.metadata import Fragment, LedgerMetadata, LedgerState, decode, encode
-from ledger.replication import (FragmentChanged, LossTracker, ReplicationTask, Unrepairable, apply_repair,
+from ledger.autorecovery.planning import (FragmentChanged, LossTracker, ReplicationTask, Unrepairable, apply_repair,
                                 choose_targets, damaged_fragments, entries_on, ledger_entry_count, ledgers_to_mark,
                                 open_tail_damaged, plan_fragment, replica_checks, sources)
 

@@ -32,15 +32,15 @@ from bookie.errors import BookieUnavailable, Overloaded
 from bookie.registration import AVAILABLE, COOKIES, BookieInfo, BookieRegistrar, record_cookie
 from bookie.storage import AddRequest
 from bookie_fixtures import open_storage, trio_test
-from clusterd.auditor import Auditor
-from clusterd.autorecovery import ROOT, TASKS, AutoRecoveryConfig, task_path, wall_ms
-from clusterd.bookie_gc import BookieGarbageCollector
-from clusterd.replication_worker import ReplicationWorker
-from clusterd.service_loop import ServiceLoop
+from ledger.autorecovery.auditor import Auditor
+from ledger.autorecovery.tasks import ROOT, TASKS, AutoRecoveryConfig, task_path, wall_ms
+from clusterd.daemon.bookie_gc import BookieGarbageCollector
+from ledger.autorecovery.worker import ReplicationWorker
+from ledger.service_loop import ServiceLoop
 from ledger.errors import MetadataConflict, NotEnoughBookies
 from ledger.manager import LedgerManager
 from ledger.metadata import Fragment, LedgerMetadata, LedgerMetadataError
-from ledger.replication import ReplicationTask
+from ledger.autorecovery.planning import ReplicationTask
 from metastore import errors as E
 from metastore.client import MetaClient
 from metastore.client.core import Backoff

@@ -28,8 +28,8 @@ from kazoo.exceptions import KazooException, NoAuthError
 from kazoo.security import make_acl
 
 from clusterd import localcluster
-from clusterd.tls_material import issue, load_authority, new_authority, node_uri, write_pair
-from clusterd.tls_streams import ClientTls
+from clusterd.ctl.tls_material import issue, load_authority, new_authority, node_uri, write_pair
+from clusterd.daemon.tls_streams import ClientTls
 from clusterd.tls_context import client_context
 from metastore.wire import jute
 from metastore.core.acl import Id, is_valid_id
@@ -162,7 +162,7 @@ def test_a_stranger_on_the_peer_port_is_refused_and_the_ensemble_keeps_committin
 
 def test_the_dialer_refuses_a_server_whose_certificate_names_another_node(tls_cluster: Cluster):
     """Node 1's peer port answers with node 1's certificate: a dialer that wants node 2 hangs up."""
-    from clusterd.tls_node import peer_tls
+    from clusterd.daemon.tls_node import peer_tls
     config = tls_cluster.config
     node1, node3 = config.node(1), config.node(3)
 

@@ -13,9 +13,9 @@ from bookie.errors import BookieUnavailable
 from bookie.service import BookieService
 from clusterd.tls_config import parse_tls
 from clusterd.tls_context import client_context, server_context
-from clusterd.tls_material import (issue, make_private_dir, new_authority, node_common_name, node_uri, write_cert,
+from clusterd.ctl.tls_material import (issue, make_private_dir, new_authority, node_common_name, node_uri, write_cert,
                                    write_key, write_pair)
-from clusterd.tls_streams import ClientTls, ServerTls
+from clusterd.daemon.tls_streams import ClientTls, ServerTls
 
 from bookie_fixtures import open_storage, trio_test
 from test_bookie_service import KEY, entry

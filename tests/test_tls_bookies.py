@@ -18,8 +18,8 @@ from bookie.errors import BookieUnavailable
 from clusterd import config as cfg
 from clusterd import localcluster
 from clusterd.tls_context import client_context
-from clusterd.tls_node import plaintext_ports
-from clusterd.tls_streams import ClientTls
+from clusterd.daemon.tls_node import plaintext_ports
+from clusterd.daemon.tls_streams import ClientTls
 from ledger.client import LedgerClient
 from metastore.client import MetaClient
 from cluster_fixtures import Cluster, copy_config, start_cluster

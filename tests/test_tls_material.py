@@ -37,7 +37,7 @@ data_dir = "n7"
 
 
 def clusterctl(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "clusterd.ctl", "--config", str(folder / "cluster.toml"), *args],
+    return subprocess.run([sys.executable, "-m", "clusterd.ctl.main", "--config", str(folder / "cluster.toml"), *args],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
 
 

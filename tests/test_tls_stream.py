@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clusterd.tls_context import client_context
-from clusterd.tls_material import issue, new_authority, node_uri, write_cert, write_pair
+from clusterd.ctl.tls_material import issue, new_authority, node_uri, write_cert, write_pair
 from edge.tls_stream import OWED, TlsStream
 
 APPLICATION_DATA = 23

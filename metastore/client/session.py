@@ -123,7 +123,7 @@ class SessionDriver:
                  backoff_s: tuple[float, float] = (0.05, 1.0), max_data_bytes: int = DEFAULT_MAX_BUFFER_BYTES,
                  rng: random.Random | None = None, tls: Any = None) -> None:
         # tls: TLS on every connection when set, an object with `async wrap(stream, host)` that does
-        # the handshake (clusterd.tls_streams.ClientTls); a refusal is an OSError, tried as a failed connect.
+        # the handshake (clusterd.daemon.tls_streams.ClientTls); a refusal is an OSError, tried as a failed connect.
         self._tls = tls if tls is not None else METASTORE_CLIENT_TLS.get()
         self._rng = rng or random.Random()
         self._hosts = HostRing(hosts, self._rng)

@@ -62,7 +62,7 @@ class MetastoreConfig:
     four_letter_words: frozenset[str] = frozenset({"ruok", "srvr", "stat", "mntr", "conf", "envi", "isro"})
     tick_ms: int = 50
     limits: ClientLimits = ClientLimits()
-    tls: object = None  # TLS only when set, as ZooKeeper's secureClientPort (clusterd/tls_streams.py ServerTls)
+    tls: object = None  # TLS only when set, as ZooKeeper's secureClientPort (clusterd/daemon/tls_streams.py ServerTls)
     super_digest: str | None = None  # "user:base64(sha1)": addAuth of its password gives the super id (acl.py)
     sasl: SaslSettings = SaslSettings()  # SASL users and enforced authentication (metastore/edge/sasl_edge.py)
 

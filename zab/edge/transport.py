@@ -98,7 +98,7 @@ class PeerTransport:
         self._unflushed: list[_Outgoing] = []  # links with a pending buffer
         self._lost: list[int] = []  # peers whose loss must reach the core
         self._lost_event = trio.Event()
-        # Mutual TLS on every link when set (clusterd/tls_streams.py PeerTls: accept, admit, dial).
+        # Mutual TLS on every link when set (clusterd/daemon/tls_streams.py PeerTls: accept, admit, dial).
         self.tls = None
 
     # -- running ---------------------------------------------------------------------

@@ -30,7 +30,8 @@ from typing import Any
 
 from bookie.entry import DigestType, Entry
 from bookie.errors import BookieError
-from clusterd import tls_node, zkctl
+from clusterd.daemon import tls_node
+from clusterd.ctl import zk as zkctl
 from clusterd.config import ClusterConfig
 from ledger.client_sync import SyncLedgerClient
 from ledger.errors import LedgerError

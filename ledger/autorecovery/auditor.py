@@ -7,11 +7,11 @@ scans every ledger for those stored on it and puts a repair task for each under
 
 1. watch /quire/bookies/available (a children watch) and readonly/; a known
    bookie (one with a cookie znode) that is registered in neither is missing;
-   missing for `grace_ms` it is lost (ledger/replication.py LossTracker): a
+   missing for `grace_ms` it is lost (ledger/autorecovery/planning.py LossTracker): a
    bookie back within the grace period causes no copying;
 2. when the lost set (plus decommissioned bookies, lost at once) grows, and
    every `audit_interval_ms`, scan every ledger's metadata and mark those with a
-   fragment on a lost bookie (clusterd/autorecovery.py mark_under_replicated);
+   fragment on a lost bookie (ledger/autorecovery/tasks.py mark_under_replicated);
 3. every `audit_interval_ms`, the replica check: read each CLOSED ledger's
    entries from every bookie of their write quorums (at most `check_reads_per_s`)
    and mark the bookies that miss a copy or hold a corrupt one as `damaged`: a
@@ -35,19 +35,19 @@ from bookie.client import BookiePool
 from bookie.entry import crc32c_digest_ok
 from bookie.errors import BookieError, EntryCorrupt, NoSuchEntry, NoSuchLedger
 from bookie.registration import AVAILABLE, COOKIES, DAEMON_ACL, READONLY, list_bookies
-from clusterd.autorecovery import (ELECTION, AutoRecoveryConfig, decommissioned, list_tasks, mark_under_replicated,
+from ledger.autorecovery.tasks import (ELECTION, AutoRecoveryConfig, decommissioned, list_tasks, mark_under_replicated,
                                    paused)
-from clusterd.service_loop import ServiceLoop
+from ledger.service_loop import ServiceLoop
 from ledger.errors import NoSuchLedger as NoSuchLedgerMetadata
 from ledger.manager import LedgerManager
 from ledger.metadata import LedgerMetadata, LedgerMetadataError
-from ledger.replication import LossTracker, ledgers_to_mark, replica_checks
+from ledger.autorecovery.planning import LossTracker, ledgers_to_mark, replica_checks
 from metastore.client import MetaClient
 from metastore.client.watches import Watch
 from metastore.errors import NoAuth, NoNode
 from metastore.client.recipes import LeaderElection, LeadershipLost
 
-log = logging.getLogger("clusterd.auditor")
+log = logging.getLogger("ledger.autorecovery.auditor")
 
 RETRY_S = 1.0
 

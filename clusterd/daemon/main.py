@@ -2,7 +2,7 @@
 
 One trio nursery holds the node's services: the Zab peer driver and the client
 port (on voters and observers: the ZooKeeper client protocol), the bookie (on nodes
-with the bookie role: clusterd/bookie_node.py) and the
+with the bookie role: clusterd/daemon/bookie_node.py) and the
 admin HTTP port. A bookie-only node runs no Zab peer: its bookie reaches the
 metastore through the ensemble's client ports. SIGTERM or SIGINT
 cancels the nursery and the process exits 0. Exit status 2 means the
@@ -21,9 +21,11 @@ from typing import Any, NoReturn
 
 import trio
 
-from clusterd import localcluster, tls_node
-from clusterd.admin import AdminServer
-from clusterd.bookie_node import BookieNode, BookieStartupError
+from clusterd import localcluster
+
+from clusterd.daemon import tls_node
+from clusterd.daemon.admin import AdminServer
+from clusterd.daemon.bookie_node import BookieNode, BookieStartupError
 from clusterd.config import ClusterConfig, ConfigError, NodeConfig, load
 from clusterd.tls_context import TlsSetupError
 from metastore.edge.edge_guard import ClientLimits

@@ -1,7 +1,7 @@
 """`clusterctl`: start, stop, inspect and use a local cluster described by a cluster.toml.
 
     clusterctl [--config FILE] up | down | status [--json] | demo
-    and the metastore commands of clusterd/zkctl.py (ls, get PATH, stat, create, set, rm, cas), the
+    and the metastore commands of clusterd/ctl/zk.py (ls, get PATH, stat, create, set, rm, cas), the
     bookie, ledger, recovery, verify and tls commands.
 
 Exit status: 0 done, 1 the operation failed, 2 the command line or the config was refused.
@@ -17,7 +17,10 @@ from typing import Any
 
 import trio
 
-from clusterd import bookiectl, demo, ledgerctl, localcluster, recoveryctl, tlsctl, verifyctl, zkctl
+from clusterd import localcluster
+from clusterd.ctl import bookie as bookiectl, ledger as ledgerctl, recovery as recoveryctl, tls as tlsctl, verify as verifyctl, zk as zkctl
+
+from clusterd.demo import main as demo
 from clusterd.config import ClusterConfig, ConfigError, NodeConfig, load
 from clusterd.localcluster import ClusterError
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from clusterd.config import ClusterConfig
 from clusterd.tls_config import TlsConfig, parse_tls
-from clusterd.tls_material import (CLIENT_NAME, TlsMaterialError, issue, load_authority, make_private_dir,
+from clusterd.ctl.tls_material import (CLIENT_NAME, TlsMaterialError, issue, load_authority, make_private_dir,
                                    new_authority, node_common_name, node_uri, write_cert, write_key, write_pair,
                                    write_secret)
 

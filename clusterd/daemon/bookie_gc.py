@@ -24,7 +24,7 @@ import trio
 
 from bookie.gc import ExistsCheck, GcPolicy, MetadataScan
 from bookie.storage import BookieStorage
-from clusterd.service_loop import ServiceLoop
+from ledger.service_loop import ServiceLoop
 from ledger.manager import LedgerManager
 from metastore.client import MetaClient
 

@@ -7,7 +7,7 @@ entries of each fragment to the chosen bookie, then updates the fragment's
 ensemble; once every fragment is repaired the task is deleted and the lock
 released." Per task, under /quire/underreplicated-locks/<ledger id>:
 
-1. for each fragment with a lost bookie and a known end (ledger/replication.py
+1. for each fragment with a lost bookie and a known end (ledger/autorecovery/planning.py
    damaged_fragments): choose a replacement (this node's bookie first), copy
    every entry the lost bookie held from a surviving replica with recovery adds
    (CRC32C digests verified; HMAC entries cannot be verified without the
@@ -43,14 +43,14 @@ from bookie.client import BookiePool
 from bookie.entry import DigestType, EntryFormatError, crc32c_digest_ok, parse_header
 from bookie.errors import BookieError, EntryCorrupt, NoSuchEntry, NoSuchLedger
 from bookie.registration import DAEMON_ACL, list_bookies
-from clusterd.autorecovery import (TASKS, AutoRecoveryConfig, decommissioned, list_tasks, lock_path, paused, read_task,
+from ledger.autorecovery.tasks import (TASKS, AutoRecoveryConfig, decommissioned, list_tasks, lock_path, paused, read_task,
                                    task_path, wall_ms)
-from clusterd.service_loop import ServiceLoop
+from ledger.service_loop import ServiceLoop
 from ledger.client import LedgerClient
 from ledger.errors import LedgerError, MetadataConflict
 from ledger.errors import NoSuchLedger as NoSuchLedgerMetadata
 from ledger.metadata import LedgerMetadata
-from ledger.replication import (FragmentChanged, FragmentRepair, ReplicationTask, Unrepairable, apply_repair,
+from ledger.autorecovery.planning import (FragmentChanged, FragmentRepair, ReplicationTask, Unrepairable, apply_repair,
                                 damaged_fragments, entries_on, fragment_last_entry, open_tail_damaged, plan_fragment,
                                 sources)
 from metastore.client import MetaClient

@@ -1,5 +1,5 @@
 """The end of `clusterctl demo`: read everything back from every node, alone, and compare
-it with what the clients were told (clusterd/demo_writers.py)."""
+it with what the clients were told (clusterd/demo/writers.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import trio
 
 from clusterd.config import NodeConfig
-from clusterd.demo_writers import (COUNTER, COUNTER_LOG, MEMBERS, PARENTS, ROOT, SEQUENTIAL,
+from clusterd.demo.writers import (COUNTER, COUNTER_LOG, MEMBERS, PARENTS, ROOT, SEQUENTIAL,
                                    SESSION_TIMEOUT_MS, DemoClient, Kind, Record)
 from metastore.client import MetaClient
 from metastore.errors import NoNode

@@ -39,8 +39,8 @@ from pathlib import Path
 
 from bookie.registration import AVAILABLE, COOKIES, READONLY
 from bookie.registration import ROOT as BOOKIES
-from clusterd.autorecovery import DECOMMISSIONED, ELECTION, LOCKS, TASKS
-from clusterd.autorecovery import ROOT as AUTORECOVERY
+from ledger.autorecovery.tasks import DECOMMISSIONED, ELECTION, LOCKS, TASKS
+from ledger.autorecovery.tasks import ROOT as AUTORECOVERY
 from ledger.manager import DEFAULT_IDGEN, DEFAULT_KEYS, DEFAULT_ROOT, QUIRE_ROOT
 from metastore.wire import jute_records as J
 from metastore.core.acl import generate_digest
@@ -50,7 +50,7 @@ from metastore.errors import NodeExists, NoNode
 from metastore.wire.jute_defs import Perms
 from edge.files import FILE_MODE
 
-log = logging.getLogger("clusterd.daemon_identity")
+log = logging.getLogger("clusterd.daemon.identity")
 
 SECRET_FILE = "quire-daemon.secret"
 SECRET_BYTES = 32

@@ -25,7 +25,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from clusterd import daemon_identity, tls_node
+from clusterd.daemon import identity as daemon_identity, tls_node
 from clusterd.config import ClusterConfig
 from metastore.client.core import ANY_VERSION
 from metastore.client.ops import stat_dict

@@ -1,5 +1,5 @@
 """The AutoRecovery of one bookie node (trio edge): its replication worker, and its auditor
-contender (clusterd/autorecovery.py describes both and their metastore records)."""
+contender (ledger/autorecovery/tasks.py describes both and their metastore records)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 
 import trio
 
-from clusterd.auditor import Auditor
-from clusterd.autorecovery import AutoRecoveryConfig
-from clusterd.replication_worker import ReplicationWorker
+from ledger.autorecovery.auditor import Auditor
+from ledger.autorecovery.tasks import AutoRecoveryConfig
+from ledger.autorecovery.worker import ReplicationWorker
 
 
 class AutoRecovery:

@@ -13,7 +13,7 @@ from dataclasses import asdict
 from typing import Any
 
 from bookie.registration import list_bookies
-from clusterd import recoveryctl, zkctl
+from clusterd.ctl import recovery as recoveryctl, zk as zkctl
 from clusterd.config import ClusterConfig
 
 Command = Callable[[ClusterConfig, argparse.Namespace], int]
@@ -22,7 +22,7 @@ Command = Callable[[ClusterConfig, argparse.Namespace], int]
 def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]) -> None:
     """Register `bookie ls` with clusterctl's parser (`command` is ctl's factory)."""
     bookie = command("bookie", zkctl._zk(cmd_bookie), "bookies: `bookie ls` lists the registered bookies; "
-                     "`bookie decommission ID` drains one (clusterd/recoveryctl.py), `recommission ID` undoes it")
+                     "`bookie decommission ID` drains one (clusterd/ctl/recovery.py), `recommission ID` undoes it")
     bookie.add_argument("action", choices=("ls", "decommission", "recommission"),
                         help="ls: every registered bookie, available and read-only")
     bookie.add_argument("id", nargs="?", type=int, help="decommission/recommission: the bookie's id")

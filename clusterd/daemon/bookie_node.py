@@ -1,6 +1,6 @@
 """The bookie of a clusterd node (trio edge): storage, service, registration, wired together.
 
-On a node with the bookie role (clusterd/main.py starts this on ensemble and
+On a node with the bookie role (clusterd/daemon/main.py starts this on ensemble and
 bookie-only nodes alike, when the cluster speaks the ZooKeeper protocol):
 
 1. bind the bookie port at once, so a port in use fails the start (exit 1);
@@ -26,13 +26,13 @@ from bookie.registration import DAEMON_ACL, BookieInfo, BookieRegistrar, read_co
 from bookie.service import BookieService, BookieServiceConfig
 from bookie.storage import BookieStorage
 from bookie.storage_config import BookieStorageConfig
-from clusterd import tls_node
-from clusterd import daemon_identity
-from clusterd.autorecovery import DECOMMISSIONED, AutoRecoveryConfig
-from clusterd.autorecovery_node import AutoRecovery
-from clusterd.bookie_gc import BookieGarbageCollector
+from clusterd.daemon import tls_node
+from clusterd.daemon import identity as daemon_identity
+from ledger.autorecovery.tasks import DECOMMISSIONED, AutoRecoveryConfig
+from clusterd.daemon.autorecovery_node import AutoRecovery
+from clusterd.daemon.bookie_gc import BookieGarbageCollector
 from clusterd.config import ClusterConfig, NodeConfig
-from clusterd.service_loop import ServiceLoop, retryable
+from ledger.service_loop import ServiceLoop, retryable
 from metastore.client import MetaClient
 
 log = logging.getLogger("clusterd.bookie")

@@ -3,7 +3,7 @@
     recovery status [--json]   the auditor, the pause flag, decommissioned bookies, and every
                                under-replicated ledger: lost/damaged bookies, since when, who works
                                on it and how far it got, the last error and the next attempt
-    recovery pause | resume    the flag workers and the auditor honour (clusterd/autorecovery.py)
+    recovery pause | resume    the flag workers and the auditor honour (ledger/autorecovery/tasks.py)
     bookie decommission ID     drain a live bookie: it turns read-only (no new ledgers), its ledgers are
                                marked under-replicated as if it were lost (it still serves reads while
                                they are copied), and the command waits until no ledger references it
@@ -22,8 +22,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from bookie.registration import DAEMON_ACL
-from clusterd import daemon_identity, zkctl
-from clusterd.autorecovery import (DECOMMISSIONED, ELECTION, TASKS, decommissioned, list_tasks,
+from clusterd.daemon import identity as daemon_identity
+from clusterd.ctl import zk as zkctl
+from ledger.autorecovery.tasks import (DECOMMISSIONED, ELECTION, TASKS, decommissioned, list_tasks,
                                    mark_under_replicated, paused, read_task, set_paused, worker_progress)
 from clusterd.config import ClusterConfig
 from ledger.errors import NoSuchLedger

@@ -10,8 +10,8 @@ connection was lost in flight by reading it back; restart what was killed with
 `clusterd` again; wait until every node has committed the same zxid; then read
 every write back from every node, each through a session with that node alone,
 and check that the ephemeral nodes lived as long as their sessions. Exit status 1
-if anything acknowledged is missing. clusterd/demo_writers.py has the clients and
-the naming scheme that makes every outcome knowable; clusterd/demo_check.py the
+if anything acknowledged is missing. clusterd/demo/writers.py has the clients and
+the naming scheme that makes every outcome knowable; clusterd/demo/check.py the
 reading back.
 
 The demo never touches the config's own data directories: it runs on a copy of the config
@@ -32,9 +32,10 @@ from typing import Any
 import trio
 
 from clusterd import config as cfg
-from clusterd import demo_check, demo_ledgers, localcluster
+from clusterd.demo import check as demo_check, ledgers as demo_ledgers
+from clusterd import localcluster
 from clusterd.config import ClusterConfig, NodeConfig
-from clusterd.demo_writers import COUNTER, COUNTER_LOG, MEMBERS, ROOT, SEQUENTIAL, DemoClients, GaveUp, Record
+from clusterd.demo.writers import COUNTER, COUNTER_LOG, MEMBERS, ROOT, SEQUENTIAL, DemoClients, GaveUp, Record
 from clusterd.localcluster import ClusterError
 from metastore.errors import MetastoreError
 from zab.core.zxid import fmt
@@ -101,7 +102,7 @@ def _verify_on_spark(demo: Demo) -> int:
     worst = 0
     for target in ("zab", "ledgers"):
         demo.say(f"clusterctl verify {target}: checking every node's files on Spark (local mode)")
-        done = subprocess.run([sys.executable, "-m", "clusterd.ctl", "--config", str(demo.config.path),
+        done = subprocess.run([sys.executable, "-m", "clusterd.ctl.main", "--config", str(demo.config.path),
                                "verify", target], stdin=subprocess.DEVNULL)
         demo.say(f"verify {target}: " + ("every check passed" if done.returncode == 0
                                          else f"FAILED (exit status {done.returncode})"))

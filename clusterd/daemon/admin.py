@@ -24,7 +24,7 @@ from typing import Any
 
 import trio
 
-from clusterd.tls_streams import ClientTls, ServerTls
+from clusterd.daemon.tls_streams import ClientTls, ServerTls
 
 log = logging.getLogger(__name__)
 

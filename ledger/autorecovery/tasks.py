@@ -25,13 +25,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ledger.replication import ReplicationTask
+from ledger.autorecovery.planning import ReplicationTask
 from metastore.wire import jute_records as J
 from metastore.client import MetaClient
 from metastore.errors import BadVersion, NodeExists, NoNode
 from metastore.client.recipes import Lock
 
-log = logging.getLogger("clusterd.autorecovery")
+log = logging.getLogger("ledger.autorecovery.tasks")
 
 TASKS = "/quire/underreplicated"
 LOCKS = "/quire/underreplicated-locks"

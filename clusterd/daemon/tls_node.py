@@ -11,7 +11,7 @@ import logging
 
 from clusterd.config import ClusterConfig, NodeConfig
 from clusterd.tls_context import client_context, node_client_context, server_context
-from clusterd.tls_streams import ClientTls, PeerTls, ServerTls
+from clusterd.daemon.tls_streams import ClientTls, PeerTls, ServerTls
 from edge.sockets import BOOKIE_CLIENT_TLS, METASTORE_CLIENT_TLS
 
 log = logging.getLogger("clusterd")

@@ -107,7 +107,7 @@ async def _write_and_tail(client: LedgerClient, entries: int, say: Callable[[str
 def _killed_writer(config: ClusterConfig, say: Callable[[str], None]) -> tuple[int, int]:
     """A writer process appends until KILL_AFTER_ACKS acks, then is SIGKILLed; (ledger id, acks seen)."""
     hosts = ",".join(f"{h}:{p}" for h, p in config.client_addresses())
-    writer = subprocess.Popen([sys.executable, "-m", "clusterd.demo_ledgers", "writer", hosts],
+    writer = subprocess.Popen([sys.executable, "-m", "clusterd.demo.ledgers", "writer", hosts],
                               stdout=subprocess.PIPE, text=True)
     try:
         ledger_id = int(writer.stdout.readline().split()[1])

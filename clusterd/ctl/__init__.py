@@ -1,0 +1,1 @@
+"""`clusterctl`: the operator's commands (cluster, znodes, bookies, ledgers, recovery, TLS, verify)."""
