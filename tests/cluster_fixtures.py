@@ -9,7 +9,13 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+import pytest
+from kazoo.client import KazooClient
 
 from clusterd import config as cfg
 from clusterd import localcluster
@@ -74,3 +80,68 @@ def start_cluster(cluster: Cluster, *, timeout: float = 60) -> Cluster:
     up = cluster.ctl("up", timeout=timeout)
     assert up.returncode == 0, up.stdout + up.stderr
     return cluster
+
+
+def four_node_config(folder: Path) -> Path:
+    """The shipped 3 voter+bookie nodes, plus node 4 with the bookie role only."""
+    path = copy_config(folder)
+    ports = free_ports(4)
+    path.write_text(path.read_text() + f"""
+[[node]]
+id = 4
+host = "127.0.0.1"
+peer_port = {ports[0]}
+client_port = {ports[1]}
+admin_port = {ports[2]}
+bookie_port = {ports[3]}
+roles = ["bookie"]
+data_dir = "data/node4"
+""")
+    return path
+
+
+def hosts(cluster: Cluster, only: int | None = None) -> str:
+    nodes = cfg.load(cluster.path).nodes
+    return ",".join(f"{n.host}:{n.client_port}" for n in nodes if only is None or n.id == only)
+
+
+def started_kazoo(cluster: Cluster, only: int | None = None, *, timeout: float = 5, start_timeout_s: float = 20,
+                  **options) -> KazooClient:
+    """A kazoo client (real kazoo) of the cluster's nodes (or of node `only`), connected; the caller stops it."""
+    client = KazooClient(hosts=hosts(cluster, only), timeout=timeout, **options)
+    client.start(timeout=start_timeout_s)
+    return client
+
+
+@contextmanager
+def kazoo_session(cluster: Cluster, only: int | None = None, **options) -> Iterator[KazooClient]:
+    """started_kazoo, stopped and closed at the end of the block."""
+    client = started_kazoo(cluster, only, **options)
+    try:
+        yield client
+    finally:
+        client.stop()
+        client.close()
+
+
+def wait_for(predicate, timeout_s: float = 10) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
+
+
+@pytest.fixture(scope="module")
+def ensemble(tmp_path_factory) -> Iterator[Cluster]:
+    """A module's 3-node cluster (sessions may be as short as 1 s), up for its tests."""
+    folder = tmp_path_factory.mktemp("zk")
+    path = copy_config(folder)
+    text = path.read_text().replace("[cluster]\n", "[cluster]\nmin_session_timeout_ms = 1000\n", 1)
+    path.write_text(text)
+    cluster = Cluster(path)
+    up = cluster.ctl("up")
+    assert up.returncode == 0, up.stdout + up.stderr
+    yield cluster
+    cluster.ctl("down", "--timeout", "5")

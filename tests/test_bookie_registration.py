@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import trio
@@ -29,33 +28,14 @@ from clusterd import config as cfg
 from clusterd import localcluster
 from clusterd.daemon.bookie_node import BookieNode, BookieStartupError
 from clusterd.daemon.identity import load_or_create
-from clusterd.localcluster import free_ports
 from metastore.client import MetaClient
 from metastore.errors import SessionExpired
-from cluster_fixtures import ENV, Cluster, copy_config
+from cluster_fixtures import ENV, Cluster, copy_config, four_node_config
 
 pytestmark = pytest.mark.multiprocess
 
 KEY = master_key(b"pw")
 DIGESTER = Digester(DigestType.CRC32C, b"pw")
-
-
-def four_node_config(folder: Path) -> Path:
-    """The shipped 3 voter+bookie nodes, plus node 4 with the bookie role only."""
-    path = copy_config(folder)
-    ports = free_ports(4)
-    path.write_text(path.read_text() + f"""
-[[node]]
-id = 4
-host = "127.0.0.1"
-peer_port = {ports[0]}
-client_port = {ports[1]}
-admin_port = {ports[2]}
-bookie_port = {ports[3]}
-roles = ["bookie"]
-data_dir = "data/node4"
-""")
-    return path
 
 
 @pytest.fixture(scope="module")

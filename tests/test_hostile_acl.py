@@ -34,7 +34,7 @@ from metastore.core.state_machine import MetastoreStateMachine
 from metastore.core.txn import ErrorResult
 from metastore.core.watches import WatchKind, WatchManager
 from cluster_fixtures import Cluster, copy_config
-from test_kazoo import started_kazoo
+from cluster_fixtures import started_kazoo
 from test_metastore_prepare import answer
 from zab.core import zxid as Z
 

@@ -29,7 +29,7 @@ from metastore.core.acl import OPEN_ACL_UNSAFE
 from metastore.edge.edge_guard import MAX_AUTH_IDS
 from metastore.wire.jute_defs import OpCode
 from cluster_fixtures import Cluster, copy_config
-from test_kazoo import started_kazoo, wait_for
+from cluster_fixtures import started_kazoo, wait_for
 
 pytestmark = pytest.mark.multiprocess
 

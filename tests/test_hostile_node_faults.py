@@ -37,7 +37,7 @@ from ledger.errors import LedgerError
 from metastore.client import MetaClient
 from metastore.errors import MetastoreError
 from cluster_fixtures import Cluster, copy_config
-from test_kazoo import kazoo_session
+from cluster_fixtures import kazoo_session
 
 pytestmark = pytest.mark.multiprocess
 

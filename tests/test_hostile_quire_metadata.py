@@ -31,7 +31,7 @@ from ledger.manager import DEFAULT_KEYS
 from ledger.metadata import ledger_path
 from metastore.client import MetaClient
 from cluster_fixtures import Cluster, copy_config, start_cluster
-from test_kazoo import kazoo_session
+from cluster_fixtures import kazoo_session
 
 pytestmark = pytest.mark.multiprocess
 

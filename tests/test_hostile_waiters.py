@@ -5,7 +5,7 @@ its own, so the same (session, cxid) can be in flight on two nodes at once. Ever
 delivers every transaction, and a driver that keyed its waiters by (session, cxid) gave
 one node's client the answer to the other node's request (or, for a `sync`, a write's
 result where a zxid was expected: an AssertionError in the node). Three PeerDrivers in
-one process over real loopback TCP (tests/test_transport.py's Ensemble); this failed
+one process over real loopback TCP (tests/test_zab_transport.py's Ensemble); this failed
 before the driver stamped each request with its node's id."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import trio
 
 from sim.cluster import create_request, set_data_request, version_of
-from test_transport import Ensemble, run_ensemble
+from zab_fixtures import Ensemble, run_ensemble
 
 ROUNDS = 30
 SESSION = 5 << 56 | 1  # one session, as if it had moved from one follower to the other

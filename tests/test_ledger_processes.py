@@ -26,7 +26,7 @@ from clusterd import localcluster
 from ledger.client import LedgerClient
 from ledger.metadata import LedgerState
 from metastore.client import MetaClient
-from test_bookie_registration import four_node_config
+from cluster_fixtures import four_node_config
 from cluster_fixtures import ENV, REPO, Cluster
 
 pytestmark = pytest.mark.multiprocess

@@ -2,7 +2,7 @@
 
 The first tests check the pure rules (watch tables, the reply pipeline, backoff,
 states) without I/O. The rest run against a real 3-node clusterd ensemble
-speaking the ZooKeeper protocol, started once for the module (as tests/test_kazoo.py):
+speaking the ZooKeeper protocol, started once for the module (as tests/test_metastore_kazoo.py):
 a node the client is on gets SIGSTOPped or SIGKILLed, a client process gets
 SIGSTOPped past its session timeout, and the client must say what happened.
 """

@@ -17,7 +17,7 @@ from kazoo.exceptions import BadVersionError, ConnectionLoss, NoNodeError, Opera
 from clusterd import config as cfg
 from clusterd import localcluster
 from metastore.wire import jute
-from test_kazoo import ensemble, hosts, wait_for  # noqa: F401 (ensemble is a fixture)
+from cluster_fixtures import ensemble, hosts, wait_for  # noqa: F401 (ensemble is a fixture)
 
 pytestmark = pytest.mark.multiprocess
 

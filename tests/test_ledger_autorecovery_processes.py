@@ -32,7 +32,7 @@ from metastore.client import MetaClient
 from metastore.errors import NoNode
 from replay.verify_ledgers import verify
 from replay.verify_zab import add_arguments
-from test_bookie_registration import four_node_config
+from cluster_fixtures import four_node_config
 from cluster_fixtures import Cluster
 
 pytestmark = pytest.mark.multiprocess

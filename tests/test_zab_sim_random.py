@@ -13,7 +13,7 @@ keep taking writes, and pass check_final() plus the extra oracles below.
 A failing scenario prints itself as a Python literal: paste it into
 `run_scenario(...)` (or into REGRESSIONS) and it replays exactly. Scenarios
 drawn from a plain seed (`scenario_from_seed`) replay with
-`QUIRE_SIM_SEED=<seed> pytest tests/test_sim_random.py -k replay`.
+`QUIRE_SIM_SEED=<seed> pytest tests/test_zab_sim_random.py -k replay`.
 See docs/testing.md.
 """
 
@@ -330,7 +330,7 @@ def test_soak_random_schedules(sc: Scenario) -> None:
 
 @pytest.mark.soak
 def test_soak_seeds() -> None:
-    """Plain seeds, fast to replay: QUIRE_SIM_SEED=<seed> pytest tests/test_sim_random.py -k replay."""
+    """Plain seeds, fast to replay: QUIRE_SIM_SEED=<seed> pytest tests/test_zab_sim_random.py -k replay."""
     first = int(os.environ.get("QUIRE_SOAK_SEED", str(time.time_ns() % 2**32)))
     count = int(os.environ.get("QUIRE_SOAK_SEEDS", "3000"))
     print(f"soak: seeds {first}..{first + count - 1}")
@@ -339,7 +339,7 @@ def test_soak_seeds() -> None:
             run_scenario(scenario_from_seed(seed, max_steps=80))
         except BaseException as e:
             e.add_note(f"soak seed {seed}: QUIRE_SIM_SEED={seed} QUIRE_SIM_MAX_STEPS=80 "
-                       "pytest tests/test_sim_random.py -k replay")
+                       "pytest tests/test_zab_sim_random.py -k replay")
             raise
 
 

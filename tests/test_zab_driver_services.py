@@ -8,7 +8,7 @@ from pathlib import Path
 import trio
 
 from sim.cluster import create_request, read_key
-from test_transport import Ensemble, run_ensemble
+from zab_fixtures import Ensemble, run_ensemble
 
 
 class Listener:

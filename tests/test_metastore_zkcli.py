@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from clusterd import config as cfg
-from test_kazoo import ensemble  # noqa: F401 (a fixture)
+from cluster_fixtures import ensemble  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.multiprocess
 ZKCLI = Path("/usr/share/zookeeper/bin/zkCli.sh")

@@ -9,7 +9,6 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 from kazoo.client import KazooClient
@@ -19,60 +18,14 @@ from kazoo.security import make_digest_acl
 
 from clusterd import config as cfg
 from clusterd import localcluster
-from cluster_fixtures import Cluster, copy_config
+from cluster_fixtures import Cluster, ensemble, hosts, kazoo_session, wait_for  # noqa: F401 (ensemble is a fixture)
 
 pytestmark = pytest.mark.multiprocess
-
-@pytest.fixture(scope="module")
-def ensemble(tmp_path_factory) -> Iterator[Cluster]:
-    folder = tmp_path_factory.mktemp("zk")
-    path = copy_config(folder)
-    text = path.read_text().replace("[cluster]\n", "[cluster]\nmin_session_timeout_ms = 1000\n", 1)
-    path.write_text(text)
-    cluster = Cluster(path)
-    up = cluster.ctl("up")
-    assert up.returncode == 0, up.stdout + up.stderr
-    yield cluster
-    cluster.ctl("down", "--timeout", "5")
-
-
-def hosts(cluster: Cluster, only: int | None = None) -> str:
-    nodes = cfg.load(cluster.path).nodes
-    return ",".join(f"{n.host}:{n.client_port}" for n in nodes if only is None or n.id == only)
-
-
-def started_kazoo(cluster: Cluster, only: int | None = None, *, timeout: float = 5, start_timeout_s: float = 20,
-                  **options) -> KazooClient:
-    """A kazoo client of the cluster's nodes (or of node `only`), connected; the caller stops it."""
-    client = KazooClient(hosts=hosts(cluster, only), timeout=timeout, **options)
-    client.start(timeout=start_timeout_s)
-    return client
-
-
-@contextmanager
-def kazoo_session(cluster: Cluster, only: int | None = None, **options) -> Iterator[KazooClient]:
-    """started_kazoo, stopped and closed at the end of the block."""
-    client = started_kazoo(cluster, only, **options)
-    try:
-        yield client
-    finally:
-        client.stop()
-        client.close()
-
 
 @pytest.fixture
 def zk(ensemble: Cluster) -> Iterator[KazooClient]:
     with kazoo_session(ensemble, start_timeout_s=15) as client:
         yield client
-
-
-def wait_for(predicate, timeout_s: float = 10) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
 
 
 def test_crud_and_versions(zk: KazooClient):
