@@ -58,4 +58,4 @@ def test_an_unfinished_append_waits_for_its_outcome() -> None:
             with trio.fail_after(5):
                 assert await p.result() == 3
 
-    trio.run(main)
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))  # no I/O here: simulated time
