@@ -13,6 +13,8 @@ the crash rules):
   journal position it covers, and trims the journal before it. Only its cut (journal roll,
   index copy, entry log sizes) holds the disk, between two batches; the rest runs beside adds.
 
+What a request may do, and the journal records it writes, is decided by bookie/ledger_rules.py
+(LedgerRules, pure, shared with the simulator); this module makes those records durable.
 Group commit (bookie/storage_commit.py): callers put records in the open batch; one write and
 one fsync per batch in a worker thread. The service joins adds synchronously (`join_adds`) and
 answers them from the batch (storage_commit's after_sync or on_done); the async methods await it.
@@ -20,23 +22,20 @@ answers them from the batch (storage_commit's after_sync or on_done); the async 
 
 from __future__ import annotations
 
-import hmac
 import logging
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import trio
 
-from bookie.entry import EntryFormatError, parse_header
-from bookie.errors import (BadRequest, BookieError, BookieReadOnly, EntryTooLarge, LedgerFenced, NoSuchEntry,
-                           NoSuchLedger, StorageError, Unauthorized)
+from bookie.errors import BookieError, NoSuchLedger, StorageError
 from bookie.entrylog import Cut
-from bookie.index import Index, LedgerState, Location, record_size
-from bookie.storage_batch import AddFields, admit_adds
+from bookie.index import Index, Location, record_size
+from bookie.ledger_rules import AddFields, DeleteLedgers, Fence, LedgerRules, Outcome, WriteLac
 from bookie.storage_commit import Batch, GroupCommit
 from bookie.storage_lac import LacWaiters
-from bookie.storage_codec import FILE_HEADER_BYTES, JournalRecord, Kind, encode_journal_record, scan_entry_log
-from bookie.storage_config import (MASTER_KEY_BYTES, MAX_ID, AddRequest, BookieStorageConfig, CompactionStats)
+from bookie.storage_codec import FILE_HEADER_BYTES, scan_entry_log
+from bookie.storage_config import AddRequest, BookieStorageConfig, CompactionStats
 from bookie.checkpoint import Checkpoint
 from bookie.storage_recovery import CHECKPOINT, disk_usage_fraction, recover, write_checkpoint
 
@@ -68,15 +67,15 @@ class BookieStorage:
         self.config = config
         self.cookie = recovered.cookie
         self._index = recovered.index
+        self._rules = LedgerRules(self._index, config.max_entry_bytes)  # every decision; the index is its state
         self._journal = recovered.journal
         self._entrylogs = recovered.entrylogs
         self._commits = GroupCommit(self._write_batch, self._apply, self._refusal, self._record_failure, directory)
-        self._lac_waiters = LacWaiters(self._lac_passed)
+        self._lac_waiters = LacWaiters(self._rules.lac_passed)
         self._fence_batches: dict[int, Batch] = {}  # ledger -> batch carrying its newest FENCE record
         self._checkpoint_wanted = trio.Event()
         self._checkpointing = trio.Lock()  # one checkpoint at a time, and none across a compaction or close
         self._journal_bytes_at_checkpoint = 0
-        self._read_only = False
         self._disk_usage = 0.0
         self._failed: str | None = None
         self._closed = False
@@ -142,42 +141,19 @@ class BookieStorage:
         self._check_usable()
         records: list[bytes] = []
         entries: list[tuple[int, int, bytes, int]] = []
-        keys = [0]  # KEY records the slow path wrote (the fast path writes each ADD in two chunks)
-
-        def slow(add: AddFields) -> BookieError | None:
-            before = len(records) - len(entries)
-            outcome = self._admit(AddRequest(*add), records, entries)
-            keys[0] += len(records) - len(entries) - before
-            return outcome
-
-        if self._read_only:
-            results = [slow(add) for add in adds]
-        else:
-            results = admit_adds(self._index, adds, self.config.max_entry_bytes, records, entries, slow)
+        results, record_count, woken = self._rules.admit_adds(adds, records, entries)
         refused = len(results) - results.count(None)
         if refused:
             self._stats["adds_refused"] += refused
         if not records:
             return results, None
-        batch = self._commits.join(records, entries, keys[0] + len(entries))
-        if entries:  # before the write starts: long polls answer ahead of the worker thread's hand-off
-            self._told_lacs(entries)
+        batch = self._commits.join(records, entries, record_count)
+        # Before the write starts: the adds' LAC fields count at once (ledger_rules), so long polls
+        # answer ahead of the worker thread's hand-off.
+        if woken:
+            self._notify(woken)
         self._commits.start()
         return results, batch
-
-    def _told_lacs(self, entries: list[tuple[int, int, bytes, int]]) -> None:
-        """The LAC fields of accepted adds count at once, before their fsync, as explicit LACs do: each
-        names an entry the writer had acknowledged (Qa durable copies), so a tailing reader's long poll
-        answers as soon as the next add arrives (a writer appending back to back sends no explicit LAC).
-        Lost in a crash, they only lower this bookie's LAC to what its stored entries carry."""
-        ledger_id, lac = entries[0][0], entries[0][3]
-        for entry in entries:
-            if entry[0] != ledger_id:
-                self._raise_explicit_lac(ledger_id, lac)
-                ledger_id, lac = entry[0], entry[3]
-            elif entry[3] > lac:
-                lac = entry[3]
-        self._raise_explicit_lac(ledger_id, lac)
 
     async def add(self, req: AddRequest) -> None:
         """add_batch of one; raises its refusal."""
@@ -185,46 +161,14 @@ class BookieStorage:
         if error is not None:
             raise error
 
-    def _admit(self, req: AddRequest, records: list[bytes], entries: list) -> BookieError | None:
-        if self._read_only:
-            return BookieReadOnly(f"bookie disk is {self._disk_usage:.1%} full (threshold "
-                                  f"{self.config.disk_usage_threshold:.0%}): it refuses adds; write elsewhere")
-        if len(req.data) > self.config.max_entry_bytes:
-            return EntryTooLarge(f"entry of {len(req.data)} bytes exceeds max_entry_bytes "
-                                 f"{self.config.max_entry_bytes}")
-        try:
-            header = parse_header(req.data)
-        except EntryFormatError as err:
-            return BadRequest(f"ledger {req.ledger_id} entry {req.entry_id}: {err}")
-        if (header.ledger_id, header.entry_id) != (req.ledger_id, req.entry_id):
-            return BadRequest(f"request for ledger {req.ledger_id} entry {req.entry_id} carries an entry of "
-                              f"ledger {header.ledger_id} entry {header.entry_id}")
-        try:
-            state = self._bind(req.ledger_id, req.master_key, records)
-        except BookieError as err:
-            return err
-        if state.fenced and not req.recovery:
-            return LedgerFenced(f"ledger {req.ledger_id} is fenced on this bookie: a recoverer took it over")
-        if state.entries.get(req.entry_id) is not None:
-            return None  # already stored and durable (indexed only after its fsync)
-        records.append(encode_journal_record(JournalRecord(Kind.ADD, req.ledger_id, req.entry_id, req.data)))
-        entries.append((req.ledger_id, req.entry_id, req.data, header.lac))
-        return None
-
-    def _bind(self, ledger_id: int, master_key: bytes, records: list[bytes]) -> LedgerState:
-        """The ledger's state, bound to `master_key` if unbound (a KEY record joins `records`)."""
-        _check_id(ledger_id, "ledger")
-        if len(master_key) != MASTER_KEY_BYTES:
-            raise BadRequest(f"master key must be {MASTER_KEY_BYTES} bytes, got {len(master_key)}")
-        if ledger_id in self._index.deleted:
-            raise NoSuchLedger(f"ledger {ledger_id} was deleted from this bookie")
-        state = self._index.state_for_write(ledger_id)
-        if state.master_key is None:
-            state.master_key = bytes(master_key)
-            records.append(encode_journal_record(JournalRecord(Kind.KEY, ledger_id, 0, state.master_key)))
-        elif not hmac.compare_digest(state.master_key, master_key):
-            raise Unauthorized(f"ledger {ledger_id} is bound to another master key: wrong password")
-        return state
+    def _decide(self, request: Fence | WriteLac | DeleteLedgers) -> Outcome:
+        """The rules' outcome of a request (its refusal raised), its ledgers' LAC waiters woken."""
+        self._check_usable()
+        outcome = self._rules.step(request)
+        if outcome.error is not None:
+            raise outcome.error
+        self._notify(outcome.woken)
+        return outcome
 
     async def fence(self, ledger_id: int, master_key: bytes) -> int:
         """Fence the ledger durably and return this bookie's LAC for it (NO_ENTRY if none).
@@ -232,23 +176,24 @@ class BookieStorage:
         From the moment this is called, non-recovery adds are refused; it
         returns once the fence record is fsynced. Fencing a ledger never seen
         here creates its state, so a late add is refused too. Raises
-        Unauthorized, NoSuchLedger (deleted here), BadRequest. Fencing a ledger
-        whose fence is already durable writes nothing (recovery reads fence
-        again and again): it only answers the LAC.
+        Unauthorized, NoSuchLedger (deleted here), BadRequest. Fencing a fenced
+        ledger writes nothing (recovery reads fence again and again): it answers
+        the LAC once the first fence's record is durable, at once if it is.
         """
-        self._check_usable()
-        records: list[bytes] = []
-        state = self._bind(ledger_id, master_key, records)
-        if state.fenced and not records:
+        outcome = self._decide(Fence(ledger_id, master_key))
+        if outcome.records:
+            carrier = self._fence_batches[ledger_id] = self._commits.open_batch  # the batch commit() joins
+            await self._commits.commit(outcome.records, [])
+        else:  # fenced already: its FENCE record is durable (read back on open), or on its way
             carrier = self._fence_batches.get(ledger_id)
-            if carrier is None or (carrier.done.is_set() and carrier.error is None):
-                self._fence_batches.pop(ledger_id, None)
-                return state.lac  # fenced on disk already (read back on open, or its batch is fsynced)
-        state.fenced = True
-        records.append(encode_journal_record(JournalRecord(Kind.FENCE, ledger_id)))
-        self._fence_batches[ledger_id] = self._commits.open_batch  # the batch commit() joins
-        await self._commits.commit(records, [])
-        return (self._index.state(ledger_id) or state).lac  # again: a checkpoint may have copied it meanwhile
+            if carrier is not None:
+                await self._commits.wait(carrier)
+        if carrier is not None and self._fence_batches.get(ledger_id) is carrier:
+            del self._fence_batches[ledger_id]  # durable now: later fences answer at once
+        try:
+            return self._rules.lac(ledger_id)  # again: an add or LAC may have raised it meanwhile
+        except NoSuchLedger:
+            return outcome.lac  # deleted meanwhile: the LAC it had when fenced
 
     async def write_lac(self, ledger_id: int, lac: int, master_key: bytes) -> None:
         """Record an explicit LAC (the writer's, when no add carries it); the LAC never goes down.
@@ -259,40 +204,19 @@ class BookieStorage:
         every LAC it had named an entry the writer had acknowledged (Qa durable copies), and
         recovery reads forward from the LAC until entries are absent. Binding an unseen ledger's
         key is still durable before the answer (docs/bookie_storage.md, Guarantees)."""
-        records = self._lac_records(ledger_id, lac, master_key)
-        if len(records) > 1:  # a KEY record first: durable before the answer
-            await self._commits.commit(records, [])
+        outcome = self._decide(WriteLac(ledger_id, lac, master_key))
+        if len(outcome.records) > 1:  # a KEY record first: durable before the answer
+            await self._commits.commit(outcome.records, [])
         else:
-            self._commits.join(records, [])
-        self._raise_explicit_lac(ledger_id, lac)
+            self._commits.join(outcome.records, [])
 
     def write_lac_nowait(self, ledger_id: int, lac: int, master_key: bytes) -> bool:
         """write_lac when it need not wait (the ledger's key is bound here already, the common case):
         True once in effect, or raises its refusal. False: nothing was done; call write_lac."""
-        state = self._index.state(ledger_id)
-        if state is None or state.master_key is None:
+        if not self._rules.is_bound(ledger_id):
             return False  # unseen, unbound or deleted here: write_lac binds durably, or refuses
-        self._commits.join(self._lac_records(ledger_id, lac, master_key), [])
-        self._raise_explicit_lac(ledger_id, lac)
+        self._commits.join(self._decide(WriteLac(ledger_id, lac, master_key)).records, [])
         return True
-
-    def _lac_records(self, ledger_id: int, lac: int, master_key: bytes) -> list[bytes]:
-        """The journal records of an explicit LAC: a KEY record first if it binds the ledger's key."""
-        self._check_usable()
-        if not -1 <= lac <= MAX_ID:
-            raise BadRequest(f"LAC {lac} is not an entry id or -1")
-        records: list[bytes] = []
-        self._bind(ledger_id, master_key, records)
-        records.append(encode_journal_record(JournalRecord(Kind.LAC, ledger_id, lac)))
-        return records
-
-    def _raise_explicit_lac(self, ledger_id: int, lac: int) -> None:
-        state = self._index.state(ledger_id)
-        if state is not None and lac > state.explicit_lac:
-            raised = lac > state.lac
-            self._index.writable_state(ledger_id).explicit_lac = lac
-            if raised:
-                self._notify(ledger_id)
 
     async def flush(self) -> None:
         """Write and fsync records waiting in the open batch with no caller waiting on them
@@ -303,18 +227,11 @@ class BookieStorage:
     async def delete_ledgers(self, ledger_ids: Iterable[int]) -> None:
         """Drop ledgers from the index, durably (journal now, checkpoint later); reads answer
         NoSuchLedger at once and adds are refused. Disk space returns with compact()."""
-        self._check_usable()
-        records = []
-        for ledger_id in ledger_ids:
-            _check_id(ledger_id, "ledger")
-            if ledger_id in self._index.deleted:
-                continue
-            self._index.delete(ledger_id)
+        outcome = self._decide(DeleteLedgers(tuple(ledger_ids)))
+        for ledger_id in outcome.woken:
             self._fence_batches.pop(ledger_id, None)
-            self._notify(ledger_id)
-            records.append(encode_journal_record(JournalRecord(Kind.DELETE, ledger_id)))
-        if records:
-            await self._commits.commit(records, [])
+        if outcome.records:
+            await self._commits.commit(outcome.records, [])
 
     # --- group commit (bookie/storage_commit.py) ---------------------------------------------
 
@@ -338,8 +255,7 @@ class BookieStorage:
 
     def _apply(self, batch: Batch, positions: list[int]) -> None:
         """After the fsync: index the entries (now readable) and wake LAC waiters."""
-        for ledger_id in self._index.put_many(batch.entries, positions):
-            self._notify(ledger_id)
+        self._notify(self._rules.stored(batch.entries, positions))
         self._stats["add_bytes"] += sum(len(entry[2]) for entry in batch.entries)
         self._stats["adds"] += len(batch.entries)
         self._stats["batches"] += 1
@@ -356,10 +272,7 @@ class BookieStorage:
     def read(self, ledger_id: int, entry_id: int) -> bytes:
         """The packaged entry as it was added. Raises NoSuchLedger, NoSuchEntry, or EntryCorrupt when
         the stored copy fails its checksum (the reader should ask another replica)."""
-        self._state(ledger_id)
-        where = self._index.get(ledger_id, entry_id)
-        if where is None:
-            raise NoSuchEntry(f"ledger {ledger_id} entry {entry_id} is not stored on this bookie")
+        where = self._rules.locate(ledger_id, entry_id)
         self._stats["reads"] += 1
         try:
             return self._entrylogs.read(where, ledger_id, entry_id)
@@ -368,28 +281,26 @@ class BookieStorage:
 
     def lac(self, ledger_id: int) -> int:
         """max(LAC field of stored entries, explicit LAC); NO_ENTRY if neither. NoSuchLedger if unknown."""
-        return self._state(ledger_id).lac
+        return self._rules.lac(ledger_id)
 
     def last_entry(self, ledger_id: int) -> int:
         """The highest entry id stored here (NO_ENTRY if none). NoSuchLedger if unknown."""
-        return self._state(ledger_id).last_entry
+        return self._rules.last_entry(ledger_id)
 
     def is_fenced(self, ledger_id: int) -> bool:
-        state = self._index.state(ledger_id)
-        return state is not None and state.fenced
+        """Whether the ledger is fenced here (in memory: durable once fence() returned)."""
+        return self._rules.is_fenced(ledger_id)
 
     def ledgers(self) -> list[int]:
         """Ids of the ledgers this bookie holds state for (not deleted ones), ascending."""
-        return sorted(self._index.ledgers)
+        return self._rules.ledgers()
 
     async def wait_lac(self, ledger_id: int, beyond: int) -> int:
         """Return the ledger's LAC once it is greater than `beyond` (long-poll reads; bound it with
         a cancel scope). Waits for a ledger not seen yet; raises NoSuchLedger if it is deleted."""
-        while not self._lac_passed(ledger_id, beyond):
+        while not self._rules.lac_passed(ledger_id, beyond):
             await self._lac_waiters.wait_notified(ledger_id)
-        if ledger_id in self._index.deleted:
-            raise NoSuchLedger(f"ledger {ledger_id} was deleted from this bookie")
-        return self.lac(ledger_id)
+        return self._rules.lac(ledger_id)  # NoSuchLedger if it was deleted
 
     def watch_lac(self, ledger_id: int, beyond: int, callback: Callable[[], None]) -> Callable[[], None]:
         """Call `callback()` once the ledger's LAC is greater than `beyond` or the ledger is deleted here:
@@ -400,20 +311,10 @@ class BookieStorage:
         the LAC."""
         return self._lac_waiters.watch(ledger_id, beyond, callback)
 
-    def _lac_passed(self, ledger_id: int, beyond: int) -> bool:
-        if ledger_id in self._index.deleted:
-            return True
-        state = self._index.state(ledger_id)
-        return state is not None and state.lac > beyond
-
-    def _state(self, ledger_id: int) -> LedgerState:
-        state = self._index.state(ledger_id)
-        if state is None:
-            raise NoSuchLedger(f"ledger {ledger_id} is not on this bookie")
-        return state
-
-    def _notify(self, ledger_id: int) -> None:
-        self._lac_waiters.notify(ledger_id)
+    def _notify(self, ledger_ids: Iterable[int]) -> None:
+        """The ledgers' LACs rose or they were deleted: their long polls look again."""
+        for ledger_id in ledger_ids:
+            self._lac_waiters.notify(ledger_id)
 
     # --- checkpoint, compaction, disk ----------------------------------------------------------
 
@@ -516,16 +417,18 @@ class BookieStorage:
     @property
     def read_only(self) -> bool:
         """True while the disk is above config.disk_usage_threshold: adds are refused."""
-        return self._read_only
+        return self._rules.read_only is not None
 
     async def check_disk(self) -> bool:
         """Recompute read-only from the filesystem's usage; return read_only."""
         usage = await trio.to_thread.run_sync(disk_usage_fraction, self.directory)
         read_only = usage > self.config.disk_usage_threshold
-        if read_only != self._read_only:
+        if read_only != self.read_only:
             _log.warning("event=bookie_%s disk_usage=%.3f threshold=%.3f",
                          "read_only" if read_only else "writable", usage, self.config.disk_usage_threshold)
-        self._read_only, self._disk_usage = read_only, usage
+        self._disk_usage = usage
+        self._rules.read_only = (f"bookie disk is {usage:.1%} full (threshold {self.config.disk_usage_threshold:.0%})"
+                                 ": it refuses adds; write elsewhere") if read_only else None
         return read_only
 
     async def run(self, *, task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
@@ -570,7 +473,7 @@ class BookieStorage:
             journal_bytes_written=self._journal.bytes_written,
             entry_logs=len(self._entrylogs.sizes()), entry_log_bytes=sum(self._entrylogs.sizes().values()),
             ledgers=len(self._index.ledgers), deleted_ledgers=len(self._index.deleted),
-            entries=self._index.entry_count(), read_only=self._read_only, disk_usage=round(self._disk_usage, 4),
+            entries=self._index.entry_count(), read_only=self.read_only, disk_usage=round(self._disk_usage, 4),
             pending_records=self._commits.open_batch.record_count, failed=self._failed)
         return stats
 
@@ -592,9 +495,4 @@ class BookieStorage:
         if self._failed is not None:
             raise StorageError(f"bookie storage {self.directory} failed earlier ({self._failed}); restart the "
                                "bookie so that it recovers from its journal")
-
-
-def _check_id(value: int, what: str) -> None:
-    if not 0 <= value <= MAX_ID:
-        raise BadRequest(f"{what} id {value} is not in 0..2**63-1")
 

@@ -25,6 +25,7 @@ from bookie.entrylog import EntryLogs
 from bookie.errors import CookieMismatch, StorageError
 from bookie.index import Index, record_size
 from bookie.journal import Journal
+from bookie.ledger_rules import LedgerRules
 from bookie.storage_codec import JournalRecord, Kind
 from bookie.storage_config import BookieStorageConfig
 from edge.files import ensure_directory, fsync_directory, write_atomically
@@ -159,9 +160,11 @@ def write_checkpoint(path: Path, checkpoint: Checkpoint) -> int:
 def replay(journal: Journal, index: Index, entrylogs: EntryLogs) -> int:
     """Apply the journal after the checkpoint; ADDs missing from the index go to the entry logs again.
 
+    What each record means is bookie/ledger_rules.py's (`LedgerRules.replay`, `needs_entry`).
     Idempotent over a checkpoint that already holds some effects (a fence is
     set in memory before its record is written, and may be in the image).
     """
+    rules = LedgerRules(index)
     count = 0
     pending: list[JournalRecord] = []
     for record in journal.records():
@@ -169,39 +172,24 @@ def replay(journal: Journal, index: Index, entrylogs: EntryLogs) -> int:
         if record.kind is Kind.ADD:
             pending.append(record)
             if len(pending) >= _REPLAY_CHUNK:
-                _replay_adds(pending, index, entrylogs)
+                _replay_adds(pending, rules, entrylogs)
                 pending = []
             continue
-        _replay_adds(pending, index, entrylogs)
+        _replay_adds(pending, rules, entrylogs)
         pending = []
-        apply_state_record(record, index)
-    _replay_adds(pending, index, entrylogs)
+        rules.replay(record)
+    _replay_adds(pending, rules, entrylogs)
     return count
 
 
-def apply_state_record(record: JournalRecord, index: Index) -> None:
-    """KEY, FENCE, LAC or DELETE onto the index (ADDs carry entries and are handled apart)."""
-    if record.kind is Kind.DELETE:
-        index.delete(record.ledger_id)
-        return
-    if record.ledger_id in index.deleted:
-        return
-    state = index.state_for_write(record.ledger_id)
-    if record.kind is Kind.KEY:
-        state.master_key = state.master_key or record.data
-    elif record.kind is Kind.FENCE:
-        state.fenced = True
-    elif record.kind is Kind.LAC:
-        state.explicit_lac = max(state.explicit_lac, record.value)
-
-
-def _replay_adds(records: list[JournalRecord], index: Index, entrylogs: EntryLogs) -> None:
-    todo = [r for r in records if r.ledger_id not in index.deleted and index.get(r.ledger_id, r.value) is None]
+def _replay_adds(records: list[JournalRecord], rules: LedgerRules, entrylogs: EntryLogs) -> None:
+    todo = [r for r in records if rules.needs_entry(r.ledger_id, r.value)]
     if not todo:
         return
     locations = entrylogs.append([(r.ledger_id, r.value, r.data) for r in todo])
     for record, where in zip(todo, locations):
-        index.put(record.ledger_id, record.value, parse_header(record.data).lac, where, record_size(len(record.data)))
+        rules.index.put(record.ledger_id, record.value, parse_header(record.data).lac, where,
+                        record_size(len(record.data)))
 
 
 def disk_usage_fraction(directory: Path) -> float:

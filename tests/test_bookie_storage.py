@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -172,6 +173,37 @@ async def test_a_repeat_fence_of_a_durably_fenced_ledger_writes_nothing_but_stil
     storage = await open_storage(tmp_path)  # fenced on disk: a fence after a restart writes nothing either
     records = storage.statistics()["journal_records"]
     assert await storage.fence(9, KEY) == 1 and storage.statistics()["journal_records"] == records
+    await storage.close()
+
+
+@trio_test
+async def test_a_fence_repeated_while_the_first_is_being_written_waits_for_it_and_writes_nothing(tmp_path):
+    storage = await open_storage(tmp_path)
+    await add_all(storage, [add_req(9, i) for i in range(3)])
+    records = storage.statistics()["journal_records"]
+    entered, release = threading.Event(), threading.Event()
+    real_sync = storage._journal.sync
+
+    def held_sync() -> None:  # the worker thread holds the first fence's batch in its fsync
+        entered.set()
+        release.wait(30)
+        real_sync()
+
+    storage._journal.sync = held_sync
+    answers: list[int] = []
+
+    async def fence() -> None:
+        answers.append(await storage.fence(9, KEY))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(fence)
+        await trio.to_thread.run_sync(entered.wait)
+        nursery.start_soon(fence)
+        await trio.testing.wait_all_tasks_blocked()
+        assert answers == [] and storage.is_fenced(9), "neither answers before the FENCE record is durable"
+        assert storage.statistics()["pending_records"] == 0, "the repeat joined no record of its own"
+        release.set()
+    assert answers == [1, 1] and storage.statistics()["journal_records"] == records + 1
     await storage.close()
 
 

@@ -69,7 +69,7 @@ def test_seed_000_recovery_example_on_simulated_bookies():
     world.append("w", b"x12")                                     # all three packaged with LAC 9
     world.run(50)
     world.crash_client("w")
-    world.bookies[2].ledgers[lid].entries.update({e: world.bookies[1].has(lid, e) for e in (10, 11)})
+    world.bookies[2].entries[lid].update({e: world.bookies[1].has(lid, e) for e in (10, 11)})
     world.bookies[2].write_lac(lid, 10, w.key)                    # bookie 2: LAC 10, no entry 12
     world.bookies[3].write_lac(lid, 11, w.key)                    # bookie 3: LAC 11
     assert [world.bookies[b].read_lac(lid) for b in (1, 2, 3)] == [9, 10, 11]
@@ -354,7 +354,7 @@ def test_speculative_read_and_corrupt_replica():
     assert [a.bookie for a in r.requests] == [1, 2]
     corrupt = bytearray(world.bookies[1].has(lid, 0))
     corrupt[-1] ^= 0xFF
-    world.bookies[1].ledgers[lid].entries[0] = bytes(corrupt)
+    world.bookies[1].entries[lid][0] = bytes(corrupt)
     r = world.start_op("corrupt", lid, ReadEntryOp(metadata, 0, digester, speculative_ticks=100))
     assert world.run_until(lambda: r.done, 100) and r.result.payload == b"payload"
     assert [a.bookie for a in r.requests] == [1, 2]
