@@ -5,7 +5,7 @@ client connections, the bookie service's connections and the bookie client.
 
 A lone message is written through (edge/sockets.py `write_now`) when the link
 is idle, a syscall instead of a scheduler pass of the writer task; everything
-else is queued, and the writer task (`pump`) sends what one loop turn queued
+else is queued, and the writer task (`pump`) sends everything queued
 in one write. What the socket did not take of a direct write goes to the front
 of the queue, so frames never interleave or reorder.
 
@@ -40,9 +40,6 @@ import trio
 
 from edge.sockets import write_now
 
-BATCH_ITEMS = 256  # queued items one write may join
-
-
 @dataclass
 class OutboxStats:
     """What left through one or more outboxes (an instance may be shared)."""
@@ -70,7 +67,8 @@ class Outbox:
         self.closed = False  # no more sends; the writer task ends once the queue is drained
         self.queued_bytes = 0
         self.queued_frames = 0
-        self._queue: collections.deque[tuple[bytes | memoryview, int]] = collections.deque()
+        self._bounded = max_bytes is not None or max_frames is not None
+        self._queue: collections.deque[bytes | memoryview] = collections.deque()
         self._backlog = False  # a push left bytes: no more pushes until the writer task has them
         self._wake = trio.Event()
         self._token: trio.lowlevel.TrioToken | None = None
@@ -86,17 +84,24 @@ class Outbox:
         if self.closed:
             return True
         with self.lock:
-            if direct and self.idle:
+            queue = self._queue
+            if queue:  # the writer task is woken already: it takes everything queued
+                if self._bounded and self._over(len(data), frames):
+                    return False
+                queue.append(data)
+                self.queued_bytes += len(data)
+                self.queued_frames += frames
+                return True
+            if direct and self.stream is not None and not self.sending:
                 rest = write_now(self.stream, data)
-                self.stats.writes += 1
-                self.stats.bytes_sent += len(data) - len(rest)
+                stats = self.stats
+                stats.writes += 1
+                stats.bytes_sent += len(data) - len(rest)
                 if not rest:
-                    self.stats.frames_sent += frames
+                    stats.frames_sent += frames
                     return True
                 data = rest
-            elif self._queue and self._over(len(data), frames):
-                return False
-            self._queue.append((data, frames))
+            queue.append(data)
             self.queued_bytes += len(data)
             self.queued_frames += frames
         self._wake.set()
@@ -110,20 +115,20 @@ class Outbox:
         """From trio's thread: hand what is queued to the kernel now, unless the writer task holds
         data or an earlier push's rest is still queued (the socket is full: joining again is vain)."""
         with self.lock:
-            if self.stream is None or self.sending or self._backlog or not self._queue:
+            queue = self._queue
+            if self.stream is None or self.sending or self._backlog or not queue:
                 return
-            items = list(self._queue)
-            data = b"".join(d for d, _ in items)
+            data = b"".join(queue)
+            queue.clear()
             rest = write_now(self.stream, data)
-            self.stats.writes += 1
-            self.stats.bytes_sent += len(data) - len(rest)
-            self._queue.clear()
-            self.queued_bytes = len(rest)
-            self.queued_frames = 0
+            stats = self.stats
+            stats.writes += 1
+            stats.bytes_sent += len(data) - len(rest)
+            stats.frames_sent += self.queued_frames
+            self.queued_bytes, self.queued_frames = len(rest), 0
             if rest:
-                self._queue.append((rest, 0))
+                queue.append(rest)
                 self._backlog = True
-            self.stats.frames_sent += sum(f for _, f in items)
 
     def send_from_thread(self, data: bytes, frames: int = 1) -> bool:
         """From a thread other than trio's: write `data` if the link is idle. True: it is the
@@ -136,12 +141,11 @@ class Outbox:
             if rest is data:  # nothing taken (full, broken, or a TLS stream off its thread)
                 return False
             self.stats.thread_frames_sent += frames
-            if rest:
-                self._queue.append((rest, 0))
-                self.queued_bytes += len(rest)
-                token = self._token
-            else:
+            if not rest:
                 return True
+            self._queue.append(rest)
+            self.queued_bytes += len(rest)
+            token = self._token
         try:
             token.run_sync_soon(self._wake.set)
         except trio.RunFinishedError:
@@ -177,13 +181,17 @@ class Outbox:
                 with self.lock:
                     if self.stream is not stream:
                         return  # detached
-                    n = min(len(self._queue), BATCH_ITEMS)
-                    items = [self._queue.popleft() for _ in range(n)]
-                    self.sending = bool(items)
+                    queue = self._queue
                     self._backlog = False
-                    self.queued_bytes -= sum(len(d) for d, _ in items)
-                    self.queued_frames -= sum(f for _, f in items)
-                if not items:
+                    if queue:  # everything queued leaves in one write
+                        items = list(queue)
+                        queue.clear()
+                        nbytes, frames = self.queued_bytes, self.queued_frames
+                        self.queued_bytes = self.queued_frames = 0
+                        self.sending = True
+                    else:
+                        items = None
+                if items is None:
                     if self.closed:
                         return
                     await self._wake.wait()
@@ -191,16 +199,17 @@ class Outbox:
                     continue
                 try:
                     if send_frames is not None:
-                        await send_frames([d for d, _ in items])
+                        await send_frames(items)
                     else:
-                        await stream.send_all(b"".join(d for d, _ in items))
+                        await stream.send_all(items[0] if len(items) == 1 else b"".join(items))
                 finally:
                     with self.lock:
                         if self.stream is stream:
                             self.sending = False
-                self.stats.writes += 1
-                self.stats.bytes_sent += sum(len(d) for d, _ in items)
-                self.stats.frames_sent += sum(f for _, f in items)
+                stats = self.stats
+                stats.writes += 1
+                stats.bytes_sent += nbytes
+                stats.frames_sent += frames
         finally:
             with self.lock:
                 if self.stream is stream:
