@@ -14,16 +14,55 @@ import trio
 
 from bookie import entrylog
 from bookie.service import BookieService, BookieServiceConfig
-from bookie.storage import BookieStorage
+from bookie.entry import Digester, DigestType, master_key
+from bookie.storage import AddRequest, BookieStorage
 from bookie.storage_config import BookieStorageConfig
 
 
+KEY = master_key(b"secret")
+DIGESTER = Digester(DigestType.CRC32C, b"secret")
+SMALL = BookieStorageConfig(journal_segment_bytes=8192, entry_log_bytes=16384, checkpoint_every_bytes=1 << 20)
+
+
 def trio_test(fn):
-    """Run an async test function with trio.run; pytest fixtures pass through."""
+    """Run an async test function with trio.run under a fail_after guard; pytest fixtures pass through."""
+    async def guarded(*args, **kwargs):
+        with trio.fail_after(60):
+            return await fn(*args, **kwargs)
+
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        return trio.run(functools.partial(fn, *args, **kwargs))
+        return trio.run(functools.partial(guarded, *args, **kwargs))
     return wrapper
+
+
+def packaged(ledger_id: int, entry_id: int, payload: bytes = b"", lac: int | None = None) -> bytes:
+    """An entry as the storage tests add it (LAC entry - 1 unless given)."""
+    payload = payload or f"ledger {ledger_id} entry {entry_id}".encode()
+    return DIGESTER.package(ledger_id, entry_id, entry_id - 1 if lac is None else lac, 0, payload)
+
+
+def add_req(ledger_id: int, entry_id: int, payload: bytes = b"", *, key: bytes = KEY, recovery: bool = False,
+            lac: int | None = None) -> AddRequest:
+    return AddRequest(ledger_id, entry_id, key, packaged(ledger_id, entry_id, payload, lac), recovery)
+
+
+async def open_small_storage(path: Path, config: BookieStorageConfig = SMALL, **kwargs) -> BookieStorage:
+    """A BookieStorage at `path` with small segments and logs (the caller closes it)."""
+    return await BookieStorage.open(path, 1, config, **kwargs)
+
+
+async def add_all(storage: BookieStorage, reqs: list[AddRequest]) -> None:
+    async with trio.open_nursery() as nursery:
+        for req in reqs:
+            nursery.start_soon(storage.add, req)
+
+
+def entry(ledger: int, entry_id: int, lac: int | None = None, payload: bytes | None = None) -> bytes:
+    """An entry as the service and client tests send it (LAC entry - 1 unless given)."""
+    lac = entry_id - 1 if lac is None else lac
+    payload = payload if payload is not None else f"entry {entry_id}".encode()
+    return DIGESTER.package(ledger, entry_id, lac, 100 * (entry_id + 1), payload)
 
 
 @asynccontextmanager

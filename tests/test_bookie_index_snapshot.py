@@ -12,7 +12,8 @@ from bookie.checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
 from bookie.index import Index, Location, pack_position
 from bookie.storage_recovery import CHECKPOINT
 from bookie_fixtures import checkpoint_held_after_its_cut
-from test_bookie_storage import KEY, add_all, add_req, open_storage, trio_test
+from bookie_fixtures import KEY, add_all, add_req, trio_test
+from bookie_fixtures import open_small_storage as open_storage
 
 ledgers = st.integers(0, 4)
 ops = st.lists(st.one_of(

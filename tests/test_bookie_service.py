@@ -22,21 +22,13 @@ import trio.testing
 
 from bookie import protocol as P
 from bookie.client import BookieClient, BookiePool, Completions
-from bookie.entry import NO_ENTRY, Digester, DigestType, master_key
+from bookie.entry import NO_ENTRY, master_key
 from bookie.errors import (BadRequest, BookieUnavailable, EntryTooLarge, LedgerFenced, NoSuchEntry, NoSuchLedger,
                            Overloaded, StorageError, Unauthorized)
 from bookie.service import BookieService, BookieServiceConfig
-from bookie_fixtures import open_storage, serving_bookie, trio_test
+from bookie_fixtures import DIGESTER, KEY, entry, open_storage, serving_bookie, trio_test
 
-KEY = master_key(b"secret")
 OTHER_KEY = master_key(b"not the password")
-DIGESTER = Digester(DigestType.CRC32C, b"secret")
-
-
-def entry(ledger: int, entry_id: int, lac: int | None = None, payload: bytes | None = None) -> bytes:
-    lac = entry_id - 1 if lac is None else lac
-    payload = payload if payload is not None else f"entry {entry_id}".encode()
-    return DIGESTER.package(ledger, entry_id, lac, 100 * (entry_id + 1), payload)
 
 
 @asynccontextmanager

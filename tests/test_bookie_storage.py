@@ -3,7 +3,6 @@ group commit, torn tails, corruption, cookies, read-only, deletion and compactio
 
 from __future__ import annotations
 
-import functools
 import os
 import shutil
 import threading
@@ -13,49 +12,15 @@ import pytest
 import trio
 import trio.testing
 
-from bookie.entry import NO_ENTRY, Digester, DigestType, master_key
+from bookie.entry import NO_ENTRY, master_key
 from bookie.errors import (BadRequest, BookieReadOnly, CookieMismatch, EntryCorrupt, EntryTooLarge, LedgerFenced,
                            NoSuchEntry, NoSuchLedger, StorageError, Unauthorized)
 from bookie.storage import AddRequest, BookieStorage, BookieStorageConfig
 from bookie.storage_codec import FILE_HEADER_BYTES, scan_journal
-from bookie_fixtures import checkpoint_held_after_its_cut
+from bookie_fixtures import KEY, SMALL, add_all, add_req, checkpoint_held_after_its_cut, packaged, trio_test
+from bookie_fixtures import open_small_storage as open_storage
 
-KEY = master_key(b"secret")
 OTHER_KEY = master_key(b"not the password")
-DIGESTER = Digester(DigestType.CRC32C, b"secret")
-SMALL = BookieStorageConfig(journal_segment_bytes=8192, entry_log_bytes=16384, checkpoint_every_bytes=1 << 20)
-
-
-def trio_test(fn):
-    """Run an async test in trio under a fail_after guard (the suite has no pytest-trio)."""
-    async def guarded(*args, **kwargs):
-        with trio.fail_after(60):
-            return await fn(*args, **kwargs)
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        return trio.run(functools.partial(guarded, *args, **kwargs))
-    return wrapper
-
-
-def packaged(ledger_id: int, entry_id: int, payload: bytes = b"", lac: int | None = None) -> bytes:
-    payload = payload or f"ledger {ledger_id} entry {entry_id}".encode()
-    return DIGESTER.package(ledger_id, entry_id, entry_id - 1 if lac is None else lac, 0, payload)
-
-
-def add_req(ledger_id: int, entry_id: int, payload: bytes = b"", *, key: bytes = KEY, recovery: bool = False,
-            lac: int | None = None) -> AddRequest:
-    return AddRequest(ledger_id, entry_id, key, packaged(ledger_id, entry_id, payload, lac), recovery)
-
-
-async def open_storage(path: Path, config: BookieStorageConfig = SMALL, **kwargs) -> BookieStorage:
-    return await BookieStorage.open(path, 1, config, **kwargs)
-
-
-async def add_all(storage: BookieStorage, reqs: list[AddRequest]) -> None:
-    async with trio.open_nursery() as nursery:
-        for req in reqs:
-            nursery.start_soon(storage.add, req)
 
 
 # --- round trips ---------------------------------------------------------------------------

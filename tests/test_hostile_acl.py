@@ -35,7 +35,7 @@ from metastore.core.txn import ErrorResult
 from metastore.core.watches import WatchKind, WatchManager
 from cluster_fixtures import Cluster, copy_config
 from cluster_fixtures import started_kazoo
-from test_metastore_prepare import answer
+from metastore_fixtures import answer
 from zab.core import zxid as Z
 
 ALICE = A.digest_auth_id(b"alice:secret")

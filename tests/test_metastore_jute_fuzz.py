@@ -15,7 +15,7 @@ import tracemalloc
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from test_metastore_jute import RECORDS, request_body, response_body
+from metastore_fixtures import RECORDS, request_body, response_body
 
 from metastore.wire.jute import (REQUEST_BODIES, RESPONSE_BODIES, ConnectRequest, ConnectResponse, CreateRequest,
                             FrameReader, JuteError, OpCode, ReplyHeader, RequestHeader, UnknownOpcode, WatcherEvent,

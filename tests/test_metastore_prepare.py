@@ -16,15 +16,8 @@ from metastore.core.state_machine import MetastoreStateMachine
 from metastore.core.txn import Error, ErrorResult, MultiResult
 from zab.core import zxid as Z
 from zab.core.statemachine import Refusal
+from metastore_fixtures import answer
 
-
-def answer(sm: MetastoreStateMachine, zxid: int, session: int, request: bytes):
-    """What a client gets, as the leader would do it: a refusal spends no zxid and is answered
-    after everything before it (here: applied at once)."""
-    prepared = sm.prepare(zxid, session, request)
-    if isinstance(prepared, Refusal):
-        return sm.refused(sm.last_zxid, prepared.data)
-    return sm.apply(zxid, prepared)
 
 names = st.sampled_from(["a", "b", "c", "zookeeper", "x-", "", ".", "..", "\u0000", "ü"])
 paths = st.lists(names, min_size=0, max_size=3).map(lambda parts: "/" + "/".join(parts)) | st.sampled_from(

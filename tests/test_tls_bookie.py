@@ -18,7 +18,7 @@ from clusterd.ctl.tls_material import (issue, make_private_dir, new_authority, n
 from clusterd.daemon.tls_streams import ClientTls, ServerTls
 
 from bookie_fixtures import open_storage, trio_test
-from test_bookie_service import KEY, entry
+from bookie_fixtures import KEY, entry
 
 
 @pytest.fixture
