@@ -28,7 +28,7 @@ from metastore.wire.jute_defs import OpCode
 from metastore.core.state_machine import MetastoreStateMachine
 from metastore.core.txn import CreateResult, ErrorResult, MultiResult, SetDataResult
 from replay.invariants import DeliveryOracle, InvariantViolation, LeadershipOracle
-from sim.disk import SimDisk
+from sim.disk import TAIL_FAULTS, SimDisk
 from sim.network import SimNetwork
 from zab.core.acks import coalesce_acks
 from zab.core.actions import (Action, Answered, ClientRequest, Delivered, Disconnect, InstallSnapshot, LogAppend, LogSync,
@@ -133,13 +133,25 @@ class SimNode:
         return self.peer is not None
 
 
+def _in_flight_append(lost: list[Action]) -> LogAppend | None:
+    """The append a crash interrupted: the first one the lost writes hold, unless a truncation
+    or a snapshot install comes first (the tail bytes would then belong to another log)."""
+    for a in lost:
+        if isinstance(a, LogAppend):
+            return a if a.txns else None
+        if isinstance(a, (LogTruncate, InstallSnapshot)):
+            return None
+    return None
+
+
 class SimCluster:
     """`voters` + `observers` nodes (ids from 1) running `zab.core.peer.Peer` on a fresh
     `state_machine()` per incarnation (by default the metastore's), with `config` as
     ZabConfig fields."""
 
     def __init__(self, voters: int = 3, observers: int = 0, seed: int = 0, *, tick_ms: int = 50,
-                 crash_keeps_unsynced: bool = True, disk_latency_ms: dict[int, int] | None = None,
+                 crash_keeps_unsynced: bool = True, tail_faults: bool = False,
+                 disk_latency_ms: dict[int, int] | None = None,
                  state_machine: Callable[[], object] = MetastoreStateMachine, **config: int) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
@@ -147,6 +159,7 @@ class SimCluster:
         self.now = 0
         self.tick_ms = tick_ms
         self.crash_keeps_unsynced = crash_keeps_unsynced
+        self.tail_faults = tail_faults
         self.disk_latency_ms = dict(disk_latency_ms or {})
         self.state_machine = state_machine
         ids = list(range(1, voters + observers + 1))
@@ -188,13 +201,24 @@ class SimCluster:
         self._execute(node, node.peer.start())
         self._at(self.now + self.rng.randint(1, self.tick_ms), "tick", i, node.incarnation)
 
-    def crash(self, i: int) -> None:
+    def crash(self, i: int, tail: str | None = None) -> None:
+        """Stop node `i`: its queued writes were never fsynced. With `crash_keeps_unsynced` a
+        random prefix of them reached the disk anyway; `tail` ("torn", "corrupt"; with
+        `tail_faults`, a seeded choice) damages the append that was in flight after that prefix
+        (sim.disk.SimDisk.damage_tail), if there is one."""
         node = self.nodes[i]
         if not node.alive:
             return
-        self._log(f"crash {i}")
-        if self.crash_keeps_unsynced and node.queue:
-            self._apply_writes(node, node.queue[: self.rng.randint(0, len(node.queue))], run_then=False)
+        queue, kept = node.queue, 0
+        if self.crash_keeps_unsynced and queue:
+            kept = self.rng.randint(0, len(queue))
+            self._apply_writes(node, queue[:kept], run_then=False)
+        if tail is None and self.tail_faults:
+            tail = self.rng.choice((None,) + TAIL_FAULTS)
+        in_flight = _in_flight_append(queue[kept:]) if tail else None
+        if in_flight is not None:
+            node.disk.damage_tail(in_flight.txns, tail, self.rng)
+        self._log(f"crash {i}" + (f" ({tail} tail)" if in_flight is not None else ""))
         node.queue = []
         node.peer = None
         node.incarnation += 1
