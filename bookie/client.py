@@ -322,7 +322,10 @@ class BookieClient:
         # sent in this step, not by the writer task a scheduler pass later; requests started
         # together are sent together.
         outbox = self._outbox
-        outbox.send(frame, direct=self._lone())
+        if outbox.idle and self._lone():
+            outbox.send(frame)
+        else:
+            outbox.append(frame)
         if outbox.queued_bytes >= FLUSH_BYTES:
             # Handed to the kernel now: a writer starting a thousand appends in one step would
             # otherwise send them all at its next yield, and the bookie would get the whole window

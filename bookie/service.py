@@ -61,7 +61,7 @@ class _Connection:
     def __init__(self, conn_id: int, stream: trio.SocketStream, max_outgoing_bytes: int) -> None:
         self.id = conn_id
         self.stream = stream
-        self.out = Outbox(max_bytes=max_outgoing_bytes)
+        self.out = Outbox(max_bytes=max_outgoing_bytes, threads=True)  # the storage worker answers adds
         self.claims = threading.Lock()  # which side sends a _ThreadAnswer: the worker thread or the loop
         self.in_flight = 0
         self.closing = False

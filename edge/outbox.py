@@ -9,7 +9,9 @@ else is queued, and the writer task (`pump`) sends everything queued
 in one write. What the socket did not take of a direct write goes to the front
 of the queue, so frames never interleave or reorder.
 
-The thread/lock protocol, the one place it is written down:
+The thread/lock protocol, the one place it is written down (for an outbox made with
+`threads=True`; one made without refuses every write from another thread and its sends
+skip the lock):
 - `lock` (a threading.Lock) is held around every direct write, around the
   writer task taking data from the queue and marking itself `sending`, and
   around attaching and detaching the stream.
@@ -54,9 +56,12 @@ class Outbox:
     """The outgoing side of one link. `send` from trio's thread, `send_from_thread` from any
     other, and one writer task `await outbox.pump(stream)` per attached stream."""
 
-    def __init__(self, *, max_bytes: int | None = None, max_frames: int | None = None,
+    def __init__(self, *, max_bytes: int | None = None, max_frames: int | None = None, threads: bool = False,
                  record_per_item: bool = False, stats: OutboxStats | None = None) -> None:
         self.lock = threading.Lock()
+        # Whether another thread may write (send_from_thread). Without, the per-frame sends skip the
+        # lock: on the bookie client's pipelined adds it cost more than the rest of a send together.
+        self.threads = threads
         self.max_bytes, self.max_frames = max_bytes, max_frames
         # Over TLS, each queued item becomes a record of its own (kazoo select()s on the raw socket
         # before each read: two replies in one record would leave the second waiting in its SSL buffer).
@@ -83,29 +88,52 @@ class Outbox:
         False: refused, over the bounds (nothing was queued)."""
         if self.closed:
             return True
+        if not self.threads:
+            return self._send(data, frames, direct)
         with self.lock:
-            queue = self._queue
-            if queue:  # the writer task is woken already: it takes everything queued
-                if self._bounded and self._over(len(data), frames):
-                    return False
-                queue.append(data)
-                self.queued_bytes += len(data)
-                self.queued_frames += frames
-                return True
-            if direct and self.stream is not None and not self.sending:
-                rest = write_now(self.stream, data)
-                stats = self.stats
-                stats.writes += 1
-                stats.bytes_sent += len(data) - len(rest)
-                if not rest:
-                    stats.frames_sent += frames
-                    return True
-                data = rest
+            return self._send(data, frames, direct)
+
+    def _send(self, data: bytes, frames: int, direct: bool) -> bool:
+        queue = self._queue
+        if queue:  # the writer task is woken already: it takes everything queued
+            if self._bounded and self._over(len(data), frames):
+                return False
             queue.append(data)
             self.queued_bytes += len(data)
             self.queued_frames += frames
-        self._wake.set()
+            return True
+        if direct and self.stream is not None and not self.sending:
+            rest = write_now(self.stream, data)
+            stats = self.stats
+            stats.writes += 1
+            stats.bytes_sent += len(data) - len(rest)
+            if not rest:
+                stats.frames_sent += frames
+                return True
+            data = rest
+        queue.append(data)
+        self.queued_bytes += len(data)
+        self.queued_frames += frames
+        self._wake.set()  # trio's thread: the lock, if held, excludes only other threads
         return True
+
+    def append(self, data: bytes) -> None:
+        """From trio's thread: queue one frame for the writer task: no direct write, no bounds.
+        The cheapest send, for a caller that knows more is coming in this step (the bookie
+        client's pipelined adds)."""
+        if not self.threads:
+            self._enqueue(data)
+            return
+        with self.lock:
+            self._enqueue(data)
+
+    def _enqueue(self, data: bytes) -> None:
+        queue = self._queue
+        if not queue:
+            self._wake.set()  # otherwise the writer task is woken already and takes everything queued
+        queue.append(data)
+        self.queued_bytes += len(data)
+        self.queued_frames += 1
 
     def _over(self, nbytes: int, frames: int) -> bool:
         return ((self.max_bytes is not None and self.queued_bytes + nbytes > self.max_bytes)
@@ -134,6 +162,8 @@ class Outbox:
         """From a thread other than trio's: write `data` if the link is idle. True: it is the
         outbox's now (all written, or the rest queued for the writer task); False: nothing was
         written and the caller sends it from trio's thread."""
+        if not self.threads:
+            return False  # an outbox made without threads=True never takes a thread's write
         with self.lock:
             if self.closed or not self.idle or self._token is None:
                 return False

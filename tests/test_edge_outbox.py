@@ -75,7 +75,7 @@ async def test_before_a_stream_is_attached_sends_wait_and_leave_in_order_once_it
 @trio_test
 async def test_a_partial_thread_write_goes_first_and_whole_and_wakes_the_writer_task():
     stream, right = pair(sndbuf=4096)
-    box = Outbox()
+    box = Outbox(threads=True)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(box.pump, stream)
         await trio.testing.wait_all_tasks_blocked()
@@ -93,7 +93,7 @@ async def test_a_partial_thread_write_goes_first_and_whole_and_wakes_the_writer_
 @trio_test
 async def test_a_thread_never_writes_to_a_link_without_a_writer_task():
     stream, right = pair()
-    box = Outbox()
+    box = Outbox(threads=True)
     assert not await trio.to_thread.run_sync(box.send_from_thread, b"x")
     async with trio.open_nursery() as nursery:
         nursery.start_soon(box.pump, stream)
@@ -162,4 +162,18 @@ async def test_push_writes_the_queue_now_and_stops_once_the_socket_is_full():
         box.push()  # the rest is still queued: joining it again would be in vain
         assert box.stats.writes == writes + 1
         assert await receive(right, 400_000) == b"p" * 400_000
+        nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_an_outbox_made_without_threads_never_takes_a_threads_write():
+    stream, right = pair()
+    box = Outbox()  # its sends skip the lock: no other thread may write
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(box.pump, stream)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not await trio.to_thread.run_sync(box.send_from_thread, b"x")
+        box.append(b"a")
+        box.append(b"b")  # queued behind the first, in order
+        assert await receive(right, 2) == b"ab"
         nursery.cancel_scope.cancel()

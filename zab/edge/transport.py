@@ -109,7 +109,7 @@ class PeerTransport:
             nursery.start_soon(trio.serve_listeners, self._accept, listeners)
             for peer in self.addresses:
                 if peer != self.my_id:
-                    self._out[peer] = _Outgoing(Outbox(stats=self.stats))
+                    self._out[peer] = _Outgoing(Outbox(threads=True, stats=self.stats))  # the log writer ACKs
                     nursery.start_soon(self._dial_loop, peer)
             nursery.start_soon(self._report_losses)
             task_status.started()
