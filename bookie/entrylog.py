@@ -29,6 +29,7 @@ from bookie.storage_batch import Admitted, encode_entry_records
 from bookie.storage_codec import (ENTRY_LOG_MAGIC, FILE_HEADER_BYTES, CorruptRecord, TornRecord, decode_entry_record,
                                   decode_file_header, encode_entry_record, encode_file_header)
 from edge.files import FILE_MODE, ensure_directory, fsync_directory, write_all
+from edge.segments import fsync_file, truncate_durably
 
 _log = logging.getLogger("quire.bookie.entrylog")
 _NAME = re.compile(r"entrylog\.([0-9a-f]{16})")
@@ -175,7 +176,7 @@ class EntryLogs:
         sync at a time)."""
         for log, writes, _ in cut.logs:
             if writes > log.synced:
-                _fsync_path(log.path)
+                fsync_file(log.path)
                 log.synced = writes
         fsync_directory(self.directory)
         return cut.sizes()
@@ -235,19 +236,5 @@ def _open_listed(log_id: int, path: Path, size: int) -> _Log:
                            f"{size}: acknowledged entries are gone; wipe the bookie directory and decommission "
                            "its identity")
     if actual > size:
-        # Appended after the checkpoint: the journal replays those entries again.
-        fd = os.open(path, os.O_WRONLY)
-        try:
-            os.ftruncate(fd, size)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        truncate_durably(path, size)  # appended after the checkpoint: the journal replays those entries again
     return _Log(log_id, path, size)
-
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -92,14 +92,14 @@ async def checkpoint_held_after_its_cut(storage: BookieStorage, monkeypatch: pyt
     """Run storage.checkpoint() and hold it at its entry log fsync, after its cut: the body runs while
     the checkpoint has not written its image yet; the checkpoint finishes once the body is done."""
     entered, release = threading.Event(), threading.Event()
-    real_fsync = entrylog._fsync_path
+    real_fsync = entrylog.fsync_file
 
     def held_fsync(path):
         entered.set()
         release.wait(10)
         real_fsync(path)
 
-    monkeypatch.setattr(entrylog, "_fsync_path", held_fsync)
+    monkeypatch.setattr(entrylog, "fsync_file", held_fsync)
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(storage.checkpoint)

@@ -2,13 +2,9 @@
 writes: a bookie stored an entry but its ack was lost), lost fences, a writer that crashes or is fenced
 while alive, and up to three recoverers that start at different times, some crashing halfway.
 
-After the faults every bookie comes back and the network heals; then the ledger must be CLOSED and:
-- every entry acknowledged to the writer is in the closed ledger, with Qa genuine copies on the bookies
-  the metadata records for it, holding the writer's payload (LedgerWorld.check_closed_ledger);
-- every recoverer that finished agrees on the same closed metadata;
-- the writer got no acknowledgement after its first failure (checked as it happens by the world);
-- readers of the open ledger (every 20 ms: read the LAC, then the entry at it) never see a LAC past
-  what the writer had acknowledged, and read exactly the writer's payload.
+After the faults every bookie comes back and the network heals; then the ledger must be CLOSED and
+the oracles of sim/ledger_schedule.py's `check` hold (acknowledged entries kept with Qa genuine copies,
+recoverers agreeing, no acknowledgement after a failure, readers never past the writer's LAC).
 A failing example prints its parameters; the run is deterministic from them. The stories, their
 runner and the oracles live in sim/ledger_schedule.py (shared with `python -m sim.explore --ledger`).
 """
