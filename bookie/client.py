@@ -318,19 +318,16 @@ class BookieClient:
             self._nursery.start_soon(self._connection)
         self._pending[rid] = pending
         (self._by_deadline if timeout_s is None else self._other_deadlines).append(pending)
-        # Written through only when it is the only request in flight (an add awaited one at a time):
-        # sent in this step, not by the writer task a scheduler pass later; requests started
-        # together are sent together.
+        # Written through only as the only request in flight (an add awaited one at a time), not by
+        # the writer task a scheduler pass later; requests started together are sent together.
         outbox = self._outbox
         if outbox.idle and self._lone():
             outbox.send(frame)
         else:
             outbox.append(frame)
         if outbox.queued_bytes >= FLUSH_BYTES:
-            # Handed to the kernel now: a writer starting a thousand appends in one step would
-            # otherwise send them all at its next yield, and the bookie would get the whole window
-            # as one batch and answer it as one, so the two sides would take turns instead of
-            # overlapping (22,000 vs 19,250 entries/s, E=Qw=Qa=3 100 B against clusterd, A/B interleaved).
+            # Handed to the kernel now, or the bookie would get a thousand appends of one step as one batch and the
+            # two sides take turns (22,000 vs 19,250 entries/s, E=Qw=Qa=3 100 B against clusterd, A/B interleaved).
             outbox.push()
         return pending
 

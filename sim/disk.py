@@ -20,14 +20,13 @@ ever damaged here: damage to synced data is another failure (the node refuses).
 from __future__ import annotations
 
 import random
-import struct
 from dataclasses import dataclass, field
 
 from replay.invariants import check_epochs, check_log
 from zab.core.peer import DiskState
 from zab.core.txn import Txn
-from zab.storage.record import RECORD_HEADER_BYTES, decode_record, encode_record, scan_records
-from zab.storage.storage_errors import LogCorruptError, RecordError, RecordReason
+from zab.storage.record import encode_record, scan_records, valid_record_follows
+from zab.storage.storage_errors import LogCorruptError, RecordReason
 
 TAIL_FAULTS = ("torn", "corrupt")
 
@@ -95,7 +94,7 @@ class SimDisk:
         if not self.tail:
             return
         scan = scan_records(self.tail)
-        if scan.stop is RecordReason.CORRUPT and _valid_record_follows(self.tail, scan.valid_end):
+        if scan.stop is RecordReason.CORRUPT and valid_record_follows(self.tail, scan.valid_end):
             raise LogCorruptError(f"node {self.node}: corrupt record at tail offset {scan.valid_end} "
                                   f"is followed by a valid one ({scan.detail})")
         self.log.extend(scan.txns)
@@ -110,14 +109,3 @@ class SimDisk:
                          tuple(t for t in self.log if t.zxid > snap_zxid))
 
 
-def _valid_record_follows(buf: bytes, offset: int) -> bool:
-    """zab.storage.txnlog's rule: whether the record after a corrupt one (skipped by its
-    length) decodes. A torn write damages the end; a valid record behind is history."""
-    if len(buf) - offset < RECORD_HEADER_BYTES:
-        return False
-    (length,) = struct.unpack_from(">I", buf, offset)
-    try:
-        decode_record(buf, offset + RECORD_HEADER_BYTES + length)
-    except (RecordError, ValueError):
-        return False
-    return True

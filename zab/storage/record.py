@@ -161,3 +161,20 @@ def scan_records(buf: Buffer, offset: int = 0) -> ScanResult:
         offsets.append(pos)
         pos = nxt
     return ScanResult(txns, offsets, pos, None)
+
+
+def valid_record_follows(buf: Buffer, offset: int) -> bool:
+    """Whether the record after a corrupt one at `offset` (skipped by its length) decodes.
+
+    A torn write damages the end of a log; a checksum failure with an intact record
+    behind it is damage inside history that truncation would destroy. The txn log's
+    open() and the simulator's disk decide by this one rule.
+    """
+    if len(buf) - offset < RECORD_HEADER_BYTES:
+        return False
+    (length,) = struct.unpack_from(">I", buf, offset)
+    try:
+        decode_record(buf, offset + RECORD_HEADER_BYTES + length)
+    except (RecordError, ValueError):
+        return False
+    return True

@@ -51,10 +51,10 @@ from typing import TypeVar
 
 from crc32c import crc32c
 
-from zab.storage.record import RECORD_HEADER_BYTES, decode_record, encode_record, scan_records
+from zab.storage.record import encode_record, scan_records, valid_record_follows
 from edge.files import ensure_directory, fsync_directory
 from edge.segments import FailStop, SegmentWriter, fsync_file, remove_durably, truncate_durably
-from zab.storage.storage_errors import LogCorruptError, RecordError, RecordReason, StorageError
+from zab.storage.storage_errors import LogCorruptError, RecordReason, StorageError
 from zab.core.txn import Txn
 
 _log = logging.getLogger("quire.txnlog")
@@ -441,7 +441,7 @@ def _handle_bad_tail(
 ) -> None:
     if not is_last:
         raise LogCorruptError(f"{path}: {reason} record at offset {offset} ({detail}); {_WIPE_ADVICE}")
-    if reason == RecordReason.CORRUPT and _valid_record_follows(buf, offset):
+    if reason == RecordReason.CORRUPT and valid_record_follows(buf, offset):
         raise LogCorruptError(
             f"{path}: corrupt record at offset {offset} is followed by valid ones ({detail}); "
             + _WIPE_ADVICE
@@ -451,20 +451,6 @@ def _handle_bad_tail(
         path, reason, offset, len(buf) - offset, detail,
     )
     truncate_durably(path, offset)
-
-
-def _valid_record_follows(buf: bytes, offset: int) -> bool:
-    """Whether the record after a corrupt one (skipped by its length) decodes.
-
-    A torn write damages the end of the file; a checksum failure with intact
-    records behind it is damage inside history that truncation would destroy.
-    """
-    (length,) = struct.unpack_from(">I", buf, offset)
-    try:
-        decode_record(buf, offset + RECORD_HEADER_BYTES + length)
-    except (RecordError, ValueError):
-        return False
-    return True
 
 
 def _handle_empty(path: Path, is_last: bool) -> None:
