@@ -94,15 +94,10 @@ class Outbox:
             return self._send(data, frames, direct)
 
     def _send(self, data: bytes, frames: int, direct: bool) -> bool:
-        queue = self._queue
-        if queue:  # the writer task is woken already: it takes everything queued
+        if self._queue:
             if self._bounded and self._over(len(data), frames):
                 return False
-            queue.append(data)
-            self.queued_bytes += len(data)
-            self.queued_frames += frames
-            return True
-        if direct and self.stream is not None and not self.sending:
+        elif direct and self.stream is not None and not self.sending:
             rest = write_now(self.stream, data)
             stats = self.stats
             stats.writes += 1
@@ -111,10 +106,7 @@ class Outbox:
                 stats.frames_sent += frames
                 return True
             data = rest
-        queue.append(data)
-        self.queued_bytes += len(data)
-        self.queued_frames += frames
-        self._wake.set()  # trio's thread: the lock, if held, excludes only other threads
+        self._enqueue(data, frames)
         return True
 
     def append(self, data: bytes) -> None:
@@ -127,13 +119,14 @@ class Outbox:
         with self.lock:
             self._enqueue(data)
 
-    def _enqueue(self, data: bytes) -> None:
+    def _enqueue(self, data: bytes, frames: int = 1) -> None:
+        """Queue `data` (trio's thread; under the lock if other threads write)."""
         queue = self._queue
         if not queue:
             self._wake.set()  # otherwise the writer task is woken already and takes everything queued
         queue.append(data)
         self.queued_bytes += len(data)
-        self.queued_frames += 1
+        self.queued_frames += frames
 
     def _over(self, nbytes: int, frames: int) -> bool:
         return ((self.max_bytes is not None and self.queued_bytes + nbytes > self.max_bytes)
