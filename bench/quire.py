@@ -76,12 +76,9 @@ def write_config(folder: Path, *, tls: bool = False, bookies: bool = True) -> Pa
     shipped_path = REPO / "cluster.toml"
     shipped = cfg.load(shipped_path)
     text = shipped_path.read_text()
-    ports = iter(localcluster.free_ports(4 * len(shipped.nodes)))
     for node in shipped.nodes:
         assert node.host == "127.0.0.1", f"benchmarks listen on loopback only, not {node.host}"
-        for key, port in node.ports.items():
-            text, n = re.subn(rf"(?m)^{key} = {port}$", f"{key} = {next(ports)}", text)
-            assert n == 1, f"{key} of node {node.id} not found exactly once in {shipped_path}"
+    text = localcluster.with_free_ports(text)
     text = re.sub(r"(?m)^client_protocol[ \t]*=.*\n", "", text)
     if not bookies:
         text = _without_bookies(text)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -275,6 +276,19 @@ def free_ports(count: int) -> list[int]:
     finally:
         for s in sockets:
             s.close()
+
+
+_PORT_LINE = re.compile(r"(?m)^(\w+_port)[ \t]*=[ \t]*\d+[ \t]*$")
+
+
+def with_free_ports(text: str) -> str:
+    """A cluster.toml's text with every `*_port = N` line given a port of its own from free_ports.
+
+    One pass over the lines, not a search for each old value: a free port can equal a port the
+    file gives another node (the shipped ports lie in free_ports' range), and replacing by value
+    would then rewrite both lines to one port."""
+    ports = iter(free_ports(len(_PORT_LINE.findall(text))))
+    return _PORT_LINE.sub(lambda m: f"{m[1]} = {next(ports)}", text)
 
 
 def _ephemeral_start() -> int:

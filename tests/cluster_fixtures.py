@@ -29,12 +29,7 @@ def copy_config(folder: Path, text_edit: str = "") -> Path:
     """The shipped cluster.toml with fresh ports; its relative data dirs land in `folder`.
     `text_edit` is appended (a [tls] table, say); [cluster] keys go in with
     `path.write_text(path.read_text().replace("[cluster]\\n", "[cluster]\\nkey = value\\n", 1))`."""
-    shipped = cfg.load(REPO / "cluster.toml")
-    ports = iter(free_ports(4 * len(shipped.nodes)))
-    text = (REPO / "cluster.toml").read_text()
-    for node in shipped.nodes:
-        for key, port in node.ports.items():
-            text = text.replace(f"{key} = {port}\n", f"{key} = {next(ports)}\n")
+    text = localcluster.with_free_ports((REPO / "cluster.toml").read_text())
     path = folder / "cluster.toml"
     path.write_text(text + text_edit)
     return path

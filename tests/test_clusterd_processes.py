@@ -189,3 +189,13 @@ def test_a_foreground_clusterd_stops_cleanly_on_sigint_and_sigterm(tmp_path: Pat
     finally:
         daemon.kill()
     assert "stopping" in daemon.stderr.read() and not localcluster.pid_path(config.node(7)).exists()
+
+
+def test_fresh_ports_are_given_line_by_line_so_two_lines_never_share_one() -> None:
+    """Two nodes' lines with one old value each get their own: a free port equal to another node's
+    shipped port once made copy_config write one client port for two nodes (a CI failure)."""
+    text = "[[node]]\nclient_port = 7\npeer_port = 9\n[[node]]\nclient_port = 7\npeer_port = 9\n"
+    renumbered = localcluster.with_free_ports(text)
+    ports = [int(line.split(" = ")[1]) for line in renumbered.splitlines() if "_port = " in line]
+    assert len(ports) == 4 and len(set(ports)) == 4
+    assert renumbered.count("[[node]]") == 2 and min(ports) >= 1024  # the old values are gone
