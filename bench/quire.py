@@ -19,18 +19,16 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
 import re
-import signal
 import ssl
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import trio
 
+from bench import processes
 from clusterd import config as cfg
 from clusterd import localcluster
 from clusterd.ctl import tls as tlsctl
@@ -134,22 +132,11 @@ class QuireCluster:
 
     def kill(self, node_id: int) -> None:
         """SIGKILL one node and reap it."""
-        proc = self.procs[node_id]
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+        processes.kill(self.procs[node_id])
 
     def stop(self, timeout_s: float = 10.0) -> dict[int, int | None]:
         """SIGTERM every node, SIGKILL after the timeout; returns id -> exit status."""
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        processes.stop_all(self.procs.values(), timeout_s)
         return {nid: p.returncode for nid, p in self.procs.items()}
 
     def crashed(self) -> dict[int, int]:

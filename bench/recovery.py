@@ -45,19 +45,8 @@ SETTINGS = ("autorecovery_grace_ms = 1000\nautorecovery_open_ledger_grace_ms = 1
 
 def four_node_config(folder: Path) -> cfg.ClusterConfig:
     path = write_config(folder)
-    ports = localcluster.free_ports(4)
     text = re.sub(r"(?m)^\[cluster\]\n", "[cluster]\n" + SETTINGS, path.read_text(), count=1)
-    path.write_text(text + f"""
-[[node]]
-id = 4
-host = "127.0.0.1"
-peer_port = {ports[0]}
-client_port = {ports[1]}
-admin_port = {ports[2]}
-bookie_port = {ports[3]}
-roles = ["bookie"]
-data_dir = "data/node4"
-""")
+    path.write_text(text + localcluster.bookie_only_node(4))
     return cfg.load(path)
 
 

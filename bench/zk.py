@@ -20,8 +20,6 @@ plain text, so that a plain/TLS ratio measures TLS alone.
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
 import ssl
 import subprocess
@@ -29,6 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench import processes
 from clusterd import localcluster
 
 JAVA_DIR = Path("/usr/share/java")
@@ -204,21 +203,10 @@ class ZkEnsemble:
         return {f"zk{i}": p.pid for i, p in self.procs.items() if p.poll() is None}
 
     def kill(self, i: int) -> None:
-        proc = self.procs[i]
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+        processes.kill(self.procs[i])
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        processes.stop_all(self.procs.values(), timeout_s)
 
     # -- observation -------------------------------------------------------------------
     def hosts(self, i: int | None = None) -> str:

@@ -291,6 +291,15 @@ def with_free_ports(text: str) -> str:
     return _PORT_LINE.sub(lambda m: f"{m[1]} = {next(ports)}", text)
 
 
+def bookie_only_node(node_id: int) -> str:
+    """A `[[node]]` table, with free ports, for one more node on 127.0.0.1 with the bookie role only
+    and its data under data/node<id>: what tests and benchmarks append to a cluster.toml to have a
+    spare bookie (one that holds no Zab vote)."""
+    peer, client, admin, bookie = free_ports(4)
+    return (f'\n[[node]]\nid = {node_id}\nhost = "127.0.0.1"\npeer_port = {peer}\nclient_port = {client}\n'
+            f'admin_port = {admin}\nbookie_port = {bookie}\nroles = ["bookie"]\ndata_dir = "data/node{node_id}"\n')
+
+
 def _ephemeral_start() -> int:
     try:
         return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])

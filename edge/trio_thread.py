@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Awaitable, Callable
+from functools import partial
 from contextlib import AsyncExitStack
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Self, TypeVar
 
 import trio
 
@@ -83,3 +84,44 @@ class TrioThread(Generic[T]):
     def _set_stop(self) -> None:
         assert self._stop is not None
         self._stop.set()
+
+
+class BlockingFacade(Generic[T]):
+    """The frame of a blocking facade: one TrioThread holding the async object callers use.
+
+    A subclass defines `_open(stack)`, which opens that object on `stack` in the loop; `with` (or
+    start()/close()) opens and closes it; `run(async_fn, *args)` awaits a call there."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._loop: TrioThread[T] = TrioThread(name, self._open)
+        self._client: T | None = None
+
+    async def _open(self, stack: AsyncExitStack) -> T:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        """Open the async object in its thread; raises what opening it raised."""
+        self._client = self._loop.start()
+
+    def close(self) -> None:
+        """Leave the loop's stack (closing what it opened) and end the thread. Idempotent."""
+        self._loop.stop()
+
+    @property
+    def client(self) -> T:
+        """The async object (only to be used from its own thread, e.g. in functions given to run())."""
+        if self._client is None:
+            raise RuntimeError(f"the {self._name} is not started")
+        return self._client
+
+    def run(self, async_fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
+        """Run `await async_fn(*args, **kwargs)` in the loop and return its result (or raise its error here)."""
+        return self._loop.run(partial(async_fn, *args, **kwargs))

@@ -28,15 +28,16 @@ from ledger.handles import ReadHandle, WriteHandle
 from ledger.manager import LedgerManager
 from ledger.metadata import LedgerMetadata
 from metastore.client import MetaClient
-from edge.trio_thread import TrioThread
+from edge.trio_thread import BlockingFacade
 
 
-class SyncLedgerClient:
+class SyncLedgerClient(BlockingFacade[LedgerClient]):
     """`with SyncLedgerClient(meta_hosts, bookie_addresses=None, auth=(), **LedgerClient options) as c:`.
 
     Bookie addresses come from the metastore's registrations; `bookie_addresses`
     ({id: (host, port)}) adds known ones. `meta_factory` replaces the MetaClient
-    (a callable returning an async context manager that yields a metastore client)."""
+    (a callable returning an async context manager that yields a metastore client). close() stops
+    the loop: handles become unusable."""
 
     def __init__(self, meta_hosts: Sequence[tuple[str, int]], bookie_addresses: dict[int, tuple[str, int]] | None = None,
                  *, manager: LedgerManager | None = None,
@@ -46,42 +47,17 @@ class SyncLedgerClient:
         # meta_tls, bookie_tls: TLS for the client and bookie ports (clusterd.daemon.tls_streams.ClientTls); None: plain TCP.
         # auth: the application's metastore credentials, e.g. (("digest", "app:secret"),); with them (or a
         # client certificate in meta_tls) the ledgers it creates are its own (ledger/manager.py).
+        super().__init__("SyncLedgerClient")
         self._meta_factory = meta_factory or partial(MetaClient, list(meta_hosts), tls=meta_tls, auth=auth)
         self._bookie_tls = bookie_tls
         self._addresses = dict(bookie_addresses or {})
         self._manager = manager
         self._options = options
-        self._loop: TrioThread[LedgerClient] = TrioThread("ledgerclient", self._open)
-        self._client: LedgerClient | None = None
 
     async def _open(self, stack: AsyncExitStack) -> LedgerClient:
         meta = await stack.enter_async_context(self._meta_factory())
         pool = await stack.enter_async_context(BookiePool(self._addresses, tls=self._bookie_tls))
         return await stack.enter_async_context(LedgerClient(meta, pool, self._manager, **self._options))
-
-    def __enter__(self) -> SyncLedgerClient:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def start(self) -> None:
-        self._client = self._loop.start()
-
-    def close(self) -> None:
-        """Stop the loop (handles become unusable). Idempotent."""
-        self._loop.stop()
-
-    @property
-    def client(self) -> LedgerClient:
-        if self._client is None:
-            raise RuntimeError("the SyncLedgerClient is not started")
-        return self._client
-
-    def run(self, async_fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run `await async_fn(*args, **kwargs)` in the client's loop and return its result."""
-        return self._loop.run(partial(async_fn, *args, **kwargs))
 
     # -- ledgers (see LedgerClient) -----------------------------------------------------------
     def create(self, ensemble_size: int, write_quorum: int, ack_quorum: int,

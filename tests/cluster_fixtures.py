@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -19,7 +20,6 @@ from kazoo.client import KazooClient
 
 from clusterd import config as cfg
 from clusterd import localcluster
-from clusterd.localcluster import free_ports
 
 REPO = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
@@ -80,19 +80,19 @@ def start_cluster(cluster: Cluster, *, timeout: float = 60) -> Cluster:
 def four_node_config(folder: Path) -> Path:
     """The shipped 3 voter+bookie nodes, plus node 4 with the bookie role only."""
     path = copy_config(folder)
-    ports = free_ports(4)
-    path.write_text(path.read_text() + f"""
-[[node]]
-id = 4
-host = "127.0.0.1"
-peer_port = {ports[0]}
-client_port = {ports[1]}
-admin_port = {ports[2]}
-bookie_port = {ports[3]}
-roles = ["bookie"]
-data_dir = "data/node4"
-""")
+    path.write_text(path.read_text() + localcluster.bookie_only_node(4))
     return path
+
+
+def closed_by_server(s: socket.socket) -> bool:
+    """Read until the server closes the connection (an EOF or a reset); True once it has. A socket
+    timeout (the server holds it open) raises instead."""
+    try:
+        while s.recv(65536):
+            pass
+    except ConnectionResetError:
+        pass
+    return True
 
 
 def hosts(cluster: Cluster, only: int | None = None) -> str:

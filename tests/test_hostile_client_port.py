@@ -28,7 +28,7 @@ from metastore.wire import jute
 from metastore.core.acl import OPEN_ACL_UNSAFE
 from metastore.edge.edge_guard import MAX_AUTH_IDS
 from metastore.wire.jute_defs import OpCode
-from cluster_fixtures import Cluster, copy_config
+from cluster_fixtures import Cluster, closed_by_server, copy_config
 from cluster_fixtures import started_kazoo, wait_for
 
 pytestmark = pytest.mark.multiprocess
@@ -104,15 +104,6 @@ def connect_raw(s: socket.socket, session_id: int, passwd: bytes = b"\0" * 16) -
     s.sendall(jute.frame(jute.encode_connect_request(jute.ConnectRequest(0, 0, 5000, session_id, passwd, False))))
     frame = read_frame(s, jute.FrameReader(), [])
     return None if frame is None else jute.decode_connect_response(frame)
-
-
-def closed_by_server(s: socket.socket) -> bool:
-    try:
-        while s.recv(65536):
-            pass
-    except ConnectionResetError:
-        pass
-    return True
 
 
 # -- 1. session ids that are not sessions ------------------------------------------------------

@@ -76,13 +76,19 @@ def test_a_metastore_refusal_that_is_a_real_transaction_is_malformed():
 
 # -- the learner: drop the leader, persist and deliver nothing of it -------------------
 
-def test_a_snap_of_garbage_leaves_the_follower_as_it_was_and_looking():
+def follower_in_synchronization() -> tuple[MetastoreStateMachine, Peer]:
+    """Node 2 of {1, 2, 3}, following leader 1 of epoch 1, waiting for the leader's Sync."""
     sm = MetastoreStateMachine()
     p = Peer(ZabConfig(my_id=2, voters=frozenset({1, 2, 3})), sm)
     p.start()
     p.step(Received(1, Notification(1, 0, 0, 1, ServerState.LEADING)))
     p.step(Received(3, Notification(1, 0, 0, 1, ServerState.FOLLOWING)))
     p.step(Received(1, LeaderInfo(1)))
+    return sm, p
+
+
+def test_a_snap_of_garbage_leaves_the_follower_as_it_was_and_looking():
+    sm, p = follower_in_synchronization()
     digest = sm.digest()
     out = p.step(Received(1, Sync(SyncMode.SNAP, Z.make(1, 5), b"\x00\xffnot a snapshot")))
     assert not [a for a in out if isinstance(a, (InstallSnapshot, Delivered))], out
@@ -126,12 +132,7 @@ def test_a_proposal_whose_payload_is_no_metastore_txn_is_neither_logged_nor_acke
 
 
 def test_a_diff_carrying_one_garbage_txn_logs_none_of_that_message():
-    sm = MetastoreStateMachine()
-    p = Peer(ZabConfig(my_id=2, voters=frozenset({1, 2, 3})), sm)
-    p.start()
-    p.step(Received(1, Notification(1, 0, 0, 1, ServerState.LEADING)))
-    p.step(Received(3, Notification(1, 0, 0, 1, ServerState.FOLLOWING)))
-    p.step(Received(1, LeaderInfo(1)))
+    sm, p = follower_in_synchronization()
     p.step(Received(1, Sync(SyncMode.DIFF, 0)))
     good = encode_txn(Transaction(0, Error(-101)))  # an old-format no-op: decodes and applies
     out = p.step(Received(1, SyncTxns((Txn(Z.make(1, 1), 0, 0, good), Txn(Z.make(1, 2), 0, 0, b"\xff")))))

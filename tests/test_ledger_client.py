@@ -114,6 +114,11 @@ async def test_pipelined_appends_close_and_read_back(tmp_path):
             assert [e.payload for e in entries] == [b"entry %d" % i for i in range(2000)]
 
 
+async def tail_into(reader, seen: list[bytes]) -> None:
+    async for entry in reader.tail(0):
+        seen.append(entry.payload)
+
+
 @trio_test
 async def test_a_tailing_reader_sees_entries_as_they_are_confirmed(tmp_path):
     with trio.fail_after(30):
@@ -121,14 +126,9 @@ async def test_a_tailing_reader_sees_entries_as_they_are_confirmed(tmp_path):
         async with bookies(tmp_path, 3) as services, ledger_client(services, manager, long_poll_ms=200) as client:
             w = await client.create(3, 3, 2, password=b"pw")
             r = await client.open(w.ledger_id, b"pw")
-            seen = []
-
-            async def tail():
-                async for entry in r.tail(0):
-                    seen.append(entry.payload)
-
+            seen: list[bytes] = []
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(tail)
+                nursery.start_soon(tail_into, r, seen)
                 for i in range(20):
                     await w.append(b"t%d" % i)
                 with trio.fail_after(5):
@@ -147,14 +147,9 @@ async def test_a_tailing_reader_takes_each_entry_from_the_long_poll_answer_witho
         async with bookies(tmp_path, 3) as services, ledger_client(services, MemoryManager()) as client:
             w = await client.create(3, 3, 3, password=b"pw")
             r = await client.open(w.ledger_id, b"pw")
-            seen = []
-
-            async def tail():
-                async for entry in r.tail(0):
-                    seen.append(entry.payload)
-
+            seen: list[bytes] = []
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(tail)
+                nursery.start_soon(tail_into, r, seen)
                 for i in range(10):
                     await w.append(b"t%d" % i)
                     while len(seen) <= i:

@@ -17,7 +17,7 @@ from kazoo.exceptions import BadVersionError, ConnectionLoss, NoNodeError, Opera
 from clusterd import config as cfg
 from clusterd import localcluster
 from metastore.wire import jute
-from cluster_fixtures import ensemble, hosts, wait_for  # noqa: F401 (ensemble is a fixture)
+from cluster_fixtures import closed_by_server, ensemble, hosts, wait_for  # noqa: F401 (ensemble is a fixture)
 
 pytestmark = pytest.mark.multiprocess
 
@@ -110,12 +110,7 @@ def closed_after(port: int, payload: bytes, *, handshake: bool = False) -> bool:
                 pass
         s.sendall(payload)
         s.settimeout(10)
-        try:
-            while s.recv(65536):
-                pass
-        except ConnectionResetError:
-            pass
-        return True
+        return closed_by_server(s)
 
 
 @pytest.mark.parametrize("payload,handshake", [

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
-from functools import partial
 from typing import Any
 
 import trio
@@ -27,55 +26,30 @@ from metastore.client.core import ANY_VERSION, State, Version, WatchEvent
 from metastore.client.ops import Op
 from metastore.client.watches import Watch
 from metastore.core.stat import Stat
-from edge.trio_thread import TrioThread
+from edge.trio_thread import BlockingFacade
 
 
-class SyncMetaClient:
+class SyncMetaClient(BlockingFacade[MetaClient]):
     """`with SyncMetaClient(hosts, **MetaClient options) as c:` or start()/close().
-    Methods mirror MetaClient's and raise the same errors."""
+    Methods mirror MetaClient's and raise the same errors; start() raises what MetaClient.start
+    would (ConnectionLoss, AuthFailed...)."""
 
     def __init__(self, hosts: Sequence[tuple[str, int]], **options: Any) -> None:
+        super().__init__("SyncMetaClient")
         self._hosts, self._options = list(hosts), options
-        self._loop: TrioThread[MetaClient] = TrioThread("metaclient", self._open)
-        self._client: MetaClient | None = None
 
     async def _open(self, stack: AsyncExitStack) -> MetaClient:
         return await stack.enter_async_context(MetaClient(self._hosts, **self._options))
-
-    def __enter__(self) -> SyncMetaClient:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def start(self) -> None:
-        """Open the session; raises what MetaClient.start would (ConnectionLoss, AuthFailed...)."""
-        self._client = self._loop.start()
 
     def close(self) -> None:
         """Close the session and stop the thread. Idempotent."""
         if not self._loop.running:
             return
         try:
-            self._run(self.client.close)
+            self.run(self.client.close)
         except trio.RunFinishedError:
             pass
-        self._loop.stop()
-
-    @property
-    def client(self) -> MetaClient:
-        """The async client (only to be used from its own thread, e.g. in functions given to run())."""
-        if self._client is None:
-            raise RuntimeError("the SyncMetaClient is not started")
-        return self._client
-
-    def run(self, async_fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run `await async_fn(*args, **kwargs)` in the client's loop and return its result."""
-        return self._run(partial(async_fn, *args, **kwargs))
-
-    def _run(self, fn: Callable[[], Any]) -> Any:
-        return self._loop.run(fn)
+        super().close()
 
     # -- state ----------------------------------------------------------------------------
     @property
@@ -88,7 +62,7 @@ class SyncMetaClient:
 
     def wait(self, watch: Watch, timeout_s: float | None = None) -> WatchEvent:
         """Block until the watch fires; TimeoutError after timeout_s."""
-        return self._run(partial(_with_timeout, watch.wait, timeout_s))
+        return self.run(_with_timeout, watch.wait, timeout_s)
 
     # -- operations (see MetaClient) ------------------------------------------------------
     def create(self, path: str, data: bytes = b"", *, acl: Sequence[J.ACL] | None = None, ephemeral: bool = False,
