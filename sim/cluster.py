@@ -33,7 +33,7 @@ from sim.network import SimNetwork
 from zab.core.acks import coalesce_acks
 from zab.core.actions import (Action, Answered, ClientRequest, Delivered, Disconnect, InstallSnapshot, LogAppend, LogSync,
                          LogTruncate, PeerDisconnected, PersistEpoch, Received, RequestFailed, RoleChanged, Send,
-                         SessionsTouched, Synced, TakeSnapshot, Tick)
+                         SessionsTouched, Synced, TakeSnapshot, Tick, LeaderTicked)
 from zab.core.config import ZabConfig
 from zab.core.leader import LeaderRole
 from zab.core.peer import Peer
@@ -391,6 +391,8 @@ class SimCluster:
                 self.synced.append((node.id, a))
             elif isinstance(a, SessionsTouched):
                 self.touched.append((node.id, a))
+            elif isinstance(a, LeaderTicked):
+                pass  # session expiry is not simulated yet (metastore/core/sessions.py SessionExpiry)
             elif isinstance(a, Disconnect):
                 self._log(f"node {node.id} disconnects {a.peer}: {a.reason}")
                 self._break(node.id, a.peer)

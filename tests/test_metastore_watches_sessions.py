@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from metastore.core.sessions import SessionTracker
+from metastore.core.sessions import SessionExpiry, SessionTracker
 from metastore.core.watches import EventType as E
 from metastore.core.watches import WatchKind as K
 from metastore.core.watches import WatchManager
@@ -76,3 +76,29 @@ def test_a_new_leader_gives_every_session_a_full_timeout():
     assert t.expired(10_499) == [] and t.expired(10_500) == [7]
     t.remove(7)
     assert 7 not in t and t.expired(20_000) == [8]
+
+
+def test_expiry_runs_on_the_leaders_ticks_and_counts_touches_at_the_last_tick():
+    """Between two ticks nothing moves: a touch counts at the last tick's time, so its deadline is
+    that tick plus the timeout (tick-sized steps, as ZooKeeper's expiry buckets)."""
+    x = SessionExpiry()
+    x.created(5, 100)  # not tracking yet: the first tick finds it in the tree instead
+    assert x.ticked(1_000, lambda: {5: 100, 6: 300}) == []
+    x.created(7, 100)
+    x.touched((6,))  # at 1_000 still: deadline 1_300
+    assert x.ticked(1_050, dict) == []
+    assert sorted(x.ticked(1_100, dict)) == [5, 7]
+    x.closed(5)
+    x.closed(7)
+    assert x.ticked(1_250, dict) == []
+    x.touched((6,))  # at 1_250: deadline 1_550
+    assert x.ticked(1_500, dict) == [] and x.ticked(1_550, dict) == [6]
+
+
+def test_expiry_stopped_by_a_role_change_gives_every_session_a_full_timeout_again():
+    x = SessionExpiry()
+    assert x.ticked(0, lambda: {1: 100}) == []
+    x.stopped()
+    x.touched((1,))  # no leader's clock meanwhile: nothing to count it against
+    assert x.ticked(90, lambda: {1: 100}) == []
+    assert x.ticked(189, dict) == [] and x.ticked(190, dict) == [1]

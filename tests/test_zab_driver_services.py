@@ -16,6 +16,7 @@ class Listener:
         self.delivered_txns: list = []
         self.touches: list = []
         self.roles: list = []
+        self.ticks: list[int] = []
 
     def delivered(self, txn, result) -> None:
         self.delivered_txns.append(txn)
@@ -25,6 +26,9 @@ class Listener:
 
     def role_changed(self, role, leader, epoch, broadcasting) -> None:
         self.roles.append(role)
+
+    def leader_ticked(self, now_ms) -> None:
+        self.ticks.append(now_ms)
 
 
 def test_sync_touch_and_listener(tmp_path: Path) -> None:
@@ -46,5 +50,7 @@ def test_sync_touch_and_listener(tmp_path: Path) -> None:
         with trio.fail_after(10):
             while (follower, (4242,)) not in heard.touches:
                 await trio.sleep(0.01)
+        # the leader's clock (session expiry's): one reading per tick, in tick_ms steps
+        assert heard.ticks and all(b - a == ens.drivers[leader].cfg.tick_ms for a, b in zip(heard.ticks, heard.ticks[1:]))
 
     run_ensemble(tmp_path, story)

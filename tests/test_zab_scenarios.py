@@ -12,7 +12,8 @@ from metastore.core.txn import Create, SetData
 from metastore.wire.txn_codec import decode_txn
 from sim.cluster import SimCluster, path_of
 from zab.core import zxid as Z
-from zab.core.actions import Phase, Role
+from zab.core.actions import LeaderTicked, Phase, Role, Tick
+from zab.core.leader import LeaderRole
 
 SETTLE_MS = 10_000
 
@@ -347,3 +348,20 @@ def test_session_touches_on_any_node_reach_the_leader():
     assert c.run_until(lambda: {s for n, t in c.touched for s in t.session_ids} == {101, 102, 103}, 1000)
     assert all(n == leader for n, _ in c.touched), "only the leader reports touches"
     assert {t.frm for _, t in c.touched} == {leader, follower}
+
+
+def test_only_an_established_leader_tells_its_clock_on_each_tick():
+    """LeaderTicked(ticks so far x tick_ms) is the clock session expiry runs on: from the established
+    leader alone, so no follower or deposed leader expires anything."""
+    c = SimCluster(voters=3, seed=4)
+    assert c.run_until(c.in_broadcast, 10_000)
+    leader = c.leader()
+    peer = c.peer(leader)
+    [ticked] = [a for a in peer.step(Tick()) if isinstance(a, LeaderTicked)]
+    assert ticked.now_ms == peer.now * peer.cfg.tick_ms
+    for follower in (i for i in c.alive() if i != leader):
+        assert not [a for a in c.peer(follower).step(Tick()) if isinstance(a, LeaderTicked)]
+    c.partition({leader}, set(c.alive()) - {leader})
+    assert c.run_until(lambda: not isinstance(c.peer(leader).role_state, LeaderRole)
+                       or not c.peer(leader).role_state.established, 10_000)
+    assert not [a for a in c.peer(leader).step(Tick()) if isinstance(a, LeaderTicked)]

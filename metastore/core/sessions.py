@@ -10,6 +10,7 @@ ZooKeeper does: nobody can prove a session idle across a leader change.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable, Iterable
 
 
 class SessionTracker:
@@ -61,3 +62,40 @@ class SessionTracker:
 
     def deadline(self, session_id: int) -> int | None:
         return self._deadline_ms.get(session_id)
+
+
+class SessionExpiry:
+    """The leader's session expiry on the leader's own clock: the Zab core's ticks (LeaderTicked),
+    not the wall clock nor the process's, so the simulator decides it exactly as a node does.
+
+    `ticked` with each established leader's tick returns the sessions to close; `stopped` when the
+    role changes. The first tick of a leadership gives every session of the tree a full timeout
+    (SessionTracker.reset). Creations, closes and touches between two ticks count at the last
+    tick's time: deadlines are in tick-sized steps, as ZooKeeper's expiry buckets are."""
+
+    def __init__(self) -> None:
+        self.tracker = SessionTracker()
+        self.tracking = False
+        self.now_ms = 0
+
+    def stopped(self) -> None:
+        self.tracking = False
+
+    def ticked(self, now_ms: int, sessions: Callable[[], dict[int, int]]) -> list[int]:
+        """`sessions()`: the tree's sessions and their timeouts, read only when tracking begins."""
+        self.now_ms = now_ms
+        if not self.tracking:
+            self.tracker.reset(sessions(), now_ms)
+            self.tracking = True
+        return self.tracker.expired(now_ms)
+
+    def created(self, session_id: int, timeout_ms: int) -> None:
+        if self.tracking:  # else the first tick's reset finds it in the tree
+            self.tracker.add(session_id, timeout_ms, self.now_ms)
+
+    def closed(self, session_id: int) -> None:
+        self.tracker.remove(session_id)
+
+    def touched(self, session_ids: Iterable[int]) -> None:
+        for session_id in session_ids:
+            self.tracker.touch(session_id, self.now_ms)

@@ -35,7 +35,7 @@ from metastore.wire.jute_defs import Err, EventType, KeeperState, OpCode, Unknow
 from metastore.core.prep import HOUSEKEEPING
 from metastore.edge.sasl_edge import SaslEdge, SaslSettings
 from metastore.core.responses import READ_OPS, WATCH_KINDS_FOR_TYPE, WRITE_OPS, read_reply, write_reply
-from metastore.core.sessions import SessionTracker
+from metastore.core.sessions import SessionExpiry
 from metastore.core.state_machine import Applied, MetastoreStateMachine
 from metastore.core.txn import SessionClosed, SessionCreated
 from metastore.core.watches import WatchKind, WatchManager
@@ -74,8 +74,8 @@ class MetastoreService:
         self.cfg = config
         # A connection's ids as they are when an event is delivered (addAuth may have added some).
         self.watches = WatchManager(auth_of=lambda c: self.connections[c].auth if c in self.connections else ())
-        self.tracker = SessionTracker()
-        self._tracking = False
+        self.expiry = SessionExpiry()  # on the leader's ticks (leader_ticked)
+        self._housekeeping: trio.Nursery | None = None
         # The peer's role as the driver reports it (role_changed), never read from the core: serving
         # clients needs an established leader, and expiring sessions is the established leader's job.
         self._role: Role = Role.LOOKING
@@ -102,10 +102,14 @@ class MetastoreService:
     # -- running -------------------------------------------------------------------
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         listeners = await trio.open_tcp_listeners(self.cfg.port, host=self.cfg.host)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._maintain_sessions, nursery)
-            nursery.start_soon(trio.serve_listeners, self._handle, listeners)
-            task_status.started()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._housekeeping = nursery
+                nursery.start_soon(self._maintain_sessions, nursery)
+                nursery.start_soon(trio.serve_listeners, self._handle, listeners)
+                task_status.started()
+        finally:
+            self._housekeeping = None
 
     # -- the driver's listener: runs inline, in delivery order -----------------------------
     def delivered(self, txn, applied: object) -> None:
@@ -119,23 +123,27 @@ class MetastoreService:
                 if conn is not None:
                     self.stats["notifications"] += 1
                     conn.send(jute.encode_notification(jute.WatcherEvent(ev, KeeperState.SYNC_CONNECTED, at)))
-        if isinstance(applied.result, SessionCreated) and self._tracking:
-            # Sessions opened through any node reach the leader's tracker here.
-            self.tracker.add(applied.result.session_id, applied.result.timeout_ms, _elapsed_ms())
+        if isinstance(applied.result, SessionCreated):  # opened through any node: the leader tracks it
+            self.expiry.created(applied.result.session_id, applied.result.timeout_ms)
         if isinstance(applied.result, SessionClosed):
-            self.tracker.remove(applied.result.session_id)
+            self.expiry.closed(applied.result.session_id)
             conn = self.by_session.pop(applied.result.session_id, None)
             if conn is not None:
                 conn.close()
 
     def sessions_touched(self, frm: int, session_ids: tuple[int, ...]) -> None:
-        now = _elapsed_ms()
-        for sid in session_ids:
-            self.tracker.touch(sid, now)
+        self.expiry.touched(session_ids)
 
     def role_changed(self, role: Role, leader: int | None, epoch: int, broadcasting: bool) -> None:
-        self._tracking = False
+        self.expiry.stopped()
         self._role, self._broadcasting = role, broadcasting
+
+    def leader_ticked(self, now_ms: int) -> None:
+        """A tick of the established leader: close the sessions whose deadline it passed."""
+        expired = self.expiry.ticked(now_ms, self.sm.tree.sessions)
+        if self._housekeeping is not None:  # else not serving yet, or stopping
+            for sid in expired:  # one not closed now is expired again after its timeout
+                self._housekeeping.start_soon(self._submit_internal, E.CLOSE_SESSION, sid, b"")
 
     # -- sessions ---------------------------------------------------------------------
     def _password(self, session_id: int) -> bytes:
@@ -172,7 +180,8 @@ class MetastoreService:
         return max(self.cfg.min_session_timeout_ms, min(self.cfg.max_session_timeout_ms, requested_ms))
 
     async def _maintain_sessions(self, nursery: trio.Nursery) -> None:
-        """Every node reports its active sessions; the leader expires the silent ones."""
+        """Every node reports its active sessions (the leader expires the silent ones on its
+        ticks: leader_ticked); the leader draws the cluster secret and deletes empty containers."""
         period_s = max(self.cfg.tick_ms, 20) / 1000
         rounds = 0
         while True:
@@ -183,15 +192,9 @@ class MetastoreService:
             if active:
                 self.driver.touch(tuple(active))
             if self._role is not Role.LEADING or not self._broadcasting:
-                self._tracking = False
                 continue
-            if not self._tracking:
-                self.tracker.reset(self.sm.tree.sessions(), _elapsed_ms())
-                self._tracking = True
             if CS.read_secret(self.sm.tree) is None and not self._initializing_secret:
                 nursery.start_soon(self._init_secret)
-            for sid in self.tracker.expired(_elapsed_ms()):
-                nursery.start_soon(self._submit_internal, E.CLOSE_SESSION, sid, b"")
             rounds += 1
             if rounds % CONTAINER_CHECK_ROUNDS == 0:
                 for path in self.sm.tree.container_candidates(_now_ms()):
@@ -412,7 +415,7 @@ class MetastoreService:
             old.close()  # the client moved here: its old connection must not act for it any more
         conn.session_id = session_id
         self.by_session[session_id] = conn
-        self.tracker.touch(session_id, _elapsed_ms())
+        self.expiry.touched((session_id,))
         conn.send(jute.encode_connect_response(
             jute.ConnectResponse(0, timeout, session_id, self._password(session_id), False)))
         return True
@@ -593,8 +596,3 @@ def _now_ms() -> int:
     """Wall-clock time: a znode's ctime/mtime and TTLs (ZooKeeper's currentWallTime)."""
     return int(time.time() * 1000)
 
-
-def _elapsed_ms() -> int:
-    """A clock that never jumps, for session deadlines (ZooKeeper's currentElapsedTime): a
-    wall clock stepped forward by NTP would expire every session at once."""
-    return int(trio.current_time() * 1000)

@@ -154,6 +154,14 @@ class SessionsTouched:
 
 
 @dataclass(slots=True, unsafe_hash=True)
+class LeaderTicked:
+    """An established leader's clock advanced: `now_ms` is its ticks so far times tick_ms. Time-based
+    decisions of the state machine's service (session expiry) run on this clock, the core's, so the
+    simulator drives them with the same ticks as elections and pings."""
+    now_ms: int
+
+
+@dataclass(slots=True, unsafe_hash=True)
 class RequestFailed:
     session_id: int
     cxid: int
@@ -179,4 +187,4 @@ class Disconnect:
 
 
 Action = (Send | PersistEpoch | LogAppend | LogSync | LogTruncate | InstallSnapshot | TakeSnapshot | Delivered
-          | Answered | Synced | SessionsTouched | RequestFailed | RoleChanged | Disconnect)
+          | Answered | Synced | SessionsTouched | LeaderTicked | RequestFailed | RoleChanged | Disconnect)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from zab.core import zxid as Z
 from zab.core.actions import (Action, Answered, ClientRequest, ClientSync, Disconnect, LogAppend, LogSync, Phase,
-                         RequestFailed, Role, RoleChanged, Send, SessionsTouched, Synced)
+                         LeaderTicked, RequestFailed, Role, RoleChanged, Send, SessionsTouched, Synced)
 from zab.core.messages import (Ack, AckEpoch, AckNewLeader, Commit, FollowerInfo, Inform, LeaderInfo, Message, NewLeader,
                           Notification, Ping, Proposal, Refused, Reject, Request, Sync, SyncMode, SyncReply,
                           SyncRequest, SyncTxns, UpToDate)
@@ -288,6 +288,7 @@ class LeaderRole:
         if now % self.cfg.ping_interval_ticks == 0:
             # Only learners we synchronize: anyone else's PING is refused (on_message).
             out += [Send(f, Ping()) for f in self.forwarding]
+        out.append(LeaderTicked(now * self.cfg.tick_ms))
         return out
 
     def on_disconnected(self, peer_id: int) -> list[Action]:

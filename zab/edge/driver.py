@@ -30,8 +30,8 @@ from typing import Protocol
 import trio
 
 from zab.core.actions import (Action, Answered, ClientRequest, ClientSync, Delivered, Disconnect, Event, InstallSnapshot, LogAppend,
-                         LogSync, LogTruncate, PersistEpoch, Received, RequestFailed, Role, RoleChanged, Send,
-                         SessionsTouched, Synced, TakeSnapshot, Tick, TouchSessions)
+                         LeaderTicked, LogSync, LogTruncate, PersistEpoch, Received, RequestFailed, Role, RoleChanged,
+                         Send, SessionsTouched, Synced, TakeSnapshot, Tick, TouchSessions)
 from zab.core.config import ZabConfig
 from zab.storage.epochfile import write_epoch
 from zab.errors import NoLeader, OutcomeUnknown
@@ -80,6 +80,8 @@ class DriverListener(Protocol):
     def sessions_touched(self, frm: int, session_ids: tuple[int, ...]) -> None: ...
 
     def role_changed(self, role: Role, leader: int | None, epoch: int, broadcasting: bool) -> None: ...
+
+    def leader_ticked(self, now_ms: int) -> None: ...
 
 
 @dataclass(eq=False)
@@ -310,6 +312,9 @@ class PeerDriver:
         elif isinstance(a, SessionsTouched):
             if self._listener is not None:
                 self._listener.sessions_touched(a.frm, a.session_ids)
+        elif isinstance(a, LeaderTicked):
+            if self._listener is not None:
+                self._listener.leader_ticked(a.now_ms)
         elif isinstance(a, RequestFailed):
             self._answer(a.session_id, a.cxid, error=NoLeader(f"no established leader ({a.reason}); retry shortly"))
         elif isinstance(a, RoleChanged):
@@ -325,7 +330,7 @@ class PeerDriver:
             raise TypeError(f"unexpected action {a!r}")
 
     def listen(self, listener: "DriverListener") -> None:
-        """Tell `listener` of every delivery, session touch and role change, in order.
+        """Tell `listener` of every delivery, session touch, role change and (on a leader) tick, in order.
 
         Its methods run inline, before the driver yields to any other task: a service
         that answers reads from the state machine (the metastore) thereby sees each
