@@ -9,6 +9,9 @@ import signal
 import socket
 import struct
 import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from kazoo.client import KazooClient
@@ -17,7 +20,8 @@ from kazoo.exceptions import BadVersionError, ConnectionLoss, NoNodeError, Opera
 from clusterd import config as cfg
 from clusterd import localcluster
 from metastore.wire import jute
-from cluster_fixtures import closed_by_server, ensemble, hosts, wait_for  # noqa: F401 (ensemble is a fixture)
+from cluster_fixtures import (Cluster, closed_by_server, copy_config, ensemble, hosts, kazoo_session, start_cluster,
+                              started_kazoo, wait_for)  # noqa: F401 (ensemble is a fixture)
 
 pytestmark = pytest.mark.multiprocess
 
@@ -140,3 +144,71 @@ def test_bad_input_closes_only_that_connection(ensemble, payload, handshake):  #
         zk.get("/no-such-node")
     zk.stop()
     zk.close()
+
+
+# -- sync after a pause of the leader (issue 19: linearizable sync) ----------------------------
+def test_a_sync_through_a_leader_paused_past_its_replacement_never_reads_an_overwritten_value(tmp_path):
+    """The old leader is SIGSTOPped until the others elected a new one and overwrote /lin; the
+    sync + read of a client of the old leader is already in the old leader's socket when it is
+    resumed. Before the sync waited for a quorum to confirm the leadership (zab/core/read_index.py)
+    it could answer from its stale state: the value overwritten before the sync began."""
+    cluster = start_cluster(Cluster(copy_config(tmp_path)))
+    try:
+        with kazoo_session(cluster, timeout=10) as writer:
+            writer.create("/lin", b"0")
+            for attempt in range(1, 3):
+                old = leader_of(cluster)
+                others = ",".join(f"127.0.0.1:{n.client_port}" for n in cluster.config.nodes if n.id != old)
+                reader = started_kazoo(cluster, only=old, timeout=30)  # its session outlives the pause
+                outcome: list[object] = []
+                pid = cluster.pids()[old]
+                os.kill(pid, signal.SIGSTOP)
+                try:
+                    with kazoo_client(others) as other:
+                        assert wait_for(lambda: set_quietly(other, "/lin", b"%d" % attempt), 30)
+                    thread = threading.Thread(target=sync_and_read, args=(reader, "/lin", outcome))
+                    thread.start()
+                    time.sleep(0.3)  # the sync and the read wait in the stopped leader's socket
+                finally:
+                    os.kill(pid, signal.SIGCONT)
+                thread.join(60)
+                reader.stop()
+                reader.close()
+                assert outcome and outcome[0] in (b"%d" % attempt, "failed"), outcome
+                assert wait_for(lambda: leader_of_or_none(cluster) not in (None, old), 30)
+    finally:
+        cluster.down()
+
+
+def set_quietly(client: KazooClient, path: str, data: bytes) -> bool:
+    try:
+        client.set(path, data)
+        return True
+    except UNKNOWN:
+        return False
+
+
+def sync_and_read(client: KazooClient, path: str, outcome: list[object]) -> None:
+    try:
+        client.sync(path)
+        outcome.append(client.get(path)[0])
+    except UNKNOWN:
+        outcome.append("failed")  # an error is an allowed answer; a stale value is not
+
+
+def leader_of_or_none(cluster) -> int | None:
+    try:
+        return leader_of(cluster)
+    except (StopIteration, AssertionError):
+        return None
+
+
+@contextmanager
+def kazoo_client(hosts_string: str) -> Iterator[KazooClient]:
+    client = KazooClient(hosts=hosts_string, timeout=10)
+    client.start(timeout=30)
+    try:
+        yield client
+    finally:
+        client.stop()
+        client.close()

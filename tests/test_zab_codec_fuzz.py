@@ -24,10 +24,8 @@ from zab.wire.codec import (FrameDecoder, decode_hello, decode_message, encode_f
                        frame)
 from zab.errors import FrameError, ProtocolError
 from zab.core.messages import (Ack, AckEpoch, AckNewLeader, Commit, FollowerInfo, Inform, LeaderInfo, Message, NewLeader,
-                          Notification, Ping, Proposal, Refused, Reject, Request, ServerState, Sync, SyncMode,
-                          SyncReply,
-                          SyncRequest, SyncTxns,
-                          UpToDate)
+                          Notification, Ping, Proposal, ReadIndexAck, ReadIndexProbe, Refused, Reject, Request,
+                          ServerState, Sync, SyncMode, SyncReply, SyncRequest, SyncTxns, UpToDate)
 from zab.core.txn import Txn
 
 # QUIRE_SOAK=1 (or pytest --soak): many more examples, and new ones on every run.
@@ -63,6 +61,8 @@ MESSAGES: dict[type, st.SearchStrategy] = {
     SyncRequest: st.builds(SyncRequest, u64, u64),
     SyncReply: st.builds(SyncReply, u64, u64, u64),
     Refused: st.builds(Refused, u64, u64, u64, blobs),
+    ReadIndexProbe: st.builds(ReadIndexProbe, u64),
+    ReadIndexAck: st.builds(ReadIndexAck, u64),
 }
 messages = st.one_of(*MESSAGES.values())
 # Wire fields are unsigned or signed 64-bit; Python ints are not, so out-of-range

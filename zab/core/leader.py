@@ -24,9 +24,10 @@ from zab.core import zxid as Z
 from zab.core.actions import (Action, Answered, ClientRequest, ClientSync, Disconnect, LogAppend, LogSync, Phase,
                          LeaderTicked, RequestFailed, Role, RoleChanged, Send, SessionsTouched, Synced)
 from zab.core.messages import (Ack, AckEpoch, AckNewLeader, Commit, FollowerInfo, Inform, LeaderInfo, Message, NewLeader,
-                          Notification, Ping, Proposal, Refused, Reject, Request, Sync, SyncMode, SyncReply,
-                          SyncRequest, SyncTxns, UpToDate)
+                          Notification, Ping, Proposal, ReadIndexAck, ReadIndexProbe, Refused, Reject, Request, Sync,
+                          SyncMode, SyncReply, SyncRequest, SyncTxns, UpToDate)
 from zab.core.statemachine import Refusal
+from zab.core.read_index import ReadIndex
 from zab.core.sync_plan import plan_sync
 from zab.core.txn import Txn
 
@@ -77,6 +78,8 @@ class LeaderRole:
         # Refused requests waiting for the commit of the last transaction prepared before
         # them: (that zxid, origin node, answer), in the order they were refused.
         self.refusals: deque[tuple[int, int, Refused]] = deque()
+        # Syncs wait for a quorum to confirm this leadership after they arrived (read_index.py).
+        self.read_index = ReadIndex(self.id, self.cfg.is_quorum, retry_ticks=self.cfg.ping_interval_ticks * 2)
 
     # -- discovery ------------------------------------------------------------
     def begin(self) -> list[Action]:
@@ -204,7 +207,16 @@ class LeaderRole:
     def on_client_sync(self, ev: ClientSync) -> list[Action]:
         if not self.established:
             return [RequestFailed(ev.session_id, ev.cxid, "NoLeader")]
-        return [Synced(ev.session_id, ev.cxid, self.peer.last_committed)]
+        return self._read_index(self.read_index.sync([Synced(ev.session_id, ev.cxid, self.peer.last_committed)],
+                                                     self.peer.now))
+
+    def _read_index(self, started_and_released: tuple[int | None, list[Action]]) -> list[Action]:
+        """Send the probe of a round that starts, and the answers of syncs a confirmed one released."""
+        number, released = started_and_released
+        if number is None:
+            return released
+        probes: list[Action] = [Send(f, ReadIndexProbe(number)) for f in self.forwarding if f in self.cfg.voters]
+        return probes + released
 
     def on_touch(self, session_ids: tuple[int, ...]) -> list[Action]:
         return [SessionsTouched(self.id, session_ids)]
@@ -288,6 +300,7 @@ class LeaderRole:
         if now % self.cfg.ping_interval_ticks == 0:
             # Only learners we synchronize: anyone else's PING is refused (on_message).
             out += [Send(f, Ping()) for f in self.forwarding]
+        out += self._read_index(self.read_index.tick(now))
         out.append(LeaderTicked(now * self.cfg.tick_ms))
         return out
 
@@ -337,11 +350,18 @@ class LeaderRole:
         if isinstance(msg, SyncRequest):
             if not self.established:
                 return [Send(frm, Reject(msg.session_id, msg.cxid))]
-            return [Send(frm, SyncReply(msg.session_id, msg.cxid, self.peer.last_committed))]
+            reply = Send(frm, SyncReply(msg.session_id, msg.cxid, self.peer.last_committed))
+            return self._read_index(self.read_index.sync([reply], self.peer.now))
+        if isinstance(msg, ReadIndexAck):
+            if not 0 < msg.round <= self.read_index.last_round:
+                return self._refuse(frm, f"READINDEXACK of round {msg.round}, which this leader never sent")
+            if frm not in self.cfg.voters:
+                return []  # an observer's answer proves nothing about the voters' quorum
+            return self._read_index(self.read_index.acked(frm, msg.round, self.peer.now))
         return [Disconnect(frm, f"a leader does not expect {type(msg).__name__}")] if frm != self.id else []
 
 
-_FROM_SYNCED = (Ack, Request, Ping, SyncRequest)
+_FROM_SYNCED = (Ack, Request, Ping, SyncRequest, ReadIndexAck)
 
 
 def _chunks(txns: list[Txn]) -> list[tuple[Txn, ...]]:

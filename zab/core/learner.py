@@ -20,8 +20,8 @@ from zab.core import zxid as Z
 from zab.core.actions import (Action, Answered, ClientRequest, ClientSync, Disconnect, InstallSnapshot, LogAppend, LogSync,
                          LogTruncate, Phase, RequestFailed, Role, RoleChanged, Send, Synced)
 from zab.core.messages import (Ack, AckEpoch, AckNewLeader, Commit, FollowerInfo, Inform, LeaderInfo, Message, NewLeader,
-                          Notification, Ping, Proposal, Refused, Reject, Request, ServerState, Sync, SyncMode, SyncReply,
-                          SyncRequest, SyncTxns, UpToDate)
+                          Notification, Ping, Proposal, ReadIndexAck, ReadIndexProbe, Refused, Reject, Request,
+                          ServerState, Sync, SyncMode, SyncReply, SyncRequest, SyncTxns, UpToDate)
 from zab.core.statemachine import MalformedState
 from zab.core.txn import Txn
 
@@ -231,6 +231,10 @@ class LearnerRole:
         touches, self.touches = tuple(sorted(self.touches)), set()
         return [Send(self.leader, Ping(touches))]
 
+    def _on_read_index_probe(self, m: ReadIndexProbe) -> list[Action]:
+        # on_message answered only our leader: an answer says we follow it still (read_index.py).
+        return [] if self.observer else [Send(self.leader, ReadIndexAck(m.round))]
+
     def _on_sync_reply(self, m: SyncReply) -> list[Action]:
         # FIFO: every COMMIT up to m.zxid arrived before this reply and was delivered; a
         # leader's message that says otherwise is its bug, not ours: drop the link.
@@ -265,5 +269,6 @@ _HANDLERS = {
     Ping: LearnerRole._on_ping,
     Reject: LearnerRole._on_reject,
     SyncReply: LearnerRole._on_sync_reply,
+    ReadIndexProbe: LearnerRole._on_read_index_probe,
     Refused: LearnerRole._on_refused,
 }

@@ -154,6 +154,18 @@ class SyncReply:
 
 
 @dataclass(slots=True, unsafe_hash=True)
+class ReadIndexProbe:
+    """Leader -> voter: do you still follow me? Sent after a sync arrived (zab/core/read_index.py)."""
+    round: int
+
+
+@dataclass(slots=True, unsafe_hash=True)
+class ReadIndexAck:
+    """Voter -> the leader it follows: yes, to the probe of `round`."""
+    round: int
+
+
+@dataclass(slots=True, unsafe_hash=True)
 class Refused:
     """Leader -> the learner a request came from: it fails without a transaction
     (statemachine.Refusal). Sent after the COMMIT of `zxid`, the last transaction
@@ -166,4 +178,4 @@ class Refused:
 
 Message = (Notification | FollowerInfo | LeaderInfo | AckEpoch | Sync | SyncTxns | NewLeader | AckNewLeader
            | UpToDate | Proposal | Ack | Commit | Inform | Request | Reject | Ping | SyncRequest | SyncReply
-           | Refused)
+           | Refused | ReadIndexProbe | ReadIndexAck)

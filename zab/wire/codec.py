@@ -17,9 +17,8 @@ from crc32c import crc32c
 
 from zab.errors import FrameError
 from zab.core.messages import (Ack, AckEpoch, AckNewLeader, Commit, FollowerInfo, Inform, LeaderInfo, Message, NewLeader,
-                          Notification, Ping, Proposal, Refused, Reject, Request, ServerState, Sync, SyncMode, SyncReply,
-                          SyncRequest, SyncTxns,
-                          UpToDate)
+                          Notification, Ping, Proposal, ReadIndexAck, ReadIndexProbe, Refused, Reject, Request,
+                          ServerState, Sync, SyncMode, SyncReply, SyncRequest, SyncTxns, UpToDate)
 from zab.core.txn import Txn
 
 VERSION = 1
@@ -33,7 +32,7 @@ DEFAULT_MAX_FRAME_BYTES = 64 << 20
 _TYPES: dict[type, int] = {
     Notification: 1, FollowerInfo: 2, LeaderInfo: 3, AckEpoch: 4, Sync: 5, SyncTxns: 6, NewLeader: 7,
     AckNewLeader: 8, UpToDate: 9, Proposal: 10, Ack: 11, Commit: 12, Inform: 13, Request: 14, Reject: 15, Ping: 16,
-    SyncRequest: 17, SyncReply: 18, Refused: 19,
+    SyncRequest: 17, SyncReply: 18, Refused: 19, ReadIndexProbe: 20, ReadIndexAck: 21,
 }
 
 
@@ -114,6 +113,8 @@ def encode_message(msg: Message) -> bytes:
             body = struct.pack(">QQQ", msg.session_id, msg.cxid, msg.zxid)
         case Refused():
             body = struct.pack(">QQQ", msg.session_id, msg.cxid, msg.zxid) + _blob(msg.data)
+        case ReadIndexProbe() | ReadIndexAck():
+            body = _U64.pack(msg.round)
         case _:
             raise TypeError(f"not a Zab message: {msg!r}")
     return head + body
@@ -170,6 +171,8 @@ _DECODERS: dict[int, Callable[[_Reader], Message]] = {
     17: lambda r: SyncRequest(*r.unpack(_U64x2)),
     18: lambda r: SyncReply(*r.unpack(struct.Struct(">QQQ"))),
     19: lambda r: Refused(*r.unpack(struct.Struct(">QQQ")), r.blob()),
+    20: lambda r: ReadIndexProbe(r.u64()),
+    21: lambda r: ReadIndexAck(r.u64()),
 }
 
 
