@@ -38,7 +38,7 @@ LONG_MODULES = {
     "bookie/service.py": 521,
     "bookie/client.py": 559,
     "clusterd/config.py": 502,
-    "metastore/client/session.py": 586,
+    "metastore/client/session.py": 582,
     "metastore/edge/service.py": 598,
     "metastore/core/tree.py": 577,
     "zab/storage/txnlog.py": 543,

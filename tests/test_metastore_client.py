@@ -33,7 +33,9 @@ from metastore.client.ops import Check, Create, Delete, MultiFailed, RolledBack,
 from metastore.client.watches import Watch
 from metastore.errors import (AuthFailed, BadVersion, ConnectionLoss, NoAuth, NodeExists, NoNode, NotEmpty,
                               RuntimeInconsistency, SessionExpired)
-from metastore.wire.jute_defs import EventType
+from metastore.wire import jute
+from metastore.wire import jute_records as J
+from metastore.wire.jute_defs import Err, EventType, OpCode, Xid
 from metastore.client.recipes import IdGenerator, LeaderElection, LeadershipLost, Lock
 from cluster_fixtures import ENV, Cluster, copy_config
 
@@ -665,3 +667,42 @@ def test_sync_facade_from_a_plain_thread(ensemble: Cluster):
     thread.start()
     thread.join(30)
     assert results == [WatchEvent(EventType.NODE_CREATED, "/facade"), b"12", State.LOST]
+
+
+def test_a_linearizable_read_sends_its_sync_and_the_read_before_either_reply():
+    """One round trip: a server that answers nothing until it holds two requests still answers
+    `exists(linearizable=True)`; a client that awaited the sync's reply first would hang here."""
+    seen: list[OpCode] = []
+
+    async def server(stream: trio.SocketStream) -> None:
+        reader, frames, held = jute.FrameReader(), [], []
+        while not frames:
+            frames += reader.feed(await stream.receive_some(65536))
+        jute.decode_connect_request(frames.pop(0))
+        await stream.send_all(jute.frame(jute.encode_connect_response(J.ConnectResponse(0, 10_000, 0x51, b"\1" * 16))))
+        while len(held) < 2:
+            for header, body in map(jute.decode_request, frames):
+                if header.type == OpCode.PING:
+                    await stream.send_all(jute.frame(jute.encode_reply(J.ReplyHeader(Xid.PING, 0, 0))))
+                else:
+                    held.append((header, body))
+            frames = [] if len(held) >= 2 else reader.feed(await stream.receive_some(65536))
+        seen.extend(header.type for header, _ in held)
+        for header, body in held:  # in order, as a server answers one connection
+            if header.type == OpCode.SYNC:
+                await stream.send_all(jute.frame(jute.encode_reply(J.ReplyHeader(header.xid, 0, 0), J.SyncResponse(body.path))))
+            else:
+                await stream.send_all(jute.frame(jute.encode_reply(J.ReplyHeader(header.xid, 0, Err.NO_NODE))))
+        await trio.sleep_forever()
+
+    async def scenario() -> None:
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                [listener] = await nursery.start(partial(trio.serve_tcp, server, 0, host="127.0.0.1"))
+                port = listener.socket.getsockname()[1]
+                async with MetaClient([("127.0.0.1", port)]) as c:
+                    assert await c.exists("/x", linearizable=True) is None
+                nursery.cancel_scope.cancel()
+
+    trio.run(scenario)
+    assert seen == [OpCode.SYNC, OpCode.EXISTS]

@@ -21,8 +21,8 @@ from collections.abc import Callable, Sequence
 from metastore.wire import jute_records as J
 from metastore.client.core import ANY_VERSION, State, Version, WatchEvent, WatchKind, wire_version
 from metastore.client.ops import Op, create_request, multi_request, multi_results
-from metastore.client.session import SessionDriver, WatchArm, credential_bytes
-from metastore.client.watches import PersistentWatch, Watch
+from metastore.client.session import SessionDriver, credential_bytes
+from metastore.client.watches import PersistentWatch, Watch, WatchArm
 from metastore.errors import AuthFailed, BadArguments, BadVersion, NodeExists, NoNode, ZooKeeperError, error_for_code
 from metastore.wire.jute_defs import AddWatchMode, Err, OpCode, WatcherType, Xid
 from metastore.core.stat import Stat
@@ -52,8 +52,9 @@ class MetaClient(SessionDriver):
             raise TypeError(f"watch= takes a Watch, got {watch!r}")
         return WatchArm(path, watch, kinds)
 
-    async def _simple(self, opcode: OpCode, body: object, path: str, arm: WatchArm | None = None) -> object:
-        header, reply = await self._call(opcode, body, path, arm)
+    async def _simple(self, opcode: OpCode, body: object, path: str, arm: WatchArm | None = None,
+                      synced: bool = False) -> object:
+        header, reply = await self._call(opcode, body, path, arm, synced=synced)
         if header.err != Err.OK:
             raise error_for_code(header.err, path)
         return reply
@@ -74,22 +75,20 @@ class MetaClient(SessionDriver):
         return reply.path, reply.stat
 
     async def get(self, path: str, *, watch: Watch | None = None, linearizable: bool = False) -> tuple[bytes, Stat]:
-        """The znode's data (a null payload reads as b"") and Stat. linearizable=True is
-        ZooKeeper's sync-then-read: the read reflects every write committed before it began."""
-        if linearizable:
-            await self.sync(path)
+        """The znode's data (a null payload reads as b"") and Stat. linearizable=True sends a sync
+        right before the read, in one round trip: the read reflects every write committed
+        before it began (the server confirms its leader's leadership for the sync)."""
         reply = await self._simple(OpCode.GET_DATA, J.GetDataRequest(path, watch is not None), path,
-                                   self._arm(watch, path, {Err.OK: WatchKind.DATA}))
+                                   self._arm(watch, path, {Err.OK: WatchKind.DATA}), linearizable)
         assert isinstance(reply, J.GetDataResponse)
         return reply.data or b"", reply.stat
 
     async def exists(self, path: str, *, watch: Watch | None = None, linearizable: bool = False) -> Stat | None:
         """The znode's Stat, or None. A watch is armed either way: it fires on creation,
         change or deletion."""
-        if linearizable:
-            await self.sync(path)
         arm = self._arm(watch, path, {Err.OK: WatchKind.DATA, Err.NO_NODE: WatchKind.EXIST})
-        header, reply = await self._call(OpCode.EXISTS, J.ExistsRequest(path, watch is not None), path, arm)
+        header, reply = await self._call(OpCode.EXISTS, J.ExistsRequest(path, watch is not None), path, arm,
+                                         synced=linearizable)
         if header.err == Err.NO_NODE:
             return None
         if header.err != Err.OK:
@@ -100,10 +99,8 @@ class MetaClient(SessionDriver):
     async def children(self, path: str, *, watch: Watch | None = None, linearizable: bool = False) -> list[str]:
         """Child names (sorted by this server; ZooKeeper promises no order). The watch fires
         when a child is created or deleted, or the node is deleted."""
-        if linearizable:
-            await self.sync(path)
         reply = await self._simple(OpCode.GET_CHILDREN, J.GetChildrenRequest(path, watch is not None), path,
-                                   self._arm(watch, path, {Err.OK: WatchKind.CHILD}))
+                                   self._arm(watch, path, {Err.OK: WatchKind.CHILD}), linearizable)
         assert isinstance(reply, J.GetChildrenResponse)
         return list(reply.children)
 

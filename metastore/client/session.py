@@ -17,16 +17,15 @@ import random
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
 from typing import Any, Self
 
 import trio
 
 from metastore.wire import jute
 from metastore.wire import jute_records as J
-from metastore.client.core import (Backoff, HostRing, Pipeline, ProtocolViolation, State, WatchEvent, WatchKind,
-                                   WatchTable, Xids, check_transition)
-from metastore.client.watches import PersistentWatch, Watch
+from metastore.client.core import (Backoff, HostRing, Pipeline, ProtocolViolation, State, WatchEvent, WatchTable, Xids,
+                                   check_transition)
+from metastore.client.watches import Sink, WatchArm
 from metastore.errors import AuthFailed, ConnectionLoss, SessionExpired, ZooKeeperError, error_for_code
 from metastore.wire.jute_defs import (DEFAULT_MAX_BUFFER_BYTES, DEFAULT_MAX_FRAME_BYTES, PASSWORD_BYTES, Err, EventType,
                                  JuteError, KeeperState, OpCode, Xid)
@@ -39,18 +38,6 @@ WRITE_BATCH_FRAMES = 256  # frames coalesced into one send
 STATE_HISTORY = 256  # transitions kept for states() iterators that fall behind
 _NO_PASSWORD = b"\0" * PASSWORD_BYTES
 _IO_ERRORS = (OSError, trio.BrokenResourceError, trio.ClosedResourceError)
-
-Sink = Watch | PersistentWatch
-
-
-@dataclass(frozen=True, slots=True)
-class WatchArm:
-    """Register `sink` for `path` if the reply's error code is a key of `kinds`."""
-
-    path: str
-    sink: Sink
-    kinds: dict[int, WatchKind]
-
 
 class _Call:
     """One request from a caller's task: its outcome arrives through the reader task."""
@@ -538,7 +525,10 @@ class SessionDriver:
 
     # -- requests -----------------------------------------------------------------------
     async def _call(self, opcode: OpCode, body: object, path: str | None = None, arm: WatchArm | None = None,
-                    *, xid: int | None = None) -> tuple[J.ReplyHeader, object]:
+                    *, xid: int | None = None, synced: bool = False) -> tuple[J.ReplyHeader, object]:
+        """Send one request and await its reply. `synced`: a SYNC of `path` goes first on the same
+        connection, with no await between the two, and the server answers a connection's
+        requests in order: a linearizable read in one round trip instead of two."""
         await self._slots.acquire()
         try:
             conn = await self._wait_usable(path)
@@ -553,6 +543,10 @@ class SessionDriver:
                 payload = jute.encode_request(J.RequestHeader(Xid.AUTH, opcode), body)
                 conn.auth_calls.append(call)
             else:
+                if synced:  # outside the slots: it travels with the request that holds one
+                    sync, sync_xid = _Call(OpCode.SYNC, path, None, None), self._xids.next()
+                    conn.pipeline.push(sync_xid, OpCode.SYNC, sync)
+                    conn.send(jute.encode_request(J.RequestHeader(sync_xid, OpCode.SYNC), J.SyncRequest(path)))
                 xid = self._xids.next()
                 payload = jute.encode_request(J.RequestHeader(xid, opcode), body)
                 conn.pipeline.push(xid, opcode, call)
@@ -560,7 +554,9 @@ class SessionDriver:
             call.fail(e)
             raise
         conn.send(payload)
-        self._stats["requests"] += 1
+        self._stats["requests"] += 1 + synced
+        if synced and (header := (await sync.outcome())[0]).err != Err.OK:
+            raise error_for_code(header.err, path)
         return await call.outcome()
 
     async def _wait_usable(self, path: str | None) -> _Connection:

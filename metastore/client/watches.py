@@ -18,6 +18,7 @@ AuthFailed): the events it waited for can no longer be delivered.
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import trio
@@ -178,3 +179,15 @@ class PersistentWatch:
 
     def __repr__(self) -> str:
         return f"<PersistentWatch {self.kind.value} {self.path!r}>"
+
+
+Sink = Watch | PersistentWatch
+
+
+@dataclass(frozen=True, slots=True)
+class WatchArm:
+    """Register `sink` for `path` if the reply's error code is a key of `kinds`."""
+
+    path: str
+    sink: Sink
+    kinds: dict[int, WatchKind]
