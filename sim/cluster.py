@@ -1,35 +1,31 @@
 """A whole Zab ensemble in one process, driven by one seed.
 
 Every node runs the real pure core (zab.core.peer.Peer) over a simulated network
-and disk; time is simulated milliseconds; all randomness comes from one
-`random.Random(seed)`, so a failing run replays exactly from its seed. The
+and disk; time is simulated milliseconds; time, events and all randomness come from
+one sim.scheduler.Scheduler(seed), so a failing run replays exactly from its seed
+(a LedgerWorld built on the cluster runs on the same scheduler). The
 invariant oracles of replay.invariants are checked on every delivery, every
 leader establishment and every flush of a log.
 
 The state machine is the metastore's (metastore.core.state_machine), the one the
 daemon replicates. A test's client writes are ZooKeeper creates and setDatas of
-top-level znodes named by a key (`SimCluster.create`, `SimCluster.set_data`);
-`create_request` and `set_data_request` build the same requests for a real
-`PeerDriver`.
+top-level znodes named by a key (`SimCluster.create`, `SimCluster.set_data`), or any
+request (`SimCluster.submit`); sim.client_ops builds the requests (also for a real
+`PeerDriver`) and holds `ClientOp`, which can tell its submitter when it settles.
 """
 
 from __future__ import annotations
 
-import heapq
-import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from metastore.wire import envelope as E
-from metastore.wire import jute
-from metastore.core.acl import OPEN_ACL_UNSAFE
-from metastore.errors import BY_CODE
-from metastore.wire.jute_defs import OpCode
 from metastore.core.state_machine import MetastoreStateMachine
-from metastore.core.txn import CreateResult, ErrorResult, MultiResult, SetDataResult
 from replay.invariants import DeliveryOracle, InvariantViolation, LeadershipOracle
+from sim.client_ops import (ANY_VERSION, ClientOp, create_request, error_of, path_of,  # noqa: F401 - re-exported
+                            read_key, set_data_request, version_of)
 from sim.disk import TAIL_FAULTS, SimDisk
 from sim.network import SimNetwork
+from sim.scheduler import Scheduler
 from zab.core.acks import coalesce_acks
 from zab.core.actions import (Action, Answered, ClientRequest, Delivered, Disconnect, InstallSnapshot, LogAppend, LogSync,
                          LogTruncate, PeerDisconnected, PersistEpoch, Received, RequestFailed, RoleChanged, Send,
@@ -38,82 +34,7 @@ from zab.core.config import ZabConfig
 from zab.core.leader import LeaderRole
 from zab.core.peer import Peer
 
-ANY_VERSION = -1  # setData's expected version that matches any
 _TICK = Tick()  # a Tick has no fields: one serves every tick
-
-
-# -- the metastore's client writes ---------------------------------------------------------
-def path_of(key: str) -> str:
-    """The znode a test's key names: a child of the root ("a" and "/a" are the same znode)."""
-    return key if key.startswith("/") else "/" + key
-
-
-def _client_request(opcode: int, body: object, origin: int, time_ms: int) -> bytes:
-    payload = jute.encode_request(jute.RequestHeader(1, opcode), body)
-    return E.encode_envelope(E.Envelope(E.CLIENT, origin, time_ms, (), payload))
-
-
-def create_request(key: str, value: str, *, origin: int, time_ms: int = 0) -> bytes:
-    """The request a node hands Zab for a client's create of the persistent znode
-    `path_of(key)` holding `value` (UTF-8), open to anyone. `origin` is the node the
-    client is connected to: the leader refuses a session's requests from any other
-    node (SessionMoved) until the session reconnects."""
-    body = jute.CreateRequest(path_of(key), value.encode(), OPEN_ACL_UNSAFE, 0)
-    return _client_request(OpCode.CREATE, body, origin, time_ms)
-
-
-def set_data_request(key: str, value: str, version: int = ANY_VERSION, *, origin: int, time_ms: int = 0) -> bytes:
-    """A client's setData of `path_of(key)` to `value` if the znode is at `version`
-    (ANY_VERSION: whatever it is): ZooKeeper's compare-and-set."""
-    body = jute.SetDataRequest(path_of(key), value.encode(), version)
-    return _client_request(OpCode.SET_DATA, body, origin, time_ms)
-
-
-def read_key(state_machine: MetastoreStateMachine, key: str) -> tuple[str, int] | None:
-    """The data (UTF-8) and version of `path_of(key)` in what `state_machine` has
-    applied, or None if it holds no such znode."""
-    node = state_machine.tree.node(path_of(key))
-    return None if node is None else (node.data.decode(), node.version)
-
-
-def error_of(result: object) -> str | None:
-    """The name of the ZooKeeper error in a metastore result ("BadVersion", "NodeExists",
-    ...), None if the request succeeded or the result is not the metastore's."""
-    r = getattr(result, "result", None)
-    if not isinstance(r, (ErrorResult, MultiResult)) or not r.code:
-        return None
-    cls = BY_CODE.get(r.code)
-    return cls.__name__ if cls is not None else f"error {r.code}"
-
-
-def version_of(result: object) -> int | None:
-    """The znode's data version after a successful create (0) or setData, else None."""
-    r = getattr(result, "result", None)
-    return r.stat.version if isinstance(r, (CreateResult, SetDataResult)) else None
-
-
-@dataclass
-class ClientOp:
-    """One client write and what became of it. `result` is what the state machine
-    returned for it (the metastore's `Applied`) once acknowledged or refused."""
-    node: int
-    key: str
-    value: str
-    session_id: int
-    cxid: int
-    status: str = "pending"  # pending | acked | refused | failed | unknown
-    zxid: int | None = None
-    result: object = None
-
-    @property
-    def error(self) -> str | None:
-        """The ZooKeeper error a refused write got ("BadVersion", "NodeExists", ...)."""
-        return error_of(self.result)
-
-    @property
-    def version(self) -> int | None:
-        """The znode's data version this acknowledged write produced."""
-        return version_of(self.result)
 
 
 @dataclass
@@ -144,6 +65,14 @@ def _in_flight_append(lost: list[Action]) -> LogAppend | None:
     return None
 
 
+def _settle_all(node: SimNode, status: str) -> None:
+    """Every request waiting at `node` gets `status` (its client's connection is gone)."""
+    pending = list(node.pending.values())
+    node.pending.clear()  # first: an on_done may submit again through this node
+    for op in pending:
+        op.settle(status)
+
+
 class SimCluster:
     """`voters` + `observers` nodes (ids from 1) running `zab.core.peer.Peer` on a fresh
     `state_machine()` per incarnation (by default the metastore's), with `config` as
@@ -154,9 +83,10 @@ class SimCluster:
                  disk_latency_ms: dict[int, int] | None = None,
                  state_machine: Callable[[], object] = MetastoreStateMachine, **config: int) -> None:
         self.seed = seed
-        self.rng = random.Random(seed)
+        self.sched = Scheduler(seed)  # a LedgerWorld built on this cluster runs on it too
+        self.rng = self.sched.rng
+        self._at = self.sched.bind(self._dispatch)  # _at(t, *event): _dispatch(event) at t
         self.net = SimNetwork(self.rng)
-        self.now = 0
         self.tick_ms = tick_ms
         self.crash_keeps_unsynced = crash_keeps_unsynced
         self.tail_faults = tail_faults
@@ -173,17 +103,17 @@ class SimCluster:
         self.synced: list[tuple[int, Synced]] = []
         self.touched: list[tuple[int, SessionsTouched]] = []
         self.trace: list[str] = []
-        self._events: list[tuple[int, int, tuple]] = []
-        self._seq = 0
         self._cxid = 0
         self.steps = 0
         for i in ids:
             self.restart(i)
 
     # -- scheduling ---------------------------------------------------------------
-    def _at(self, t: int, *event) -> None:
-        self._seq += 1
-        heapq.heappush(self._events, (t, self._seq, event))
+    @property
+    def now(self) -> int:
+        """Simulated milliseconds since the start (the scheduler's clock; the hot paths below
+        read `self.sched.now` and skip the property)."""
+        return self.sched.now
 
     def zab_config(self, i: int) -> ZabConfig:
         return ZabConfig(my_id=i, voters=self.voters, observers=self.observers, tick_ms=self.tick_ms, **self.config)
@@ -222,9 +152,7 @@ class SimCluster:
         node.queue = []
         node.peer = None
         node.incarnation += 1
-        for op in node.pending.values():
-            op.status = "unknown"
-        node.pending.clear()
+        _settle_all(node, "unknown")
         for j in self.nodes:
             if j != i:
                 self._break(i, j)
@@ -272,7 +200,7 @@ class SimCluster:
         self.ops.append(op)
         n = self.nodes[node]
         if not n.alive:
-            op.status = "failed"
+            op.status = "failed"  # before any on_done is set: the caller sees it at once
             return op
         n.pending[(op.session_id, op.cxid)] = op
         self._at(self.now, "request", node, n.incarnation, op.session_id, op.cxid, request)
@@ -297,29 +225,20 @@ class SimCluster:
         self.run_until(lambda: False, ms)
 
     def run_until(self, predicate: Callable[[], bool], timeout_ms: int) -> bool:
-        """Run events until `predicate()` holds (True) or `timeout_ms` simulated ms pass (False)."""
-        deadline = self.now + timeout_ms
-        # Millions of events in the random tests: the loop works on locals, and _dispatch
-        # tests `peer is None` rather than the `alive` property.
-        events, pop, dispatch = self._events, heapq.heappop, self._dispatch
-        while events and events[0][0] <= deadline:
-            if predicate():
-                return True
-            t, _, event = pop(events)
-            self.now = t
-            dispatch(event)
-        self.now = max(self.now, deadline)
-        return predicate()
+        """Run events (of every world on this cluster's scheduler) until `predicate()` holds
+        (True) or `timeout_ms` simulated ms pass (False)."""
+        return self.sched.run_until(predicate, timeout_ms)
 
     def _dispatch(self, event: tuple) -> None:
         kind, i, incarnation = event[0], event[1], event[2]
         node = self.nodes[i]
+        # Millions of events in the random tests: `peer is None`, not the `alive` property.
         if node.peer is None or node.incarnation != incarnation:
             return
         self.steps += 1
         if kind == "tick":
             self._step(node, _TICK)
-            self._at(self.now + self.tick_ms, "tick", i, incarnation)
+            self._at(self.sched.now + self.tick_ms, "tick", i, incarnation)
         elif kind == "msg":
             frm, gen, msg = event[3], event[4], event[5]
             if self.net.current(frm, i, gen) and self.nodes[frm].peer is not None:
@@ -368,7 +287,8 @@ class SimCluster:
                 node.prev_delivered = a.txn.zxid
                 op = node.pending.pop((a.txn.session_id, a.txn.cxid), None)
                 if op is not None:
-                    op.result, op.status, op.zxid = a.result, "acked", a.txn.zxid
+                    op.result, op.zxid = a.result, a.txn.zxid
+                    op.settle("acked")
             elif isinstance(a, Answered):
                 op = node.pending.pop((a.session_id, a.cxid), None)
                 if op is not None:
@@ -377,16 +297,14 @@ class SimCluster:
                     if after > node.prev_delivered:
                         raise InvariantViolation(f"node {node.id} answered a refusal ordered after {after:#x} "
                                                  f"having delivered {node.prev_delivered:#x}")
-                    op.status = "refused"
+                    op.settle("refused")
             elif isinstance(a, RequestFailed):
                 op = node.pending.pop((a.session_id, a.cxid), None)
                 if op is not None:
-                    op.status = "failed"
+                    op.settle("failed")
             elif isinstance(a, RoleChanged):
                 self._log(f"node {node.id} -> {a.role.value} leader={a.leader} epoch={a.epoch}")
-                for op in node.pending.values():
-                    op.status = "unknown"
-                node.pending.clear()
+                _settle_all(node, "unknown")
             elif isinstance(a, Synced):
                 self.synced.append((node.id, a))
             elif isinstance(a, SessionsTouched):
@@ -404,16 +322,16 @@ class SimCluster:
         if not node.flush_scheduled:
             node.flush_scheduled = True
             latency = self.disk_latency_ms.get(node.id) or self.rng.randint(1, 4)
-            self._at(self.now + latency, "flush", node.id, node.incarnation)
+            self._at(self.sched.now + latency, "flush", node.id, node.incarnation)
 
     def _send(self, node: SimNode, a: Send) -> None:
         if a.to == node.id:
-            self._at(self.now, "local", node.id, node.incarnation, a.msg)
+            self._at(self.sched.now, "local", node.id, node.incarnation, a.msg)
             return
         target = self.nodes.get(a.to)
         if target is None or target.peer is None:
             return
-        slot = self.net.schedule(node.id, a.to, self.now)
+        slot = self.net.schedule(node.id, a.to, self.sched.now)
         if slot is not None:
             self._at(slot[0], "msg", a.to, target.incarnation, node.id, slot[1], a.msg)
 

@@ -2,6 +2,7 @@
 
     python -m sim.explore --seed N --steps M            # the Zab + metastore ensemble
     python -m sim.explore --seed N --steps M --ledger   # the ledger world
+    python -m sim.explore --seed N --steps M --mixed    # both, one scheduler: ledger metadata in Zab
     python -m sim.explore --schedule FILE               # replay a printed schedule exactly
 
 The Zab run builds `sim.zab_schedule.scenario_from_seed(N, M, exact=True)`: M draws
@@ -9,7 +10,10 @@ of steps: client writes through random nodes, crashes (with lost, torn or corrup
 log tails when the scenario has tail faults), restarts, partitions and heals, then
 heals everything and checks liveness, `SimCluster.check_final` and the history
 oracles. The ledger run builds `sim.ledger_schedule.story_from_seed(N, M)` (at most
-M bookie faults) and checks the closed ledger, the recoverers and the readers.
+M bookie faults) and checks the closed ledger, the recoverers and the readers. The mixed
+run builds `sim.mixed_schedule.plan_from_seed(N, M)` (up to M drawn steps: Zab faults,
+bookie faults, writer crashes and closes, recoverers; then one more recoverer, and leader
+faults next to recoverers) and checks both worlds' oracles on one scheduler.
 
 On success one line: `ok <world> seed=N ...`, exit status 0. On a failure: the seed,
 the schedule (a header dict, then one step per line, every line a Python literal;
@@ -27,6 +31,7 @@ import sys
 from dataclasses import dataclass, fields
 
 from sim.ledger_schedule import Story, check, run_story, story_from_seed
+from sim.mixed_schedule import MixedPlan, plan_from_seed, run_mixed
 from sim.zab_schedule import Scenario, run_scenario, scenario_from_seed
 
 SCHEDULE_COMMENT = "# sim.explore schedule: save as FILE, replay with python -m sim.explore --schedule FILE"
@@ -35,7 +40,7 @@ SCHEDULE_COMMENT = "# sim.explore schedule: save as FILE, replay with python -m 
 @dataclass(frozen=True)
 class Outcome:
     """What one run came to: `failure` None when every invariant held."""
-    world: str  # "zab" | "ledger"
+    world: str  # "zab" | "ledger" | "mixed"
     seed: int
     schedule: str  # format_schedule's text: replays the run exactly
     summary: str
@@ -55,10 +60,15 @@ class Outcome:
 
 
 # -- schedules as text ------------------------------------------------------------------------
-def format_schedule(plan: Scenario | Story) -> str:
+Plan = Scenario | Story | MixedPlan
+_WORLDS = {Scenario: "zab", Story: "ledger", MixedPlan: "mixed"}
+
+
+def format_schedule(plan: Plan) -> str:
     """A header dict, then one step per line, each line a Python literal (parse_schedule reads it)."""
-    if isinstance(plan, Scenario):
-        header = {"world": "zab"} | {f.name: getattr(plan, f.name) for f in fields(plan) if f.name != "steps"}
+    if isinstance(plan, (Scenario, MixedPlan)):
+        header = {"world": _WORLDS[type(plan)]} | {f.name: getattr(plan, f.name) for f in fields(plan)
+                                                   if f.name != "steps"}
         steps: list[tuple] = list(plan.steps)
     else:
         skip = ("bookie_faults", "writer_crash_ms", "recoverers")
@@ -70,8 +80,8 @@ def format_schedule(plan: Scenario | Story) -> str:
     return "\n".join([SCHEDULE_COMMENT, repr(header), *(repr(s) for s in steps)]) + "\n"
 
 
-def parse_schedule(text: str) -> Scenario | Story:
-    """The Scenario or Story a format_schedule text describes (comments and blank lines ignored)."""
+def parse_schedule(text: str) -> Plan:
+    """The plan a format_schedule text describes (comments and blank lines ignored)."""
     lines = [ast.literal_eval(line) for line in text.splitlines() if line.strip() and not line.startswith("#")]
     if not lines or not isinstance(lines[0], dict):
         raise ValueError("a schedule starts with its header dict")
@@ -79,6 +89,8 @@ def parse_schedule(text: str) -> Scenario | Story:
     world = header.pop("world", "zab")
     if world == "zab":
         return Scenario(**header, steps=tuple(steps))
+    if world == "mixed":
+        return MixedPlan(**header, steps=tuple(steps))
     if world != "ledger":
         raise ValueError(f"unknown world {world!r}")
     faults = tuple(sorted(s[1:] for s in steps if s[0] == "bookie"))
@@ -91,12 +103,13 @@ def parse_schedule(text: str) -> Scenario | Story:
 
 
 # -- running ------------------------------------------------------------------------------------
-def run(plan: Scenario | Story) -> Outcome:
+def run(plan: Plan) -> Outcome:
     """Play `plan` and check every invariant; never raises for a failed run (see Outcome.failure)."""
     schedule = format_schedule(plan)
-    world = "zab" if isinstance(plan, Scenario) else "ledger"
+    world = _WORLDS[type(plan)]
     try:
-        summary = _run_zab(plan) if isinstance(plan, Scenario) else _run_ledger(plan)
+        runner = {"zab": _run_zab, "ledger": _run_ledger, "mixed": _run_mixed}[world]
+        summary = runner(plan)
     except Exception as e:  # noqa: BLE001 - the failure is the outcome: reported with its schedule
         notes = [n for n in getattr(e, "__notes__", []) if not n.startswith("replay: ")]
         return Outcome(world, plan.seed, schedule, "", "\n".join([f"{type(e).__name__}: {e}", *notes]))
@@ -121,9 +134,20 @@ def _run_ledger(story: Story) -> str:
             f"closed_at={closed.last_entry}")
 
 
-def explore(seed: int, steps: int, *, ledger: bool = False) -> Outcome:
+def _run_mixed(plan: MixedPlan) -> str:
+    c, world = run_mixed(plan)
+    closed, version = world.meta.read(1)
+    writer = world.clients["w"]
+    return (f"ok mixed seed={plan.seed} steps={len(plan.steps)} acked={len(writer.acked)} "
+            f"closed_at={closed.last_entry} metadata_version={version} cas={len(world.meta.writes)} "
+            f"connection_losses={world.meta.connection_losses} committed={c.peer(c.alive()[0]).last_committed:#x}")
+
+
+def explore(seed: int, steps: int, *, ledger: bool = False, mixed: bool = False) -> Outcome:
     """Build the schedule of `seed` (`steps` drawn steps, or at most `steps` bookie faults for
-    the ledger world) and run it."""
+    the ledger world, or up to `steps` drawn steps of the mixed world) and run it."""
+    if mixed:
+        return run(plan_from_seed(seed, steps))
     return run(story_from_seed(seed, steps) if ledger else scenario_from_seed(seed, steps, exact=True))
 
 
@@ -133,13 +157,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--ledger", action="store_true", help="the ledger world instead of the Zab ensemble")
+    parser.add_argument("--mixed", action="store_true", help="both on one scheduler, ledger metadata in Zab")
     parser.add_argument("--schedule", metavar="FILE", help="replay the schedule a failed run printed")
     args = parser.parse_args(argv)
     if args.schedule:
         with open(args.schedule, encoding="utf-8") as f:  # the runner's one file: the schedule to replay
             outcome = run(parse_schedule(f.read()))
     else:
-        outcome = explore(args.seed, args.steps, ledger=args.ledger)
+        outcome = explore(args.seed, args.steps, ledger=args.ledger, mixed=args.mixed)
     print(outcome.report())
     return 0 if outcome.ok else 1
 

@@ -1,5 +1,10 @@
-"""A ledger world in one process, driven by one seed: simulated bookies, a metadata register, and
+"""A ledger world in one process, driven by one seed: simulated bookies, a metadata store, and
 clients running the real pure ledger operations (Writer, RecoveryOp, ReadEntryOp, ...).
+
+The metadata store is a MetaRegister (sim/bookies.py) of its own, or, built with
+`metastore=` a SimCluster, the simulated metastore itself (sim/ledger_meta.py): the
+world then runs on the cluster's scheduler (one clock, one heap, one seed), and
+every metadata read and compare-and-set is a ZooKeeper request through Zab.
 
 Every request a client's operation sends travels to a SimBookie and back with
 a random delay. Requests and answers can be lost (probability `loss`, or a
@@ -8,7 +13,8 @@ as a real client's request timeout; a request to a crashed bookie fails the
 same way. `hold` rules park matching requests (an arbitrarily slow link)
 until `release`: stories use them to build exact interleavings ("entry 0
 reached only bookie 1"). Metadata requests go through the same rules with
-bookie None. Clients get a Tick every tick_ms and can crash (they stop).
+bookie None (with a MetaRegister only: the metastore's faults are the cluster's).
+Clients get a Tick every tick_ms and can crash (they stop).
 
 Oracles: `check_closed_ledger` (every entry acknowledged to any writer is in
 the closed ledger, with Qa genuine copies on the bookies the metadata
@@ -18,8 +24,6 @@ acknowledgement ever follows a broken (fenced) writer's failure.
 
 from __future__ import annotations
 
-import heapq
-import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -32,6 +36,9 @@ from ledger.read_op import verify_entry
 from ledger.recovery_op import RecoveryOp
 from ledger.writer import Writer
 from sim.bookies import MetaRegister, SimBookie
+from sim.cluster import SimCluster
+from sim.ledger_meta import ZabMetadata
+from sim.scheduler import Scheduler
 
 BOOKIE_REQUESTS = (A.SendAdd, A.SendRead, A.SendFence, A.SendReadLac, A.SendLac, A.SendLongPoll)
 
@@ -80,30 +87,45 @@ class Rule:
 
 
 class LedgerWorld:
+    """`bookies` SimBookies and the clients of ledgers kept in a MetaRegister, or with
+    `metastore`, in that SimCluster's metastore: the world then shares the cluster's
+    scheduler and random stream (`seed` is the cluster's), and a metadata request not
+    answered within `metadata_timeout_ms` is a ConnectionLoss (sim/ledger_meta.py)."""
+
     def __init__(self, seed: int = 0, bookies: int = 5, *, min_delay_ms: int = 1, max_delay_ms: int = 5,
-                 timeout_ms: int = 40, tick_ms: int = 10, loss: float = 0.0) -> None:
-        self.rng = random.Random(seed)
+                 timeout_ms: int = 40, tick_ms: int = 10, loss: float = 0.0, metastore: SimCluster | None = None,
+                 metadata_timeout_ms: int = 2_000) -> None:
+        self.sched = Scheduler(seed) if metastore is None else metastore.sched
+        self.rng = self.sched.rng
+        self._at = self.sched.bind(self._dispatch)  # _at(t, *event): _dispatch(event) at t
         self.bookies = {i: SimBookie(i) for i in range(1, bookies + 1)}
-        self.meta = MetaRegister()
+        self.metastore = metastore
+        self.meta: MetaRegister | ZabMetadata = (
+            MetaRegister() if metastore is None else ZabMetadata(metastore, self, metadata_timeout_ms))
         self.clients: dict[str, SimClient] = {}
         self.rules: list[Rule] = []
         self.min_delay_ms, self.max_delay_ms = min_delay_ms, max_delay_ms
         self.timeout_ms, self.tick_ms, self.loss = timeout_ms, tick_ms, loss
-        self.now = 0
-        self._events: list[tuple[int, int, tuple]] = []
-        self._seq = 0
         self._next_ledger = 1
         self.log: list[str] = []
 
     # -- setup ------------------------------------------------------------------------------
     def create_ledger(self, ensemble: tuple[int, ...], write_quorum_size: int, ack_quorum_size: int, *,
                       password: bytes = b"secret", digest: DigestType = DigestType.CRC32C) -> LedgerMetadata:
+        """A new OPEN ledger on `ensemble`. In the metastore, a create through Zab: the world
+        runs until it committed (ZabMetadata.create)."""
         ledger_id = self._next_ledger
         self._next_ledger += 1
         metadata = LedgerMetadata(ledger_id, len(ensemble), write_quorum_size, ack_quorum_size,
                                   (Fragment(0, tuple(ensemble)),), digest, password_key(password, b"check"), 0)
         self.meta.create(metadata)
         return metadata
+
+    def _open(self, name: str, ledger_id: int) -> tuple[LedgerMetadata, int]:
+        """What opening the ledger reads; in the metastore, through `name`'s new session."""
+        if isinstance(self.meta, ZabMetadata):
+            return self.meta.open(name, ledger_id)
+        return self.meta.read(ledger_id)
 
     def _client(self, name: str, ledger_id: int, op: object, password: bytes) -> SimClient:
         metadata, _ = self.meta.read(ledger_id)
@@ -114,12 +136,12 @@ class LedgerWorld:
 
     def writer(self, name: str, ledger_id: int, *, password: bytes = b"secret", writer_cls: type = Writer,
                **kw) -> SimClient:
-        metadata, version = self.meta.read(ledger_id)
+        metadata, version = self._open(name, ledger_id)
         op = writer_cls(metadata, version, Digester(metadata.digest_type, password), **kw)
         return self._client(name, ledger_id, op, password)
 
     def recoverer(self, name: str, ledger_id: int, *, password: bytes = b"secret", **kw) -> SimClient:
-        metadata, version = self.meta.read(ledger_id)
+        metadata, version = self._open(name, ledger_id)
         op = RecoveryOp(metadata, version, Digester(metadata.digest_type, password), **kw)
         client = self._client(name, ledger_id, op, password)
         self._execute(client, op.start())
@@ -174,9 +196,10 @@ class LedgerWorld:
         self.clients[name].alive = False
 
     # -- scheduling -----------------------------------------------------------------------------------
-    def _at(self, t: int, *event) -> None:
-        self._seq += 1
-        heapq.heappush(self._events, (t, self._seq, event))
+    @property
+    def now(self) -> int:
+        """Simulated milliseconds (the scheduler's clock, shared with a metastore cluster)."""
+        return self.sched.now
 
     def _delay(self) -> int:
         return self.rng.randint(self.min_delay_ms, self.max_delay_ms)
@@ -188,15 +211,9 @@ class LedgerWorld:
         self.run_until(lambda: False, ms)
 
     def run_until(self, predicate: Callable[[], bool], timeout_ms: int = 10_000) -> bool:
-        deadline = self.now + timeout_ms
-        while self._events and self._events[0][0] <= deadline:
-            if predicate():
-                return True
-            t, _, event = heapq.heappop(self._events)
-            self.now = t
-            self._dispatch(event)
-        self.now = max(self.now, deadline)
-        return predicate()
+        """Run the scheduler (with a metastore cluster: both worlds) until `predicate()` holds
+        (True) or `timeout_ms` simulated ms pass (False)."""
+        return self.sched.run_until(predicate, timeout_ms)
 
     def _dispatch(self, event: tuple) -> None:
         kind = event[0]
@@ -222,7 +239,10 @@ class LedgerWorld:
                 client.requests.append(action)
                 self._send(Msg(client.name, action.bookie, action))
             elif isinstance(action, (A.WriteMetadata, A.ReadMetadata)):
-                self._send(Msg(client.name, None, action))
+                if isinstance(self.meta, ZabMetadata):
+                    self.meta.request(client, action)
+                else:
+                    self._send(Msg(client.name, None, action))
             elif isinstance(action, A.ChooseBookies):
                 live = sorted(b for b, bk in self.bookies.items() if bk.alive and b not in action.exclude)
                 chosen = tuple(self.rng.sample(live, min(action.count, len(live))))

@@ -233,7 +233,7 @@ def run_scenario(sc: Scenario) -> SimCluster:
             _check_nodes(c)
         c.heal()
         _restart_all(c)
-        _check_recovered(c)
+        check_recovered(c)
     except BaseException as e:  # noqa: BLE001 - re-raised unchanged, with the replay recipe attached
         e.add_note(f"replay: run_scenario({sc!r})")
         e.add_note(c.describe_failure())
@@ -254,7 +254,9 @@ def _check_nodes(c: SimCluster) -> None:
             raise InvariantViolation(f"node {i}: currentEpoch {p.current_epoch} > acceptedEpoch {p.accepted_epoch}")
 
 
-def _check_recovered(c: SimCluster) -> None:
+def check_recovered(c: SimCluster) -> None:
+    """Liveness and every end-of-run oracle, once the network healed and every node is up:
+    convergence, every request answered, check_final, the committed history, writes resume."""
     assert c.run_until(c.converged, CONVERGE_TIMEOUT_MS), (
         f"liveness: no convergence {CONVERGE_TIMEOUT_MS} ms after heal and restart of all nodes: "
         f"{[c.peer(i).describe() for i in c.alive()]}")

@@ -1,19 +1,23 @@
-"""The explorer (sim/explore.py): a fixed budget of seeds through both worlds, exact replay of a
-printed schedule, and the report of a failure (a planted oracle failure: the real ones hold)."""
+"""The explorer (sim/explore.py): a fixed budget of seeds through every world (the Zab ensemble,
+the ledger world, and both on one scheduler), exact replay of a printed schedule, and the report
+of a failure (a planted oracle failure: the real ones hold)."""
 
 from __future__ import annotations
 
 import pytest
 
+import sim.mixed_schedule
 import sim.zab_schedule
 from replay.invariants import InvariantViolation
 from sim.explore import explore, format_schedule, main, parse_schedule, run
 from sim.ledger_schedule import story_from_seed
+from sim.mixed_schedule import plan_from_seed
 from sim.zab_schedule import Scenario, scenario_from_seed
 
 # CI's fixed budget: every seed here must keep every invariant. About a second in all.
 ZAB_SEEDS, ZAB_STEPS = range(16), 30
 LEDGER_SEEDS, LEDGER_FAULTS = range(16), 6
+MIXED_SEEDS, MIXED_STEPS = range(48), 14  # about two seconds
 
 
 def test_a_fixed_budget_of_zab_seeds_keeps_every_invariant() -> None:
@@ -29,15 +33,25 @@ def test_a_fixed_budget_of_ledger_seeds_keeps_every_invariant() -> None:
     assert not failures, "\n\n".join(failures)
 
 
+def test_a_fixed_budget_of_mixed_seeds_keeps_every_invariant() -> None:
+    outcomes = [explore(s, MIXED_STEPS, mixed=True) for s in MIXED_SEEDS]
+    failures = [o.report() for o in outcomes if not o.ok]
+    assert not failures, "\n\n".join(failures)
+    # Some metadata request must have met a metastore fault, or the budget mixes nothing.
+    assert sum(int(o.summary.split("connection_losses=")[1].split()[0]) for o in outcomes) > 0
+
+
 @pytest.mark.parametrize("seed", [3, 11])
 def test_a_run_is_deterministic_from_its_seed(seed: int) -> None:
     assert explore(seed, ZAB_STEPS) == explore(seed, ZAB_STEPS)
     assert explore(seed, LEDGER_FAULTS, ledger=True) == explore(seed, LEDGER_FAULTS, ledger=True)
+    assert explore(seed, MIXED_STEPS, mixed=True) == explore(seed, MIXED_STEPS, mixed=True)
 
 
 @pytest.mark.parametrize("seed", [0, 5, 9])
 def test_a_printed_schedule_replays_to_the_same_outcome(seed: int) -> None:
-    for outcome in (explore(seed, ZAB_STEPS), explore(seed, LEDGER_FAULTS, ledger=True)):
+    for outcome in (explore(seed, ZAB_STEPS), explore(seed, LEDGER_FAULTS, ledger=True),
+                    explore(seed, MIXED_STEPS, mixed=True)):
         assert run(parse_schedule(outcome.schedule)) == outcome
 
 
@@ -48,6 +62,10 @@ def test_a_schedule_prints_one_step_per_line_and_parses_back() -> None:
     assert parse_schedule(text) == sc
     story = story_from_seed(7)
     assert parse_schedule(format_schedule(story)) == story
+    plan = plan_from_seed(7, MIXED_STEPS)
+    text = format_schedule(plan)
+    assert len(text.splitlines()) == 2 + len(plan.steps)
+    assert parse_schedule(text) == plan
 
 
 def _planted(c) -> None:
@@ -72,11 +90,30 @@ def test_a_failure_prints_its_seed_schedule_and_failure_and_replays_from_the_fil
 def test_a_passing_run_prints_one_summary_line(capsys) -> None:
     assert main(["--seed", "2", "--steps", "10"]) == 0
     assert main(["--seed", "2", "--steps", "3", "--ledger"]) == 0
+    assert main(["--seed", "2", "--steps", "5", "--mixed"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split()[:3] for line in lines] == [["ok", "zab", "seed=2"], ["ok", "ledger", "seed=2"]]
+    assert [line.split()[:3] for line in lines] == [["ok", "zab", "seed=2"], ["ok", "ledger", "seed=2"],
+                                                    ["ok", "mixed", "seed=2"]]
 
 
 def test_a_broken_schedule_is_a_failure_not_a_crash_of_the_runner() -> None:
     sc = Scenario(seed=1, voters=3, observers=0, crash_keeps_unsynced=True, options=(), steps=(("explode", 1),))
     outcome = run(sc)
     assert not outcome.ok and outcome.failure.startswith("ValueError: unknown step")
+
+
+def test_a_mixed_failure_prints_a_schedule_that_replays_from_the_file(monkeypatch, tmp_path, capsys) -> None:
+    monkeypatch.setattr(sim.mixed_schedule, "check_mixed", _planted_mixed)
+    assert main(["--seed", "9", "--steps", "8", "--mixed"]) == 1
+    printed = capsys.readouterr().out
+    assert printed.startswith("FAILED mixed seed=9\n--- schedule ---\n")
+    schedule = printed.split("--- schedule ---\n")[1].split("--- failure ---\n")[0]
+    assert parse_schedule(schedule) == plan_from_seed(9, 8)
+    path = tmp_path / "schedule.txt"
+    path.write_text(schedule)
+    assert main(["--schedule", str(path)]) == 1
+    assert capsys.readouterr().out == printed, "the replay failed differently"
+
+
+def _planted_mixed(c, world, lid) -> None:
+    raise InvariantViolation(f"planted: ledger {lid} closed at {world.meta.read(lid)[0].last_entry}")
