@@ -115,13 +115,11 @@ class ClusterConfig:
     send_queue_max: int = 10_000
     send_queue_max_bytes: int = 128 << 20  # bytes queued per peer link (zab/edge/transport.py)
     log_queue_max_bytes: int = 64 << 20  # log writes queued for the disk before new work waits (zab/edge/log_writer.py)
-    # What the client port speaks: only "zookeeper" (the metastore: ZooKeeper's client protocol,
-    # kazoo, zkCli). The key stays so that a config naming the retired "kv" demo protocol is told so.
+    # Only "zookeeper" (ZooKeeper's client protocol); the key stays to tell a config naming the retired "kv" so.
     client_protocol: str = "zookeeper"
     min_session_timeout_ms: int = 2_000
     max_session_timeout_ms: int = 60_000
-    # Optional: mixed into the session-password key, which derives from the cluster secret the
-    # first leader draws and commits through Zab (metastore/core/cluster_secret.py). No shipped default.
+    # Optional, mixed into the session-password key (metastore/core/cluster_secret.py); no shipped default.
     session_secret: str = ""
     # The client port's limits (metastore/edge/edge_guard.py ClientLimits), ZooKeeper's names in docs/operations.md.
     jute_max_buffer_bytes: int = 0xFFFFF  # jute.maxbuffer: the largest buffer in a request or reply
@@ -134,15 +132,15 @@ class ClusterConfig:
     # ZooKeeper's DigestAuthenticationProvider.superDigest: "user:base64(sha1(user:password))"
     # (metastore.core.acl.generate_digest); addAuth("digest", "user:password") then passes every ACL.
     super_digest: str = ""
-    # SASL DIGEST-MD5 on the client port: ZooKeeper's JAAS file, whose Server section's
-    # DigestLoginModule user_<name>="<password>" options are the users (metastore/core/sasl_users.py).
-    # Relative: against this file's folder. Empty: SASL is off.
+    # SASL DIGEST-MD5: ZooKeeper's JAAS file, whose Server section's DigestLoginModule user_<name>="<password>"
+    # options are the users (metastore/core/sasl_users.py). Relative: to this file's folder. Empty: SASL is off.
     sasl_users_file: str = ""
     # ZooKeeper's enforce.auth.enabled + enforce.auth.schemes: with schemes (comma-separated, from
     # sasl, digest, x509), a session holding no id of one of them is refused at its first request.
     enforce_auth_schemes: str = ""
     # Four-letter words answered on the client port (comma-separated allow-list).
     four_letter_words: str = "ruok,srvr,stat,mntr,conf,envi,isro"
+    read_only_mode: bool = False  # ZooKeeper's readonlymode.enabled: without a quorum, serve read-only sessions
     # Bookies (nodes with the bookie role).
     bookie_max_entry_bytes: int = 5 << 20  # the largest packaged entry a bookie stores
     bookie_max_in_flight: int = 10_000  # requests served at once per bookie connection; more: OVERLOADED
@@ -280,6 +278,8 @@ def _take_setting(table: _Table, key: str, default: Any) -> Any:
         return table.take(key, str, default)
     if isinstance(default, str):
         return table.take_str(key, default=default)
+    if isinstance(default, bool):
+        return table.take(key, bool, default)
     # Every numeric setting is a count, a size or a duration: zero or less is never meaningful.
     return table.take_int(key, default=default, minimum=1)
 
@@ -496,7 +496,7 @@ def _toml_dir(directory: Path, folder: Path) -> str:
 def _toml_value(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, str):
-        # JSON string escapes without ensure_ascii are a subset of TOML basic-string escapes.
+    if isinstance(value, (str, bool)):
+        # JSON string escapes without ensure_ascii are a subset of TOML basic-string escapes; true, false.
         return json.dumps(value, ensure_ascii=False)
     return str(value)

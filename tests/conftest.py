@@ -5,6 +5,12 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import settings
+
+# Every hypothesis test is deterministic: the same examples on every run, no example database, so
+# a failure replays exactly (a test's own @settings inherits this and may only change other fields).
+settings.register_profile("quire", derandomize=True, database=None)
+settings.load_profile("quire")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -150,7 +150,7 @@ async def _start_ensemble_services(nursery: trio.Nursery, config: ClusterConfig,
         node.id, node.host, node.client_port, config.min_session_timeout_ms, config.max_session_timeout_ms,
         config.session_secret.encode(), config.four_letter_word_set, tick_ms=config.tick_ms,
         tls=tls_node.client_port_tls(config, node), super_digest=config.super_digest or None,
-        limits=client_limits(config), sasl=sasl_settings(config)))
+        limits=client_limits(config), sasl=sasl_settings(config), read_only_mode=config.read_only_mode))
     await nursery.start(driver.run)
     try:
         await nursery.start(service.run)

@@ -38,6 +38,7 @@ class Connection:
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)  # reading requests and awaiting replies
     closed: bool = False
     cut_off: bool = False  # ended for queueing more than outgoing_max_bytes
+    read_only: bool = False  # a read-only session (metastore/edge/handshake.py): reads only
     out: Outbox | None = None
     writer_scope: trio.CancelScope | None = None
 

@@ -12,11 +12,12 @@ VERSION = "3.8.0-quire-0.1"
 def answer_four_letter_word(word: str, service: Any) -> str:
     status = service.driver.status()
     mode = {"leader": "leader", "follower": "follower", "observer": "observer"}.get(status.get("role"), "looking")
+    mode = "read-only" if service.serving_mode == "ro" else mode  # as ZooKeeper's srvr and stat say it
     tree = service.sm.tree
     if word == "ruok":
         return "imok"
     if word == "isro":
-        return "rw"
+        return service.serving_mode
     if word == "envi":
         return ("Environment:\n"
                 f"zookeeper.version={VERSION}, built on quire\n"

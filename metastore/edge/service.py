@@ -13,11 +13,9 @@ before any other task can read the tree.
 
 from __future__ import annotations
 
-import hmac
 import secrets
 import itertools
 import logging
-import struct
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -28,9 +26,10 @@ from metastore.wire import envelope as E
 from metastore.wire import jute
 from metastore.core import cluster_secret as CS
 from metastore.edge.client_conn import Connection, Job, receive_exactly
-from metastore.edge.edge_guard import CLIENT_FAULTS, ClientLimits, ClientRefused, check_auth, check_connect, check_reply
+from metastore.edge.edge_guard import CLIENT_FAULTS, ClientLimits, ClientRefused, check_auth, check_reply
 from metastore.core.acl import SUPER_SCHEME, Id, digest_auth_ids
 from metastore.edge.four_letter import answer_four_letter_word
+from metastore.edge.handshake import SessionHandshake
 from metastore.wire.jute_defs import Err, EventType, KeeperState, OpCode, UnknownOpcode, Xid
 from metastore.core.prep import HOUSEKEEPING
 from metastore.edge.sasl_edge import SaslEdge, SaslSettings
@@ -65,6 +64,7 @@ class MetastoreConfig:
     tls: object = None  # TLS only when set, as ZooKeeper's secureClientPort (clusterd/daemon/tls_streams.py ServerTls)
     super_digest: str | None = None  # "user:base64(sha1)": addAuth of its password gives the super id (acl.py)
     sasl: SaslSettings = SaslSettings()  # SASL users and enforced authentication (metastore/edge/sasl_edge.py)
+    read_only_mode: bool = False  # ZooKeeper's readonlymode.enabled (metastore/edge/handshake.py)
 
 
 class MetastoreService:
@@ -84,7 +84,7 @@ class MetastoreService:
         self.by_session: dict[int, Connection] = {}
         self._conn_ids = itertools.count(1)
         self._cxids = itertools.count(1)
-        self._next_session = (config.node_id << 48) | ((int(time.time() * 1000) << 8) & 0xFFFF_FFFF_FFFF)
+        self._handshake = SessionHandshake(self)
         driver.listen(self)
         self.stats = {"requests": 0, "notifications": 0, "connections": 0, "connections_refused": 0,
                       "outstanding": 0, "outstanding_max": 0, "outstanding_bytes": 0, "outstanding_bytes_max": 0,
@@ -137,6 +137,24 @@ class MetastoreService:
     def role_changed(self, role: Role, leader: int | None, epoch: int, broadcasting: bool) -> None:
         self.expiry.stopped()
         self._role, self._broadcasting = role, broadcasting
+        # As ZooKeeper shuts its server down when the leader goes: read-write sessions leave a node
+        # that lost its leader (reads here could be stale without the client knowing), read-only
+        # ones leave a node under a leader again (handshake.py); their clients reconnect.
+        for conn in [c for c in self.connections.values() if c.session_id and c.read_only == broadcasting]:
+            conn.close()
+
+    @property
+    def broadcasting(self) -> bool:
+        """Serving read-write: this node follows (or is) an established leader."""
+        return self._broadcasting
+
+    @property
+    def serving_mode(self) -> str:
+        """ZooKeeper's `isro` answer: "rw", "ro" (read-only mode) or "null" (not serving)."""
+        return "rw" if self._broadcasting else "ro" if self.cfg.read_only_mode else "null"
+
+    def next_cxid(self) -> int:
+        return next(self._cxids)
 
     def leader_ticked(self, now_ms: int) -> None:
         """A tick of the established leader: close the sessions whose deadline it passed."""
@@ -146,21 +164,6 @@ class MetastoreService:
                 self._housekeeping.start_soon(self._submit_internal, E.CLOSE_SESSION, sid, b"")
 
     # -- sessions ---------------------------------------------------------------------
-    def _password(self, session_id: int) -> bytes:
-        secret = CS.read_secret(self.sm.tree)
-        assert secret is not None, "sessions are served only once the cluster secret is here (_connect)"
-        return CS.session_password(secret, self.cfg.session_secret, session_id)
-
-    async def _has_secret(self) -> bool:
-        """Whether the cluster secret is here, after catching up with the leader if needed
-        (the first leader commits it right after it is elected)."""
-        if CS.read_secret(self.sm.tree) is None:
-            try:
-                await self.driver.sync(0, next(self._cxids))
-            except (NoLeader, OutcomeUnknown):
-                return False
-        return CS.read_secret(self.sm.tree) is not None
-
     async def _init_secret(self) -> None:
         """The first leader draws the cluster secret and commits it (metastore.core.cluster_secret)."""
         self._initializing_secret = True
@@ -175,9 +178,6 @@ class MetastoreService:
         secret = CS.read_secret(self.sm.tree)
         return tuple((i.scheme, CS.super_token(secret) if i.scheme == SUPER_SCHEME else i.id) for i in conn.auth
                      if i.scheme != SUPER_SCHEME or secret is not None)
-
-    def _negotiate(self, requested_ms: int) -> int:
-        return max(self.cfg.min_session_timeout_ms, min(self.cfg.max_session_timeout_ms, requested_ms))
 
     async def _maintain_sessions(self, nursery: trio.Nursery) -> None:
         """Every node reports its active sessions (the leader expires the silent ones on its
@@ -269,7 +269,7 @@ class MetastoreService:
                     if not data:
                         return
                     frames = reader.feed(data)
-            if not await self._connect(conn, frames.pop(0)):
+            if not await self._handshake.connect(conn, frames.pop(0)):
                 return
         except trio.TooSlowError as e:
             log.info("event=client_dropped conn=%s peer=%s error=%r", conn.id, conn.peer, e)
@@ -378,68 +378,6 @@ class MetastoreService:
             self._reply(conn, xid, code)
         conn.close()
 
-    async def _connect(self, conn: Connection, payload: bytes) -> bool:
-        req = jute.decode_connect_request(payload, self.cfg.limits.jute_max_buffer_bytes)
-        check_connect(req)
-        if not self._broadcasting:
-            return False  # no quorum here: the client tries another server
-        if not await self._has_secret():
-            log.info("event=client_deferred conn=%s reason=no_cluster_secret_yet", conn.id)
-            return False
-        if req.last_zxid_seen > self.sm.last_zxid:
-            log.info("event=client_ahead session=%#x client_zxid=%#x our_zxid=%#x", req.session_id,
-                     req.last_zxid_seen, self.sm.last_zxid)
-            return False  # we are behind what the client has seen: it must pick another server
-        if req.session_id == 0:
-            session_id, timeout = await self._create_session(req.time_out)
-            if session_id == 0:
-                return False
-        else:
-            session_id = req.session_id
-            timeout = self.sm.tree.session_timeout(session_id) or 0
-            if timeout == 0:
-                # We may just lag behind the session's creation: catch up with the leader
-                # before calling it expired (ZooKeeper's followers ask the leader).
-                try:
-                    await self.driver.sync(session_id, next(self._cxids))
-                except (NoLeader, OutcomeUnknown):
-                    return False
-                timeout = self.sm.tree.session_timeout(session_id) or 0
-            if timeout == 0 or not hmac.compare_digest(req.passwd, self._password(session_id)):
-                conn.send(jute.encode_connect_response(jute.ConnectResponse(0, 0, 0, b"\0" * 16, False)))
-                return False
-            if not await self._claim(session_id):
-                return False
-        old = self.by_session.get(session_id)
-        if old is not None and old is not conn:
-            old.close()  # the client moved here: its old connection must not act for it any more
-        conn.session_id = session_id
-        self.by_session[session_id] = conn
-        self.expiry.touched((session_id,))
-        conn.send(jute.encode_connect_response(
-            jute.ConnectResponse(0, timeout, session_id, self._password(session_id), False)))
-        return True
-
-    async def _claim(self, session_id: int) -> bool:
-        """Tell the leader the session's client is now here: later requests from its old
-        node's connection get SessionMoved."""
-        env = E.Envelope(E.CLAIM_SESSION, self.cfg.node_id, _now_ms(), (), b"")
-        try:
-            await self.driver.submit(session_id, next(self._cxids), E.encode_envelope(env))
-        except (NoLeader, OutcomeUnknown):
-            return False
-        return True
-
-    async def _create_session(self, requested_ms: int) -> tuple[int, int]:
-        self._next_session += 1
-        session_id, timeout = self._next_session, self._negotiate(requested_ms)
-        env = E.Envelope(E.CREATE_SESSION, self.cfg.node_id, _now_ms(), (), struct.pack(">i", timeout))
-        try:
-            await self.driver.submit(session_id, next(self._cxids), E.encode_envelope(env))
-        except (NoLeader, OutcomeUnknown):
-            return 0, 0
-        return session_id, timeout
-
     # -- requests ------------------------------------------------------------------------
     async def _request(self, conn: Connection, payload: bytes) -> Job | bool | None:
         """Start one request: None closes the connection, True means already answered,
@@ -460,6 +398,10 @@ class MetastoreService:
             return True
         if op == OpCode.AUTH:
             return True if self._auth(conn, header, body) else None
+        if conn.read_only and (op in WRITE_OPS or op == OpCode.SYNC):  # ZooKeeper's ReadOnlyRequestProcessor
+            return None, partial(self._error_job, conn, header.xid, Err.NOT_READ_ONLY)
+        if conn.read_only and op == OpCode.CLOSE_SESSION:  # a local session ends with its connection
+            return None, partial(self._close_read_only, conn, header.xid)
         if op in WRITE_OPS or op in (OpCode.SYNC, OpCode.CLOSE_SESSION):
             return await self._start(conn, header, body, payload)
         if op in (OpCode.SET_WATCHES, OpCode.SET_WATCHES2):
@@ -523,6 +465,10 @@ class MetastoreService:
     def _watch_job(self, conn: Connection, header, body) -> bool:
         self._watch_op(conn, header, body)
         return True
+
+    def _close_read_only(self, conn: Connection, xid: int) -> bool:
+        self._reply(conn, xid, 0)
+        return False
 
     def _error_job(self, conn: Connection, xid: int, err: int) -> bool:
         self._reply(conn, xid, err)
