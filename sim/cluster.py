@@ -12,6 +12,9 @@ daemon replicates. A test's client writes are ZooKeeper creates and setDatas of
 top-level znodes named by a key (`SimCluster.create`, `SimCluster.set_data`), or any
 request (`SimCluster.submit`); sim.client_ops builds the requests (also for a real
 `PeerDriver`) and holds `ClientOp`, which can tell its submitter when it settles.
+Faults: crash / restart, partition / heal, and pause / resume (a SIGSTOP: the node is
+frozen, nothing sent to it is lost). With `expire_sessions` the leader expires sessions
+on its ticks as the daemon does (sim.sessions).
 """
 
 from __future__ import annotations
@@ -26,10 +29,11 @@ from sim.client_ops import (ANY_VERSION, ClientOp, create_request, error_of, pat
 from sim.disk import TAIL_FAULTS, SimDisk
 from sim.network import SimNetwork
 from sim.scheduler import Scheduler
+from sim.sessions import SimSessions
 from zab.core.acks import coalesce_acks
 from zab.core.actions import (Action, Answered, ClientRequest, Delivered, Disconnect, InstallSnapshot, LogAppend, LogSync,
                          LogTruncate, PeerDisconnected, PersistEpoch, Received, RequestFailed, RoleChanged, Send,
-                         SessionsTouched, Synced, TakeSnapshot, Tick, LeaderTicked)
+                         SessionsTouched, Synced, TakeSnapshot, Tick, LeaderTicked, TouchSessions)
 from zab.core.config import ZabConfig
 from zab.core.leader import LeaderRole
 from zab.core.peer import Peer
@@ -48,6 +52,9 @@ class SimNode:
     prev_delivered: int = 0
     pending: dict[tuple[int, int], ClientOp] = field(default_factory=dict)
     reported_epoch: int | None = None  # the last epoch the leadership oracle heard this node lead
+    paused: bool = False  # SIGSTOPped (SimCluster.pause): what reaches it waits in `held`
+    held: list[tuple] = field(default_factory=list)
+    tick_missed: bool = False  # its timer came due while paused: it fires once at resume
 
     @property
     def alive(self) -> bool:
@@ -76,12 +83,14 @@ def _settle_all(node: SimNode, status: str) -> None:
 class SimCluster:
     """`voters` + `observers` nodes (ids from 1) running `zab.core.peer.Peer` on a fresh
     `state_machine()` per incarnation (by default the metastore's), with `config` as
-    ZabConfig fields."""
+    ZabConfig fields. `expire_sessions` (metastore only) runs each node's session expiry as the
+    daemon does (sim.sessions); off, LeaderTicked is ignored and no session ever expires."""
 
     def __init__(self, voters: int = 3, observers: int = 0, seed: int = 0, *, tick_ms: int = 50,
                  crash_keeps_unsynced: bool = True, tail_faults: bool = False,
                  disk_latency_ms: dict[int, int] | None = None,
-                 state_machine: Callable[[], object] = MetastoreStateMachine, **config: int) -> None:
+                 state_machine: Callable[[], object] = MetastoreStateMachine, expire_sessions: bool = False,
+                 **config: int) -> None:
         self.seed = seed
         self.sched = Scheduler(seed)  # a LedgerWorld built on this cluster runs on it too
         self.rng = self.sched.rng
@@ -102,6 +111,8 @@ class SimCluster:
         self.ops: list[ClientOp] = []
         self.synced: list[tuple[int, Synced]] = []
         self.touched: list[tuple[int, SessionsTouched]] = []
+        self.sessions = SimSessions(lambda i, req, sid: self.submit(i, req, session_id=sid),
+                                    lambda: self.sched.now, tick_ms) if expire_sessions else None
         self.trace: list[str] = []
         self._cxid = 0
         self.steps = 0
@@ -127,6 +138,8 @@ class SimCluster:
         node.peer = Peer(self.zab_config(i), self.state_machine(), recovered)
         node.prev_delivered = recovered.snapshot_zxid
         node.queue, node.flush_scheduled = [], False
+        if self.sessions is not None:
+            self.sessions.restarted(i)
         self._log(f"restart {i} last={node.peer.last_zxid:#x}")
         self._execute(node, node.peer.start())
         self._at(self.now + self.rng.randint(1, self.tick_ms), "tick", i, node.incarnation)
@@ -149,13 +162,49 @@ class SimCluster:
         if in_flight is not None:
             node.disk.damage_tail(in_flight.txns, tail, self.rng)
         self._log(f"crash {i}" + (f" ({tail} tail)" if in_flight is not None else ""))
-        node.queue = []
-        node.peer = None
+        node.queue, node.held = [], []
+        node.peer, node.paused = None, False
         node.incarnation += 1
         _settle_all(node, "unknown")
         for j in self.nodes:
             if j != i:
                 self._break(i, j)
+
+    def pause(self, i: int) -> None:
+        """SIGSTOP node `i`: it steps nothing (no ticks, messages, disk completions, client
+        events) but loses nothing: each event for it is held, in order, until `resume`. Its
+        links stay up unless the other side drops them (its peers' own timeouts, Disconnect);
+        messages on a link that broke before they reached it are lost, as anywhere."""
+        node = self.nodes[i]
+        if node.alive and not node.paused:
+            self._log(f"pause {i}")
+            node.paused = True
+
+    def resume(self, i: int) -> None:
+        """SIGCONT: node `i` steps everything it was sent while paused, in order, before any
+        later event; then its timer fires once (missed ticks are not replayed as a burst) and
+        its ticks go on every tick_ms from now."""
+        node = self.nodes[i]
+        if not node.paused:
+            return
+        held, node.held, node.paused = node.held, [], False
+        self._log(f"resume {i} ({len(held)} events held)")
+        for event in held:
+            self._dispatch(event)
+        if node.tick_missed and node.alive:
+            node.tick_missed = False
+            self._at(self.now, "tick", i, node.incarnation)
+
+    def _hold(self, node: SimNode, event: tuple) -> None:
+        kind = event[0]
+        if kind == "tick":
+            node.tick_missed = True  # and no next tick: resume starts the timer again
+        elif kind == "msg":  # in its socket buffer once it arrived on a live link: read at resume
+            frm, gen, msg = event[3], event[4], event[5]
+            if self.net.current(frm, node.id, gen) and self.nodes[frm].peer is not None:
+                node.held.append(("recv", node.id, event[2], frm, msg))
+        else:
+            node.held.append(event)
 
     def _break(self, a: int, b: int) -> None:
         if a not in self.nodes or b not in self.nodes:
@@ -212,6 +261,11 @@ class SimCluster:
         if n.alive:
             self._at(self.now, "event", node, n.incarnation, event)
 
+    def touch(self, node: int, *session_ids: int) -> None:
+        """Clients of these sessions were active on `node` (the service's `driver.touch`): the
+        leader hears of it with `node`'s next ping, or at once if `node` leads."""
+        self.inject(node, TouchSessions(session_ids))
+
     def forge(self, node: int, frm: int, msg) -> None:
         """A hostile peer's message: `node` receives `msg` as if from `frm` (any id, member
         or not, up or down), outside every link of the simulated network."""
@@ -235,6 +289,9 @@ class SimCluster:
         # Millions of events in the random tests: `peer is None`, not the `alive` property.
         if node.peer is None or node.incarnation != incarnation:
             return
+        if node.paused:
+            self._hold(node, event)
+            return
         self.steps += 1
         if kind == "tick":
             self._step(node, _TICK)
@@ -255,6 +312,8 @@ class SimCluster:
             self._step(node, ClientRequest(event[3], event[4], event[5]))
         elif kind == "event":
             self._step(node, event[3])
+        elif kind == "recv":  # a message held while the node was paused
+            self._step(node, Received(event[3], event[4]))
 
     def _step(self, node: SimNode, event) -> None:
         assert node.peer is not None
@@ -285,6 +344,8 @@ class SimCluster:
             elif isinstance(a, Delivered):
                 self.deliveries.delivered(node.id, node.prev_delivered, a.txn)
                 node.prev_delivered = a.txn.zxid
+                if self.sessions is not None:
+                    self.sessions.delivered(node.id, a.result)
                 op = node.pending.pop((a.txn.session_id, a.txn.cxid), None)
                 if op is not None:
                     op.result, op.zxid = a.result, a.txn.zxid
@@ -305,12 +366,17 @@ class SimCluster:
             elif isinstance(a, RoleChanged):
                 self._log(f"node {node.id} -> {a.role.value} leader={a.leader} epoch={a.epoch}")
                 _settle_all(node, "unknown")
+                if self.sessions is not None:
+                    self.sessions.role_changed(node.id)
             elif isinstance(a, Synced):
                 self.synced.append((node.id, a))
             elif isinstance(a, SessionsTouched):
                 self.touched.append((node.id, a))
+                if self.sessions is not None:
+                    self.sessions.touched(node.id, a.session_ids)
             elif isinstance(a, LeaderTicked):
-                pass  # session expiry is not simulated yet (metastore/core/sessions.py SessionExpiry)
+                if self.sessions is not None:
+                    self.sessions.leader_ticked(node.id, a.now_ms, node.peer.sm.tree.sessions)
             elif isinstance(a, Disconnect):
                 self._log(f"node {node.id} disconnects {a.peer}: {a.reason}")
                 self._break(node.id, a.peer)
@@ -362,9 +428,10 @@ class SimCluster:
         return [i for i, n in self.nodes.items() if n.alive]
 
     def leader(self) -> int | None:
-        """The established leader, if exactly one live node is established and heard by a quorum."""
+        """The established leader, if exactly one live node is established and heard by a quorum
+        (a paused node is not: it answers nobody)."""
         for i, n in self.nodes.items():
-            r = n.peer.role_state if n.peer else None
+            r = n.peer.role_state if n.peer and not n.paused else None
             if isinstance(r, LeaderRole) and r.established:
                 return i
         return None

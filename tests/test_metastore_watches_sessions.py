@@ -78,27 +78,28 @@ def test_a_new_leader_gives_every_session_a_full_timeout():
     assert 7 not in t and t.expired(20_000) == [8]
 
 
-def test_expiry_runs_on_the_leaders_ticks_and_counts_touches_at_the_last_tick():
-    """Between two ticks nothing moves: a touch counts at the last tick's time, so its deadline is
-    that tick plus the timeout (tick-sized steps, as ZooKeeper's expiry buckets)."""
-    x = SessionExpiry()
+def test_expiry_runs_on_the_leaders_ticks_and_counts_what_comes_between_at_the_next_tick():
+    """Between two ticks nothing moves: a creation or touch counts at the next tick's time, so a
+    deadline is never before the timeout has passed (ZooKeeper's ExpiryQueue rounds up too)."""
+    x = SessionExpiry(tick_ms=50)
     x.created(5, 100)  # not tracking yet: the first tick finds it in the tree instead
-    assert x.ticked(1_000, lambda: {5: 100, 6: 300}) == []
-    x.created(7, 100)
-    x.touched((6,))  # at 1_000 still: deadline 1_300
+    assert x.ticked(1_000, lambda: {5: 100, 6: 300}) == []  # 5: deadline 1_100 (a full timeout from here)
+    x.created(7, 100)  # some time after 1_000: counted at 1_050, deadline 1_150
+    x.touched((6,))  # likewise: deadline 1_350
     assert x.ticked(1_050, dict) == []
-    assert sorted(x.ticked(1_100, dict)) == [5, 7]
+    assert x.ticked(1_100, dict) == [5]
+    assert x.ticked(1_150, dict) == [7]
     x.closed(5)
     x.closed(7)
-    assert x.ticked(1_250, dict) == []
-    x.touched((6,))  # at 1_250: deadline 1_550
-    assert x.ticked(1_500, dict) == [] and x.ticked(1_550, dict) == [6]
+    assert x.ticked(1_300, dict) == []
+    x.touched((6,))  # after 1_300: counted at 1_350, deadline 1_650
+    assert x.ticked(1_600, dict) == [] and x.ticked(1_650, dict) == [6]
 
 
 def test_expiry_stopped_by_a_role_change_gives_every_session_a_full_timeout_again():
-    x = SessionExpiry()
+    x = SessionExpiry(tick_ms=50)
     assert x.ticked(0, lambda: {1: 100}) == []
     x.stopped()
-    x.touched((1,))  # no leader's clock meanwhile: nothing to count it against
+    x.touched((1,))  # no leader's clock meanwhile: the next leadership's reset decides
     assert x.ticked(90, lambda: {1: 100}) == []
     assert x.ticked(189, dict) == [] and x.ticked(190, dict) == [1]

@@ -70,13 +70,15 @@ class SessionExpiry:
 
     `ticked` with each established leader's tick returns the sessions to close; `stopped` when the
     role changes. The first tick of a leadership gives every session of the tree a full timeout
-    (SessionTracker.reset). Creations, closes and touches between two ticks count at the last
-    tick's time: deadlines are in tick-sized steps, as ZooKeeper's expiry buckets are."""
+    (SessionTracker.reset). A creation or touch between two ticks counts at the next tick's time:
+    deadlines are rounded up to tick-sized steps, as ZooKeeper's ExpiryQueue rounds them, so a
+    session never expires before its timeout has passed since it was last heard of."""
 
-    def __init__(self) -> None:
+    def __init__(self, tick_ms: int) -> None:
         self.tracker = SessionTracker()
         self.tracking = False
         self.now_ms = 0
+        self._tick_ms = tick_ms
 
     def stopped(self) -> None:
         self.tracking = False
@@ -91,11 +93,11 @@ class SessionExpiry:
 
     def created(self, session_id: int, timeout_ms: int) -> None:
         if self.tracking:  # else the first tick's reset finds it in the tree
-            self.tracker.add(session_id, timeout_ms, self.now_ms)
+            self.tracker.add(session_id, timeout_ms, self.now_ms + self._tick_ms)
 
     def closed(self, session_id: int) -> None:
         self.tracker.remove(session_id)
 
     def touched(self, session_ids: Iterable[int]) -> None:
         for session_id in session_ids:
-            self.tracker.touch(session_id, self.now_ms)
+            self.tracker.touch(session_id, self.now_ms + self._tick_ms)

@@ -74,7 +74,7 @@ class MetastoreService:
         self.cfg = config
         # A connection's ids as they are when an event is delivered (addAuth may have added some).
         self.watches = WatchManager(auth_of=lambda c: self.connections[c].auth if c in self.connections else ())
-        self.expiry = SessionExpiry()  # on the leader's ticks (leader_ticked)
+        self.expiry = SessionExpiry(config.tick_ms)  # on the leader's ticks (leader_ticked)
         self._housekeeping: trio.Nursery | None = None
         # The peer's role as the driver reports it (role_changed), never read from the core: serving
         # clients needs an established leader, and expiring sessions is the established leader's job.
