@@ -108,6 +108,13 @@ def started_kazoo(cluster: Cluster, only: int | None = None, *, timeout: float =
     return client
 
 
+def stop_kazoo(*clients: KazooClient) -> None:
+    """Stop and close kazoo clients (their threads end; a stopped one is closed again harmlessly)."""
+    for client in clients:
+        client.stop()
+        client.close()
+
+
 @contextmanager
 def kazoo_session(cluster: Cluster, only: int | None = None, **options) -> Iterator[KazooClient]:
     """started_kazoo, stopped and closed at the end of the block."""

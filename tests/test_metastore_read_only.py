@@ -15,7 +15,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NotReadOnlyCallError
 from kazoo.protocol.states import KazooState, KeeperState
 
-from cluster_fixtures import Cluster, copy_config, hosts, kazoo_session, start_cluster, wait_for
+from cluster_fixtures import Cluster, copy_config, hosts, kazoo_session, start_cluster, stop_kazoo, wait_for
 
 pytestmark = pytest.mark.multiprocess
 
@@ -69,9 +69,7 @@ def test_a_node_without_quorum_serves_read_only_sessions_and_hands_them_back(tmp
             rw.sync("/ro")
             assert rw.get("/ro")[0] == b"v3"
         finally:
-            for client in (ro, rw):
-                client.stop()
-                client.close()
+            stop_kazoo(ro, rw)
     finally:
         for pid in pids.values():
             if pid is not None:
@@ -94,8 +92,7 @@ def test_read_only_mode_is_off_by_default_as_in_zookeeper(tmp_path):
         ro = KazooClient(hosts=hosts(cluster, alone.id), timeout=4, read_only=True)
         with pytest.raises(Exception):  # kazoo's timeout: nobody serves it
             ro.start(timeout=3)
-        ro.stop()
-        ro.close()
+        stop_kazoo(ro)
     finally:
         for pid in pids.values():
             if pid is not None:

@@ -35,7 +35,7 @@ from metastore.wire import jute
 from metastore.core.acl import Id, is_valid_id
 from metastore.wire.jute_defs import OpCode
 from metastore.client import MetaClient
-from cluster_fixtures import Cluster, copy_config
+from cluster_fixtures import Cluster, copy_config, stop_kazoo
 from zab.wire.codec import encode_hello
 
 pytestmark = pytest.mark.multiprocess
@@ -191,9 +191,7 @@ def test_kazoo_over_tls_writes_and_reads_and_its_certificate_is_its_acl_identity
         alice.sync("/bobs")
         assert alice.get("/bobs")[0] == b"b"
     finally:
-        for zk in (alice, bob):
-            zk.stop()
-            zk.close()
+        stop_kazoo(alice, bob)
 
 
 def test_a_client_without_a_certificate_or_without_tls_is_refused(tls_cluster: Cluster):
