@@ -221,7 +221,7 @@ class ClusterConfig:
             election_resend_ticks=self.election_resend_ticks,
             init_limit_ticks=self.init_limit_ticks, sync_limit_ticks=self.sync_limit_ticks,
             ping_interval_ticks=self.ping_interval_ticks, sync_window_txns=self.sync_window_txns,
-            sync_window_bytes=self.sync_window_bytes,
+            sync_window_bytes=self.sync_window_bytes, snap_chunk_bytes=min(1 << 20, self.max_frame_bytes // 4),
             snapshot_every_txns=self.snapshot_every_txns)
 
 

@@ -25,7 +25,8 @@ from zab.wire.codec import (FrameDecoder, decode_hello, decode_message, encode_f
 from zab.errors import FrameError, ProtocolError
 from zab.core.messages import (Ack, AckEpoch, AckNewLeader, Commit, FollowerInfo, Inform, LeaderInfo, Message, NewLeader,
                           Notification, Ping, Proposal, ReadIndexAck, ReadIndexProbe, Refused, Reject, Request,
-                          ServerState, Sync, SyncMode, SyncReply, SyncRequest, SyncTxns, UpToDate)
+                          ServerState, SnapAck, SnapChunk, SnapEnd, Sync, SyncMode, SyncReply, SyncRequest, SyncTxns,
+                          UpToDate)
 from zab.core.txn import Txn
 
 # QUIRE_SOAK=1 (or pytest --soak): many more examples, and new ones on every run.
@@ -63,6 +64,9 @@ MESSAGES: dict[type, st.SearchStrategy] = {
     Refused: st.builds(Refused, u64, u64, u64, blobs),
     ReadIndexProbe: st.builds(ReadIndexProbe, u64),
     ReadIndexAck: st.builds(ReadIndexAck, u64),
+    SnapChunk: st.builds(SnapChunk, u64, blobs),
+    SnapAck: st.builds(SnapAck, u64),
+    SnapEnd: st.builds(SnapEnd, u64, blobs),
 }
 messages = st.one_of(*MESSAGES.values())
 # Wire fields are unsigned or signed 64-bit; Python ints are not, so out-of-range

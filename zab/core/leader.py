@@ -24,10 +24,11 @@ from zab.core import zxid as Z
 from zab.core.actions import (Action, Answered, ClientRequest, ClientSync, Disconnect, LogAppend, LogSync, Phase,
                          LeaderTicked, RequestFailed, Role, RoleChanged, Send, SessionsTouched, Synced)
 from zab.core.messages import (Ack, AckEpoch, AckNewLeader, Commit, FollowerInfo, Inform, LeaderInfo, Message, NewLeader,
-                          Notification, Ping, Proposal, ReadIndexAck, ReadIndexProbe, Refused, Reject, Request, Sync,
-                          SyncMode, SyncReply, SyncRequest, SyncTxns, UpToDate)
+                          Notification, Ping, Proposal, ReadIndexAck, ReadIndexProbe, Refused, Reject, Request,
+                          SnapAck, SnapEnd, Sync, SyncMode, SyncReply, SyncRequest, SyncTxns, UpToDate)
 from zab.core.statemachine import Refusal
 from zab.core.read_index import ReadIndex
+from zab.core.snap_transfer import SnapSender
 from zab.core.sync_plan import plan_sync
 from zab.core.txn import Txn
 
@@ -41,6 +42,7 @@ SYNC_CHUNK_BYTES = 1 << 20
 class LearnerState(enum.Enum):
     INFO = "followerinfo received"
     EPOCH_ACKED = "ackepoch received"
+    SNAPPING = "snapshot being sent"
     SYNCING = "newleader sent"
     ACKED = "newleader acked"
     UPTODATE = "uptodate sent"
@@ -54,6 +56,8 @@ class LearnerHandle:
     last_heard: int
     last_zxid: int = 0
     sync_zxid: int = 0  # the last zxid of the history we sent it (NEWLEADER's zxid)
+    snap: SnapSender | None = None  # the SNAP in transfer, until the learner has all of it
+    snap_zxid: int = 0  # the zxid of that snapshot
 
 
 class LeaderRole:
@@ -158,15 +162,42 @@ class LeaderRole:
         peer, h = self.peer, self.learners[f]
         plan = plan_sync(peer.history, peer.last_committed, h.last_zxid)
         if plan.mode is SyncMode.SNAP:
+            # Chunks in a window (snap_transfer.py); the history after the snapshot and NEWLEADER
+            # follow the last chunk, with whatever was proposed meanwhile.
             assert peer.sm.last_zxid == peer.last_committed
-            out: list[Action] = [Send(f, Sync(SyncMode.SNAP, plan.zxid, peer.sm.freeze().to_bytes()))]
-        else:
-            out = [Send(f, Sync(plan.mode, plan.zxid))]
-        out += [Send(f, SyncTxns(chunk)) for chunk in _chunks(peer.history.after(plan.zxid))]
+            h.state, h.snap_zxid = LearnerState.SNAPPING, plan.zxid
+            h.snap = SnapSender(peer.sm.freeze().to_bytes(), self.cfg.snap_chunk_bytes, self.cfg.snap_window_chunks)
+            return [Send(f, Sync(SyncMode.SNAP, plan.zxid))] + self._snap_sends(f, h, h.snap.start())
+        return [Send(f, Sync(plan.mode, plan.zxid))] + self._finish_sync(f, h, plan.zxid)
+
+    def _finish_sync(self, f: int, h: LearnerHandle, zxid: int) -> list[Action]:
+        """The history after `zxid` and NEWLEADER; from here the learner gets every proposal."""
+        peer = self.peer
+        if peer.history.base_zxid > zxid:
+            return self._refuse(f, "the snapshot transfer outlasted the history window after it; sync again")
+        out: list[Action] = [Send(f, SyncTxns(chunk)) for chunk in _chunks(peer.history.after(zxid))]
         assert self.epoch is not None
         out.append(Send(f, NewLeader(self.epoch, peer.last_zxid)))
         h.state, h.sync_zxid = LearnerState.SYNCING, peer.last_zxid
         self.forwarding.add(f)
+        return out
+
+    def _snap_sends(self, f: int, h: LearnerHandle, msgs: list) -> list[Action]:
+        out: list[Action] = [Send(f, m) for m in msgs]
+        if msgs and isinstance(msgs[-1], SnapEnd):
+            out += self._finish_sync(f, h, h.snap_zxid)
+        return out
+
+    def _on_snap_ack(self, frm: int, a: SnapAck) -> list[Action]:
+        h = self.learners.get(frm)
+        if h is None or h.snap is None:
+            return self._refuse(frm, "SNAPACK without a snapshot in transfer")
+        msgs = h.snap.on_ack(a.received)
+        if msgs is None:
+            return self._refuse(frm, f"SNAPACK of {a.received} bytes, more than were sent")
+        out = self._snap_sends(frm, h, msgs)
+        if h.snap is not None and h.snap.done:
+            h.snap = None  # the learner has it all: the leader's copy goes
         return out
 
     def _on_ack_new_leader(self, frm: int, a: AckNewLeader) -> list[Action]:
@@ -335,6 +366,8 @@ class LeaderRole:
             return self._refuse(frm, f"{type(msg).__name__} from a peer this leader does not synchronize")
         if isinstance(msg, Ack):
             return self._on_ack(frm, msg)
+        if isinstance(msg, SnapAck):
+            return self._on_snap_ack(frm, msg)
         if isinstance(msg, Request):
             if not self.established:
                 return [Send(frm, Reject(msg.session_id, msg.cxid))]

@@ -21,7 +21,9 @@ from zab.core.actions import (Action, Answered, ClientRequest, ClientSync, Disco
                          LogTruncate, Phase, RequestFailed, Role, RoleChanged, Send, Synced)
 from zab.core.messages import (Ack, AckEpoch, AckNewLeader, Commit, FollowerInfo, Inform, LeaderInfo, Message, NewLeader,
                           Notification, Ping, Proposal, ReadIndexAck, ReadIndexProbe, Refused, Reject, Request,
-                          ServerState, Sync, SyncMode, SyncReply, SyncRequest, SyncTxns, UpToDate)
+                          ServerState, SnapAck, SnapChunk, SnapEnd, Sync, SyncMode, SyncReply, SyncRequest, SyncTxns,
+                          UpToDate)
+from zab.core.snap_transfer import SnapReceiver
 from zab.core.statemachine import MalformedState
 from zab.core.txn import Txn
 
@@ -42,6 +44,7 @@ class LearnerRole:
         self.last_heard = peer.now
         self.epoch: int | None = None
         self.sync_started = False
+        self.snap: SnapReceiver | None = None  # a SNAP arriving in chunks (snap_transfer.py)
         self.newleader_seen = False
         self.pending_commit = 0
         self.touches: set[int] = set()
@@ -129,15 +132,42 @@ class LearnerRole:
                 return self._fail(f"TRUNC to {Z.fmt(m.zxid)} below our committed {Z.fmt(p.last_committed)}")
             p.history.truncate_after(m.zxid)
             return [LogTruncate(m.zxid)]
-        if m.snapshot is None:
-            return self._fail("SNAP without a snapshot")
+        if m.snapshot is None:  # it follows in chunks
+            self.snap = SnapReceiver(m.zxid)
+            return []
+        return self._install(m.zxid, m.snapshot)  # a leader of an older version sends it inline
+
+    def _install(self, zxid: int, snapshot: bytes) -> list[Action]:
+        p = self.peer
         try:
-            p.sm.restore(m.zxid, m.snapshot)
+            p.sm.restore(zxid, snapshot)
         except MalformedState as e:  # the state machine is as it was: nothing to undo
-            return self._fail(f"SNAP at {Z.fmt(m.zxid)} does not decode: {e}")
-        p.history.reset(m.zxid)
-        p.last_committed = m.zxid
-        return [InstallSnapshot(m.zxid, m.snapshot)]
+            return self._fail(f"SNAP at {Z.fmt(zxid)} does not decode: {e}")
+        p.history.reset(zxid)
+        p.last_committed = zxid
+        return [InstallSnapshot(zxid, snapshot)]
+
+    def _snapping(self) -> bool:
+        return self.snap is not None and self.snap.complete is None
+
+    def _on_snap_chunk(self, m: SnapChunk) -> list[Action]:
+        if not self._snapping():
+            return self._fail("SNAPCHUNK outside a snapshot transfer")
+        assert self.snap is not None
+        refused = self.snap.on_chunk(m)
+        return self._fail(refused) if refused else [Send(self.leader, SnapAck(self.snap.received))]
+
+    def _on_snap_end(self, m: SnapEnd) -> list[Action]:
+        if not self._snapping():
+            return self._fail("SNAPEND outside a snapshot transfer")
+        assert self.snap is not None
+        refused = self.snap.on_end(m)
+        if refused:
+            return self._fail(refused)
+        zxid, snapshot = self.snap.zxid, self.snap.complete
+        assert snapshot is not None
+        self.snap = None
+        return self._install(zxid, snapshot)
 
     def _append(self, txns: tuple[Txn, ...]) -> tuple[list[Txn], str | None]:
         """Add new transactions to the history; duplicates (already logged) are skipped.
@@ -159,7 +189,7 @@ class LearnerRole:
         return fresh, None
 
     def _on_sync_txns(self, m: SyncTxns) -> list[Action]:
-        if not self.sync_started or self.newleader_seen:
+        if not self.sync_started or self.newleader_seen or self._snapping():
             return self._fail("history outside the synchronization window")
         fresh, err = self._append(m.txns)
         out: list[Action] = [LogAppend(tuple(fresh))] if fresh else []
@@ -167,7 +197,8 @@ class LearnerRole:
 
     def _on_new_leader(self, m: NewLeader) -> list[Action]:
         p = self.peer
-        if not self.sync_started or self.newleader_seen or m.epoch != self.epoch or m.zxid != p.last_zxid:
+        if (not self.sync_started or self.newleader_seen or self._snapping() or m.epoch != self.epoch
+                or m.zxid != p.last_zxid):
             return self._fail(f"unexpected NEWLEADER epoch={m.epoch} zxid={Z.fmt(m.zxid)}")
         self.newleader_seen = True
         # Synced transactions durable, then currentEpoch, then the ack (ZOOKEEPER-4643).
@@ -269,6 +300,8 @@ _HANDLERS = {
     Ping: LearnerRole._on_ping,
     Reject: LearnerRole._on_reject,
     SyncReply: LearnerRole._on_sync_reply,
+    SnapChunk: LearnerRole._on_snap_chunk,
+    SnapEnd: LearnerRole._on_snap_end,
     ReadIndexProbe: LearnerRole._on_read_index_probe,
     Refused: LearnerRole._on_refused,
 }

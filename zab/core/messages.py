@@ -67,7 +67,8 @@ class AckEpoch:
 @dataclass(slots=True, unsafe_hash=True)
 class Sync:
     """Start of synchronization. DIFF: `zxid` is the learner's last zxid; TRUNC:
-    drop everything after `zxid`; SNAP: `snapshot` is the state at `zxid`."""
+    drop everything after `zxid`; SNAP: the state at `zxid` follows in SNAPCHUNKs (`snapshot`
+    None), or is `snapshot` itself (a leader of an older version)."""
     mode: SyncMode
     zxid: int
     snapshot: bytes | None = None
@@ -166,6 +167,27 @@ class ReadIndexAck:
 
 
 @dataclass(slots=True, unsafe_hash=True)
+class SnapChunk:
+    """Leader -> learner: `data` of the snapshot announced by SYNC(SNAP), at byte `offset`
+    (zab/core/snap_transfer.py)."""
+    offset: int
+    data: bytes
+
+
+@dataclass(slots=True, unsafe_hash=True)
+class SnapAck:
+    """Learner -> leader: the first `received` bytes of the snapshot arrived (the window moves)."""
+    received: int
+
+
+@dataclass(slots=True, unsafe_hash=True)
+class SnapEnd:
+    """Leader -> learner: the snapshot was `total` bytes with this SHA-256."""
+    total: int
+    digest: bytes
+
+
+@dataclass(slots=True, unsafe_hash=True)
 class Refused:
     """Leader -> the learner a request came from: it fails without a transaction
     (statemachine.Refusal). Sent after the COMMIT of `zxid`, the last transaction
@@ -178,4 +200,4 @@ class Refused:
 
 Message = (Notification | FollowerInfo | LeaderInfo | AckEpoch | Sync | SyncTxns | NewLeader | AckNewLeader
            | UpToDate | Proposal | Ack | Commit | Inform | Request | Reject | Ping | SyncRequest | SyncReply
-           | Refused | ReadIndexProbe | ReadIndexAck)
+           | Refused | ReadIndexProbe | ReadIndexAck | SnapChunk | SnapAck | SnapEnd)

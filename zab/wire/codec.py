@@ -18,7 +18,8 @@ from crc32c import crc32c
 from zab.errors import FrameError
 from zab.core.messages import (Ack, AckEpoch, AckNewLeader, Commit, FollowerInfo, Inform, LeaderInfo, Message, NewLeader,
                           Notification, Ping, Proposal, ReadIndexAck, ReadIndexProbe, Refused, Reject, Request,
-                          ServerState, Sync, SyncMode, SyncReply, SyncRequest, SyncTxns, UpToDate)
+                          ServerState, SnapAck, SnapChunk, SnapEnd, Sync, SyncMode, SyncReply, SyncRequest, SyncTxns,
+                          UpToDate)
 from zab.core.txn import Txn
 
 VERSION = 1
@@ -32,7 +33,8 @@ DEFAULT_MAX_FRAME_BYTES = 64 << 20
 _TYPES: dict[type, int] = {
     Notification: 1, FollowerInfo: 2, LeaderInfo: 3, AckEpoch: 4, Sync: 5, SyncTxns: 6, NewLeader: 7,
     AckNewLeader: 8, UpToDate: 9, Proposal: 10, Ack: 11, Commit: 12, Inform: 13, Request: 14, Reject: 15, Ping: 16,
-    SyncRequest: 17, SyncReply: 18, Refused: 19, ReadIndexProbe: 20, ReadIndexAck: 21,
+    SyncRequest: 17, SyncReply: 18, Refused: 19, ReadIndexProbe: 20, ReadIndexAck: 21, SnapChunk: 22, SnapAck: 23,
+    SnapEnd: 24,
 }
 
 
@@ -115,6 +117,12 @@ def encode_message(msg: Message) -> bytes:
             body = struct.pack(">QQQ", msg.session_id, msg.cxid, msg.zxid) + _blob(msg.data)
         case ReadIndexProbe() | ReadIndexAck():
             body = _U64.pack(msg.round)
+        case SnapChunk():
+            body = _U64.pack(msg.offset) + _blob(msg.data)
+        case SnapAck():
+            body = _U64.pack(msg.received)
+        case SnapEnd():
+            body = _U64.pack(msg.total) + _blob(msg.digest)
         case _:
             raise TypeError(f"not a Zab message: {msg!r}")
     return head + body
@@ -173,6 +181,9 @@ _DECODERS: dict[int, Callable[[_Reader], Message]] = {
     19: lambda r: Refused(*r.unpack(struct.Struct(">QQQ")), r.blob()),
     20: lambda r: ReadIndexProbe(r.u64()),
     21: lambda r: ReadIndexAck(r.u64()),
+    22: lambda r: SnapChunk(r.u64(), r.blob()),
+    23: lambda r: SnapAck(r.u64()),
+    24: lambda r: SnapEnd(r.u64(), r.blob()),
 }
 
 

@@ -1,0 +1,126 @@
+"""A SNAP larger than two frames, on three real voters (issue 19): `max_frame_bytes` is 4 MiB and
+the tree holds over 9 MiB, so the follower whose data directory is wiped can rejoin only through a
+snapshot sent in chunks (zab/core/snap_transfer.py). Before, the SNAP was one frame, refused by
+the follower's frame limit, and the follower never rejoined."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import threading
+
+import pytest
+from kazoo.client import KazooClient
+
+from clusterd import localcluster
+from cluster_fixtures import Cluster, copy_config, kazoo_session, start_cluster, wait_for
+
+pytestmark = pytest.mark.multiprocess
+
+FRAME = 4 << 20
+ZNODES, ZNODE_BYTES = 900, 10_000  # 9 MB of data: more than two frames
+
+
+def voters_only(tmp_path) -> Cluster:
+    path = copy_config(tmp_path)
+    text = re.sub(r"(?m)^bookie_port = .*\n", "", path.read_text()).replace('"voter", "bookie"', '"voter"')
+    text = re.sub(r"(?m)^max_frame_bytes = .*$", f"max_frame_bytes = {FRAME}", text)
+    path.write_text(re.sub(r"(?m)^sync_window_txns = .*$", "sync_window_txns = 200", text))
+    return start_cluster(Cluster(path))
+
+
+def statuses(cluster: Cluster) -> dict[int, dict]:
+    return {r["id"]: r for r in cluster.status()}
+
+
+def converged(cluster: Cluster) -> bool:
+    rows = statuses(cluster).values()
+    return all(r["role"] in ("leader", "follower") for r in rows) and \
+        len({r["last_committed_zxid"] for r in rows}) == 1
+
+
+def fill(zk: KazooClient) -> None:
+    zk.create("/big")
+    for batch in range(ZNODES // 100):
+        results = [zk.create_async(f"/big/n{batch}-{i}", b"x" * ZNODE_BYTES) for i in range(100)]
+        for r in results:
+            r.get(timeout=30)
+
+
+def keep_writing(zk: KazooClient, stop: threading.Event, acked: list[int]) -> None:
+    i = 0
+    while not stop.is_set():
+        try:
+            zk.create(f"/w/k{i}", b"%d" % i)
+            acked.append(i)
+        except Exception:  # noqa: BLE001 - a write lost in a failover: its outcome is unknown, not acked
+            pass
+        i += 1
+
+
+def wipe_and_restart(cluster: Cluster, node_id: int) -> None:
+    node = cluster.config.node(node_id)
+    os.kill(cluster.pids()[node_id], signal.SIGKILL)
+    assert wait_for(lambda: not localcluster.is_clusterd(localcluster.read_pid_file(node)), 10)
+    shutil.rmtree(node.data_dir)
+    localcluster.spawn(cluster.config, node)
+
+
+def check_everything_on(cluster: Cluster, node_id: int, acked: list[int]) -> None:
+    with kazoo_session(cluster, node_id, timeout=15) as zk:
+        zk.sync("/")
+        assert len(zk.get_children("/big")) == ZNODES
+        assert zk.get("/big/n8-99")[0] == b"x" * ZNODE_BYTES
+        written = set(zk.get_children("/w"))
+        assert {f"k{i}" for i in acked} <= written
+
+
+def test_a_wiped_follower_rejoins_by_a_snap_of_more_than_two_frames_while_clients_write(tmp_path):
+    cluster = voters_only(tmp_path)
+    stop, acked = threading.Event(), []
+    try:
+        with kazoo_session(cluster, timeout=15) as zk:
+            fill(zk)
+            zk.create("/w")
+            leader = next(i for i, r in statuses(cluster).items() if r["role"] == "leader")
+            follower = next(i for i in statuses(cluster) if i != leader)
+            with kazoo_session(cluster, leader, timeout=15) as writer_zk:
+                writer = threading.Thread(target=keep_writing, args=(writer_zk, stop, acked))
+                writer.start()
+                wipe_and_restart(cluster, follower)
+                assert wait_for(lambda: converged(cluster), 60), statuses(cluster)
+                stop.set()
+                writer.join(30)
+        assert acked
+        check_everything_on(cluster, follower, acked)
+        log = localcluster.log_path(cluster.config.node(follower)).read_text()
+        assert "exceeds max_frame_bytes" not in log
+    finally:
+        stop.set()
+        cluster.down()
+
+
+def test_a_snap_cut_by_the_leaders_sigkill_is_dropped_and_the_next_leader_brings_the_follower_back(tmp_path):
+    """The old leader is killed as the wiped follower starts to rejoin (on loopback a 9 MB transfer
+    is short, so the cut falls somewhere in the rejoin; the simulator cuts one at an exact byte:
+    tests/test_zab_snap_transfer.py)."""
+    cluster = voters_only(tmp_path)
+    try:
+        with kazoo_session(cluster, timeout=15) as zk:
+            fill(zk)
+            zk.create("/w")
+        rows = statuses(cluster)
+        leader = next(i for i, r in rows.items() if r["role"] == "leader")
+        follower = next(i for i in rows if i != leader)
+        wipe_and_restart(cluster, follower)
+        assert wait_for(lambda: localcluster.read_pid_file(cluster.config.node(follower)) is not None, 20)
+        os.kill(cluster.pids()[leader], signal.SIGKILL)
+        assert wait_for(lambda: not localcluster.is_clusterd(localcluster.read_pid_file(cluster.config.node(leader))), 10)
+        localcluster.spawn(cluster.config, cluster.config.node(leader))
+        assert wait_for(lambda: converged(cluster), 90), statuses(cluster)
+        for node in cluster.config.nodes:
+            check_everything_on(cluster, node.id, [])
+    finally:
+        cluster.down()
