@@ -5,7 +5,8 @@ ports; its relative data directories then resolve inside that folder. Nodes
 are started with clusterd's own `localcluster.spawn` (their output goes to
 `<data_dir>/clusterd.log`) and are children of this process, so a SIGKILLed
 node is reaped at once. `bookies=False` runs the same nodes as voters only
-(the Zab-layer benchmarks).
+(the Zab-layer benchmarks); `observers=N` adds N nodes with the observer role
+only, ids 4 and up (the read-scaling benchmark, bench/observers.py).
 
 `tls=True` adds a `[tls]` table with every switch at its default (peer, client
 and bookie ports all mutual TLS) and makes the material as an operator would
@@ -62,8 +63,11 @@ class TlsFiles:
         return ClientTls(self.context())
 
 
-def write_config(folder: Path, *, tls: bool = False, bookies: bool = True) -> Path:
+def write_config(folder: Path, *, tls: bool = False, bookies: bool = True, observers: int = 0) -> Path:
     """Copy the shipped cluster.toml into `folder` with fresh ports; every host stays 127.0.0.1.
+
+    `observers`: that many more nodes with the observer role only (`localcluster.observer_node`), with
+    the ids after the shipped nodes'.
 
     `bookies=False` takes the bookie role (and its port and journal lines) off every node: the Zab-layer
     rows measure the ensemble and its state machine, not bookies, their registrations and the auditor.
@@ -80,6 +84,8 @@ def write_config(folder: Path, *, tls: bool = False, bookies: bool = True) -> Pa
     text = re.sub(r"(?m)^client_protocol[ \t]*=.*\n", "", text)
     if not bookies:
         text = _without_bookies(text)
+    first = max(n.id for n in shipped.nodes) + 1
+    text += "".join(localcluster.observer_node(i) for i in range(first, first + observers))
     if tls:
         text = text.rstrip("\n") + "\n\n[tls]\n"  # every switch at its default: TLS on every port
     folder.mkdir(parents=True, exist_ok=True)
@@ -98,11 +104,13 @@ def _without_bookies(text: str) -> str:
 
 
 class QuireCluster:
-    """Three clusterd processes of one config; `stop()` (or the context manager) ends them all."""
+    """The clusterd processes of one config (the shipped three, plus `observers`); `stop()` (or the context
+    manager) ends them all."""
 
-    def __init__(self, folder: Path, *, log_level: str = "info", tls: bool = False, bookies: bool = True) -> None:
+    def __init__(self, folder: Path, *, log_level: str = "info", tls: bool = False, bookies: bool = True,
+                 observers: int = 0) -> None:
         self.folder = folder
-        self.config = cfg.load(write_config(folder, tls=tls, bookies=bookies))
+        self.config = cfg.load(write_config(folder, tls=tls, bookies=bookies, observers=observers))
         assert bookies or not any(n.is_bookie for n in self.config.nodes), f"bookies left in {self.config.path}"
         self.client_tls = make_tls_material(self.config) if tls else None
         self._admin_tls = self.client_tls.streams() if self.client_tls else None  # [tls] admin is on too

@@ -6,9 +6,9 @@ Layout (every key is documented in docs/operations.md):
     name = "quire-local"
     tick_ms = 50
     ...
-    [[node]]             # one table per node, every key required
+    [[node]]             # one table per node, every key required but bind_host
     id = 1
-    host = "127.0.0.1"
+    host = "127.0.0.1"        # the address others dial; bind_host (optional): where listeners bind
     peer_port = 28881
     client_port = 21811
     admin_port = 18081
@@ -29,6 +29,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from clusterd.bind_address import bind_address_problem
 from clusterd.tls_config import TlsConfig, TlsConfigError, parse_tls
 from metastore.core.acl import parse_super_digest
 from metastore.edge.sasl_edge import ENFORCEABLE_SCHEMES, SaslConfigError, read_users_file
@@ -42,6 +43,7 @@ MAX_NODE_ID = 255  # ids are packed into session ids (metastore/edge/service.py)
 PORT_KEYS = ("peer_port", "client_port", "admin_port")
 BOOKIE_PORT = "bookie_port"  # required on, and only on, nodes with the bookie role
 BOOKIE_JOURNAL_DIR = "bookie_journal_dir"  # optional, only on nodes with the bookie role
+BIND_HOST = "bind_host"  # optional: the address every listener of the node binds (ZooKeeper's clientPortAddress)
 NODE_KEYS = ("id", "host", *PORT_KEYS, BOOKIE_PORT, "roles", "data_dir")  # the required ones
 
 
@@ -54,15 +56,15 @@ class NodeConfig:
     """One node of the cluster: where it listens, what it does, where it keeps its data."""
 
     id: int
-    host: str
+    host: str  # the address the others dial
+    bind_host: str  # the address every listener of the node binds: `bind_host` in the file, else host
     peer_port: int
     client_port: int
     admin_port: int
     roles: frozenset[str]
     data_dir: Path  # always absolute
     bookie_port: int | None = None  # set exactly when the node has the bookie role
-    # The bookie journal's own directory (absolute), for a device of its own; None: in data_dir/bookie.
-    bookie_journal_dir: Path | None = None
+    bookie_journal_dir: Path | None = None  # the journal's own directory (absolute); None: in data_dir/bookie
 
     @property
     def is_voter(self) -> bool:
@@ -115,12 +117,10 @@ class ClusterConfig:
     send_queue_max: int = 10_000
     send_queue_max_bytes: int = 128 << 20  # bytes queued per peer link (zab/edge/transport.py)
     log_queue_max_bytes: int = 64 << 20  # log writes queued for the disk before new work waits (zab/edge/log_writer.py)
-    # Only "zookeeper" (ZooKeeper's client protocol); the key stays to tell a config naming the retired "kv" so.
-    client_protocol: str = "zookeeper"
+    client_protocol: str = "zookeeper"  # the only value; the key stays to refuse the retired "kv" by name
     min_session_timeout_ms: int = 2_000
     max_session_timeout_ms: int = 60_000
-    # Optional, mixed into the session-password key (metastore/core/cluster_secret.py); no shipped default.
-    session_secret: str = ""
+    session_secret: str = ""  # optional, mixed into the session-password key (metastore/core/cluster_secret.py)
     # The client port's limits (metastore/edge/edge_guard.py ClientLimits), ZooKeeper's names in docs/operations.md.
     jute_max_buffer_bytes: int = 0xFFFFF  # jute.maxbuffer: the largest buffer in a request or reply
     client_outgoing_max_bytes: int = 32 << 20  # replies queued for a client that does not read; more: cut off
@@ -129,20 +129,15 @@ class ClusterConfig:
     client_handshake_timeout_ms: int = 10_000  # accept to a whole ConnectRequest, idle time included
     global_outstanding_limit: int = 1000  # globalOutstandingLimit: requests in flight before reading pauses
     global_outstanding_bytes: int = 64 << 20  # the same in request bytes
-    # ZooKeeper's DigestAuthenticationProvider.superDigest: "user:base64(sha1(user:password))"
-    # (metastore.core.acl.generate_digest); addAuth("digest", "user:password") then passes every ACL.
+    # ZooKeeper's superDigest "user:base64(sha1(user:password))" (acl.generate_digest): passes every ACL.
     super_digest: str = ""
-    # SASL DIGEST-MD5: ZooKeeper's JAAS file, whose Server section's DigestLoginModule user_<name>="<password>"
-    # options are the users (metastore/core/sasl_users.py). Relative: to this file's folder. Empty: SASL is off.
+    # SASL DIGEST-MD5: ZooKeeper's JAAS file (its Server section's users, metastore/core/sasl_users.py); "": off.
     sasl_users_file: str = ""
-    # ZooKeeper's enforce.auth.enabled + enforce.auth.schemes: with schemes (comma-separated, from
-    # sasl, digest, x509), a session holding no id of one of them is refused at its first request.
+    # ZooKeeper's enforce.auth.schemes (sasl, digest, x509): a session with none of them is refused.
     enforce_auth_schemes: str = ""
-    # Four-letter words answered on the client port (comma-separated allow-list).
-    four_letter_words: str = "ruok,srvr,stat,mntr,conf,envi,isro"
+    four_letter_words: str = "ruok,srvr,stat,mntr,conf,envi,isro"  # answered on the client port (allow-list)
     read_only_mode: bool = False  # ZooKeeper's readonlymode.enabled: without a quorum, serve read-only sessions
-    # Bookies (nodes with the bookie role).
-    bookie_max_entry_bytes: int = 5 << 20  # the largest packaged entry a bookie stores
+    bookie_max_entry_bytes: int = 5 << 20  # bookies (nodes with the bookie role): the largest packaged entry stored
     bookie_max_in_flight: int = 10_000  # requests served at once per bookie connection; more: OVERLOADED
     # The bookie port's limits (bookie/service_config.py): per connection, then per address and in total.
     bookie_max_in_flight_bytes: int = 256 << 20  # adds of one connection awaiting their fsync; more: OVERLOADED
@@ -232,8 +227,7 @@ CLUSTER_DEFAULTS: dict[str, Any] = {
 
 CLIENT_PROTOCOLS = ("zookeeper",)
 _MAY_BE_EMPTY = frozenset({"super_digest", "session_secret", "sasl_users_file", "enforce_auth_schemes"})  # empty: the setting is off
-# Secrets once shipped as defaults: everyone knows them (issue 17).
-_KNOWN_SECRETS = frozenset({"quire-change-me", "quire"})
+_KNOWN_SECRETS = frozenset({"quire-change-me", "quire"})  # shipped defaults once: everyone knows them (issue 17)
 BOOKIE_MAX_ENTRY_BYTES_LIMIT = 64 << 20  # the storage engine's ceiling (bookie/storage_config.py)
 KNOWN_FOUR_LETTER_WORDS = frozenset({"ruok", "srvr", "stat", "mntr", "conf", "envi", "isro"})
 
@@ -291,6 +285,7 @@ def _parse_node(raw: Any, index: int, path: Path) -> NodeConfig:
     table = _Table(raw, path, where)
     node_id = table.take_int("id", minimum=1, maximum=MAX_NODE_ID)
     host = table.take_str("host")
+    bind_host = _take_bind_host(table, host)
     ports = {key: table.take_int(key, minimum=1, maximum=65535) for key in PORT_KEYS}
     roles = _take_roles(table)
     bookie_port = None
@@ -311,7 +306,14 @@ def _parse_node(raw: Any, index: int, path: Path) -> NodeConfig:
                        "give the journal a directory elsewhere (on a device of its own), or leave the key out")
     table.finish()
     return NodeConfig(id=node_id, host=host, roles=roles, data_dir=data_dir, bookie_port=bookie_port,
-                      bookie_journal_dir=journal_dir, **ports)
+                      bookie_journal_dir=journal_dir, bind_host=bind_host, **ports)
+
+
+def _take_bind_host(table: _Table, host: str) -> str:
+    value = table.take(BIND_HOST, str, host)
+    if value != host and (problem := bind_address_problem(value)):
+        table.fail(BIND_HOST, problem)
+    return value
 
 
 def _absolute(directory: Path, path: Path) -> Path:
@@ -349,15 +351,12 @@ def _check_cluster(config: ClusterConfig) -> None:
     if unknown_words:
         raise ConfigError(f"{path}: [cluster]: key 'four_letter_words': unknown {sorted(unknown_words)} "
                           f"(known: {', '.join(sorted(KNOWN_FOUR_LETTER_WORDS))})")
-    if config.bookie_entry_log_bytes < 4096:
-        raise ConfigError(f"{path}: [cluster]: key 'bookie_entry_log_bytes': must be at least 4096, "
-                          f"got {config.bookie_entry_log_bytes}")
-    if config.bookie_disk_usage_percent > 100:
-        raise ConfigError(f"{path}: [cluster]: key 'bookie_disk_usage_percent': must be from 1 to 100, "
-                          f"got {config.bookie_disk_usage_percent}")
-    if config.bookie_max_entry_bytes > BOOKIE_MAX_ENTRY_BYTES_LIMIT:
-        raise ConfigError(f"{path}: [cluster]: key 'bookie_max_entry_bytes': at most {BOOKIE_MAX_ENTRY_BYTES_LIMIT} "
-                          f"(64 MiB), got {config.bookie_max_entry_bytes}")
+    for key, ok, bounds in (("bookie_entry_log_bytes", config.bookie_entry_log_bytes >= 4096, "be at least 4096"),
+                            ("bookie_disk_usage_percent", config.bookie_disk_usage_percent <= 100, "be from 1 to 100"),
+                            ("bookie_max_entry_bytes", config.bookie_max_entry_bytes <= BOOKIE_MAX_ENTRY_BYTES_LIMIT,
+                             f"be at most {BOOKIE_MAX_ENTRY_BYTES_LIMIT} (64 MiB)")):
+        if not ok:
+            raise ConfigError(f"{path}: [cluster]: key {key!r}: must {bounds}, got {getattr(config, key)}")
     if config.super_digest:
         try:
             parse_super_digest(config.super_digest)
@@ -479,6 +478,7 @@ def to_toml(config: ClusterConfig, folder: Path) -> str:
     lines += [f"{key} = {_toml_value(getattr(config, key))}" for key in CLUSTER_DEFAULTS]
     for n in config.nodes:
         lines += ["", "[[node]]", f"id = {n.id}", f"host = {_toml_value(n.host)}"]
+        lines += [f"{BIND_HOST} = {_toml_value(n.bind_host)}"] if n.bind_host != n.host else []
         lines += [f"{key} = {port}" for key, port in n.ports.items()]
         lines += [f"roles = {_toml_value(sorted(n.roles))}", f"data_dir = {_toml_dir(n.data_dir, folder)}"]
         if n.bookie_journal_dir is not None:

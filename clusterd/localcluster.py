@@ -300,6 +300,15 @@ def bookie_only_node(node_id: int) -> str:
             f'admin_port = {admin}\nbookie_port = {bookie}\nroles = ["bookie"]\ndata_dir = "data/node{node_id}"\n')
 
 
+def observer_node(node_id: int) -> str:
+    """A `[[node]]` table, with free ports, for one more node on 127.0.0.1 with the observer role only
+    and its data under data/node<id>: a Zab observer (it serves clients, holds no vote), what tests and
+    benchmarks append to a cluster.toml to scale reads."""
+    peer, client, admin = free_ports(3)
+    return (f'\n[[node]]\nid = {node_id}\nhost = "127.0.0.1"\npeer_port = {peer}\nclient_port = {client}\n'
+            f'admin_port = {admin}\nroles = ["observer"]\ndata_dir = "data/node{node_id}"\n')
+
+
 def _ephemeral_start() -> int:
     try:
         return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])

@@ -263,3 +263,29 @@ def test_four_letter_words_are_an_allow_list_of_known_words(tmp_path):
     path.write_text(shipped.replace("[cluster]\n", '[cluster]\nfour_letter_words = "ruok,kill"\n', 1))
     with pytest.raises(ConfigError, match="four_letter_words.*kill"):
         load(path)
+
+
+def test_bind_host_defaults_to_host_and_is_where_listeners_bind(tmp_path: Path) -> None:
+    """bind_host (ZooKeeper's clientPortAddress / quorumListenOnAllIPs): listeners bind it while the
+    others keep dialing host, as behind NAT or in a container."""
+    config = cfg.load(write(tmp_path, node(1, host='"10.0.0.1"', bind_host='"0.0.0.0"')
+                            + node(2, host='"10.0.0.2"', bind_host='"::"')
+                            + node(3, host='"node3.example.net"')))
+    assert [(n.host, n.bind_host) for n in config.nodes] == [
+        ("10.0.0.1", "0.0.0.0"), ("10.0.0.2", "::"), ("node3.example.net", "node3.example.net")]
+    assert config.peer_addresses()[1] == ("10.0.0.1", 30001)  # what peers dial: host, never the bind address
+    text = cfg.to_toml(config, tmp_path)
+    assert text.count("bind_host") == 2  # written only where it differs from host
+    assert cfg.parse(text, config.path) == config
+
+
+@pytest.mark.parametrize("value, problem", [
+    ('""', "'' is neither an IP address nor a host name"),
+    ('"10.0.0.1:2181"', "the ports are the *_port keys"),
+    ('"[::1]"', "neither an IP address nor a host name"),
+    ('"*"', '"0.0.0.0" or "::" binds every address'),
+    ('"bad host"', "neither an IP address nor a host name"),
+    ("0", "expected a string, got integer 0"),
+])
+def test_bad_bind_hosts_are_refused(tmp_path: Path, value: str, problem: str) -> None:
+    refuse(tmp_path, node(1) + node(2, bind_host=value) + node(3), "[[node]] #2", "key 'bind_host'", problem)

@@ -113,9 +113,9 @@ class BookieNode:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         node = self.node
         try:
-            listeners = await trio.open_tcp_listeners(node.bookie_port, host=node.host)
+            listeners = await trio.open_tcp_listeners(node.bookie_port, host=node.bind_host)
         except OSError as e:
-            raise BookieStartupError(f"cannot listen for bookie clients on {node.host}:{node.bookie_port}: "
+            raise BookieStartupError(f"cannot listen for bookie clients on {node.bind_host}:{node.bookie_port}: "
                                      f"{e.strerror or e}") from None
         task_status.started()
         self.phase = "waiting for the metastore"
@@ -123,7 +123,7 @@ class BookieNode:
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.storage.run)
-                self.service = BookieService(self.storage, node.host, node.bookie_port, service_config(self.config),
+                self.service = BookieService(self.storage, node.bind_host, node.bookie_port, service_config(self.config),
                                              tls=tls_node.bookie_port_tls(self.config, node))  # None: plain TCP
                 await nursery.start(self.service.run, listeners)
                 self.phase = "registering"

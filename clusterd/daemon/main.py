@@ -133,21 +133,23 @@ async def _start_services(nursery: trio.Nursery, config: ClusterConfig, node: No
 
     admin = AdminServer(node_status, tls=tls_node.admin_port_tls(config, node))
     await nursery.start(trio.serve_listeners, admin.handle_connection,
-                        await _listen(node.host, node.admin_port, "admin"))
+                        await _listen(node.bind_host, node.admin_port, "admin"))
 
 
 async def _start_ensemble_services(nursery: trio.Nursery, config: ClusterConfig,
                                    node: NodeConfig) -> dict[str, Any]:
     """Start the Zab peer and the client port; returns the status functions of both."""
     sm = MetastoreStateMachine()
-    driver = PeerDriver(config.zab_config(node.id), config.peer_addresses(), node.data_dir, sm,
+    # The transport listens on its own entry and dials the others: its own at bind_host.
+    peers = {**config.peer_addresses(), node.id: (node.bind_host, node.peer_port)}
+    driver = PeerDriver(config.zab_config(node.id), peers, node.data_dir, sm,
                         max_frame_bytes=config.max_frame_bytes, send_queue_max=config.send_queue_max,
                         send_queue_max_bytes=config.send_queue_max_bytes,
                         log_queue_max_bytes=config.log_queue_max_bytes,
                         snapshots_retained=config.snapshots_retained, cluster_name=config.name)
     driver.transport.tls = tls_node.peer_tls(config, node)  # None: plain TCP ([tls] peer)
     service = MetastoreService(driver, sm, MetastoreConfig(
-        node.id, node.host, node.client_port, config.min_session_timeout_ms, config.max_session_timeout_ms,
+        node.id, node.bind_host, node.client_port, config.min_session_timeout_ms, config.max_session_timeout_ms,
         config.session_secret.encode(), config.four_letter_word_set, tick_ms=config.tick_ms,
         tls=tls_node.client_port_tls(config, node), super_digest=config.super_digest or None,
         limits=client_limits(config), sasl=sasl_settings(config), read_only_mode=config.read_only_mode))
@@ -155,7 +157,7 @@ async def _start_ensemble_services(nursery: trio.Nursery, config: ClusterConfig,
     try:
         await nursery.start(service.run)
     except OSError as e:
-        raise StartupError(f"cannot listen for clients on {node.host}:{node.client_port}: {e}") from None
+        raise StartupError(f"cannot listen for clients on {node.bind_host}:{node.client_port}: {e}") from None
     return {"status": driver.status, "clients": lambda: dict(service.stats)}
 
 

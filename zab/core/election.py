@@ -26,6 +26,12 @@ class Vote(NamedTuple):
     leader: int
 
 
+# An observer's vote, for nobody (ZooKeeper's observers send Long.MIN_VALUE): it never counts, and voters
+# ignore it. Its zxid is 0, not -1: the peer codec carries a zxid unsigned (zab/wire/codec.py), and a
+# vote it cannot encode ended every observer process at its first notification.
+OBSERVER_VOTE = Vote(-1, 0, -1)
+
+
 @dataclass(slots=True)
 class _Seen:
     vote: Vote
@@ -73,7 +79,7 @@ class FastLeaderElection:
         self.my_state = ServerState.LOOKING
         self.logical_clock += 1
         self._initial = Vote(peer_epoch, last_zxid, self.cfg.my_id)
-        self.proposal = self._initial if not self.cfg.is_observer else Vote(-1, -1, -1)
+        self.proposal = self._initial if not self.cfg.is_observer else OBSERVER_VOTE
         self._recv.clear()
         self._out_of_election.clear()
         self._finalize_at = None
