@@ -13,7 +13,11 @@ oracles. The ledger run builds `sim.ledger_schedule.story_from_seed(N, M)` (at m
 M bookie faults) and checks the closed ledger, the recoverers and the readers. The mixed
 run builds `sim.mixed_schedule.plan_from_seed(N, M)` (up to M drawn steps: Zab faults,
 bookie faults, writer crashes and closes, recoverers; then one more recoverer, and leader
-faults next to recoverers) and checks both worlds' oracles on one scheduler.
+faults next to recoverers) and checks both worlds' oracles on one scheduler. Half the
+stories and plans run bookie journals (answers after a simulated fsync, unsynced records
+lost in crashes: the summary counts `fsyncs` and `unsynced_lost`); half the mixed plans run
+AutoRecovery, some losing a bookie for good (the summary's `lost`, `repairs`,
+`fragments_repaired`), and then check that every lost bookie's fragments were re-replicated.
 
 On success one line: `ok <world> seed=N ...`, exit status 0. On a failure: the seed,
 the schedule (a header dict, then one step per line, every line a Python literal;
@@ -131,7 +135,7 @@ def _run_ledger(story: Story) -> str:
     closed, _ = world.meta.read(1)
     writer = world.clients["w"]
     return (f"ok ledger seed={story.seed} faults={len(story.bookie_faults)} acked={len(writer.acked)} "
-            f"closed_at={closed.last_entry}")
+            f"closed_at={closed.last_entry}{_journal_summary(world)}")
 
 
 def _run_mixed(plan: MixedPlan) -> str:
@@ -140,7 +144,24 @@ def _run_mixed(plan: MixedPlan) -> str:
     writer = world.clients["w"]
     return (f"ok mixed seed={plan.seed} steps={len(plan.steps)} acked={len(writer.acked)} "
             f"closed_at={closed.last_entry} metadata_version={version} cas={len(world.meta.writes)} "
-            f"connection_losses={world.meta.connection_losses} committed={c.peer(c.alive()[0]).last_committed:#x}")
+            f"connection_losses={world.meta.connection_losses} committed={c.peer(c.alive()[0]).last_committed:#x}"
+            f"{_journal_summary(world)}{_autorecovery_summary(world)}")
+
+
+def _journal_summary(world) -> str:
+    journals = [b.journal for b in world.bookies.values() if b.journal is not None]
+    if not journals:
+        return ""
+    return f" fsyncs={sum(j.fsyncs for j in journals)} unsynced_lost={sum(j.lost_records for j in journals)}"
+
+
+def _autorecovery_summary(world) -> str:
+    if not world.autorecovery:
+        return ""
+    ar = world.autorecovery[0]
+    repaired = sum(c.op.stats["fragments_repaired"] for n, c in world.clients.items() if n.startswith("ar"))
+    return (f" lost={sorted(ar.ever_lost)} repairs={len(ar.repaired)} workers={ar.workers} "
+            f"fragments_repaired={repaired}")
 
 
 def explore(seed: int, steps: int, *, ledger: bool = False, mixed: bool = False) -> Outcome:

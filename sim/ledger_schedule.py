@@ -27,6 +27,7 @@ from sim.ledger_world import InvariantViolation, LedgerWorld
 
 FAULT_WINDOW_MS = 200
 BOOKIE_FAULTS = ("crash", "restart", "lose_fences")
+JOURNAL_FSYNC_MS = (1, 12)  # long enough that crashes often catch records unsynced
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class Story:
     bookie_faults: tuple[tuple[int, str, int], ...]   # (ms, "crash" | "restart" | "lose_fences", bookie)
     writer_crash_ms: int | None
     recoverers: tuple[tuple[int, int | None], ...]    # (start ms, crash after ms or None)
+    journal: bool = False   # bookies answer after a simulated fsync; a crash loses unsynced records
 
 
 def story_from_seed(seed: int, max_faults: int = 6) -> Story:
@@ -57,14 +59,17 @@ def story_from_seed(seed: int, max_faults: int = 6) -> Story:
     recoverers = [(rng.randint(0, FAULT_WINDOW_MS), rng.choice((None, rng.randint(1, 60))))
                   for _ in range(rng.randint(1, 3))]
     writer_crash_ms = rng.choice((None, rng.randint(0, 150)))
+    entries, loss = rng.randint(1, 40), rng.choice((0.0, 0.02, 0.1))
+    # Drawn last: with the journal off, a seed plays exactly the story it played before the journal.
     return Story(seed=seed, ensemble_size=e, write_quorum=qw, ack_quorum=qa, bookies=bookies,
-                 entries=rng.randint(1, 40), loss=rng.choice((0.0, 0.02, 0.1)), bookie_faults=tuple(sorted(faults)),
-                 writer_crash_ms=writer_crash_ms, recoverers=tuple(recoverers))
+                 entries=entries, loss=loss, bookie_faults=tuple(sorted(faults)),
+                 writer_crash_ms=writer_crash_ms, recoverers=tuple(recoverers), journal=bool(rng.randint(0, 1)))
 
 
 def run_story(story: Story) -> LedgerWorld:
     """Play `story` on a fresh LedgerWorld, heal, and run every live recoverer to its end."""
-    world = LedgerWorld(seed=story.seed, bookies=story.bookies, loss=story.loss)
+    world = LedgerWorld(seed=story.seed, bookies=story.bookies, loss=story.loss, journal=story.journal,
+                        fsync_ms=JOURNAL_FSYNC_MS)
     ensemble = tuple(range(1, story.ensemble_size + 1))
     lid = world.create_ledger(ensemble, story.write_quorum, story.ack_quorum).ledger_id
     w = world.writer("w", lid)

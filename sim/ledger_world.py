@@ -16,6 +16,13 @@ reached only bookie 1"). Metadata requests go through the same rules with
 bookie None (with a MetaRegister only: the metastore's faults are the cluster's).
 Clients get a Tick every tick_ms and can crash (they stop).
 
+With `journal=True` every bookie keeps a SimJournal (sim/bookie_journal.py): a request's
+records are durable only after a group-commit fsync `fsync_ms` (a random latency in that
+range) later, the bookie answers only then, and a crash loses the unsynced records (all, or
+with `keep_unsynced` a random prefix of them) and the answers waiting for them (their clients
+time out), the bookie restarting from what its journal kept. Off, bookies answer at once and a
+crash loses nothing, drawing exactly what they drew before.
+
 Oracles: `check_closed_ledger` (every entry acknowledged to any writer is in
 the closed ledger, with Qa genuine copies on the bookies the metadata
 records, with the payload the writer gave) and a per-client check that no
@@ -35,8 +42,10 @@ from ledger.quorum import write_quorum
 from ledger.read_op import verify_entry
 from ledger.recovery_op import RecoveryOp
 from ledger.writer import Writer
+from sim.bookie_journal import SimJournal
 from sim.bookies import MetaRegister, SimBookie
 from sim.cluster import SimCluster
+from sim.replication_op import BookiesListed, ListBookies
 from sim.ledger_meta import ZabMetadata
 from sim.scheduler import Scheduler
 
@@ -94,11 +103,15 @@ class LedgerWorld:
 
     def __init__(self, seed: int = 0, bookies: int = 5, *, min_delay_ms: int = 1, max_delay_ms: int = 5,
                  timeout_ms: int = 40, tick_ms: int = 10, loss: float = 0.0, metastore: SimCluster | None = None,
-                 metadata_timeout_ms: int = 2_000) -> None:
+                 metadata_timeout_ms: int = 2_000, journal: bool = False, fsync_ms: tuple[int, int] = (1, 4),
+                 keep_unsynced: bool = True) -> None:
         self.sched = Scheduler(seed) if metastore is None else metastore.sched
         self.rng = self.sched.rng
         self._at = self.sched.bind(self._dispatch)  # _at(t, *event): _dispatch(event) at t
-        self.bookies = {i: SimBookie(i) for i in range(1, bookies + 1)}
+        self.bookies = {i: SimBookie(i, journal=SimJournal(keep_unsynced) if journal else None)
+                        for i in range(1, bookies + 1)}
+        self.fsync_ms = fsync_ms
+        self._waiting: dict[int, list[tuple[int, Msg, A.Event]]] = {}  # bookie -> answers awaiting an fsync
         self.metastore = metastore
         self.meta: MetaRegister | ZabMetadata = (
             MetaRegister() if metastore is None else ZabMetadata(metastore, self, metadata_timeout_ms))
@@ -107,6 +120,8 @@ class LedgerWorld:
         self.min_delay_ms, self.max_delay_ms = min_delay_ms, max_delay_ms
         self.timeout_ms, self.tick_ms, self.loss = timeout_ms, tick_ms, loss
         self._next_ledger = 1
+        self.gone: set[int] = set()      # bookies lost for good (lose_bookie)
+        self.autorecovery: list = []     # sim.autorecovery.SimAutoRecovery instances running on this world
         self.log: list[str] = []
 
     # -- setup ------------------------------------------------------------------------------
@@ -185,7 +200,19 @@ class LedgerWorld:
 
     def crash_bookie(self, bookie: int) -> None:
         self._note(f"crash bookie {bookie}")
-        self.bookies[bookie].alive = False
+        b = self.bookies[bookie]
+        b.alive = False
+        if b.journal is not None:  # unsynced records lost (a random prefix may survive); replayed
+            b.journal.crash(self.rng)
+            b.recover()
+            for _, msg, _ in self._waiting.pop(bookie, []):
+                self._fail_later(msg, "crashed before its fsync")
+
+    def lose_bookie(self, bookie: int) -> None:
+        """The bookie is gone for good: crashed, its disk wiped, never restarted (`gone`)."""
+        self.crash_bookie(bookie)
+        self.bookies[bookie].wipe()
+        self.gone.add(bookie)
 
     def restart_bookie(self, bookie: int) -> None:
         self._note(f"restart bookie {bookie}")
@@ -224,6 +251,8 @@ class LedgerWorld:
                 self._at(self.now + self.tick_ms, "tick", client.name)
         elif kind == "arrive":
             self._arrive(event[1])
+        elif kind == "fsync":
+            self._synced(self.bookies[event[1]], event[2])
         elif kind == "answer":
             client = self.clients[event[1]]
             if client.alive:
@@ -247,6 +276,9 @@ class LedgerWorld:
                 live = sorted(b for b, bk in self.bookies.items() if bk.alive and b not in action.exclude)
                 chosen = tuple(self.rng.sample(live, min(action.count, len(live))))
                 self._at(self.now + 1, "answer", client.name, A.BookiesChosen(chosen))
+            elif isinstance(action, ListBookies):  # the replication worker's list_bookies: the live ones
+                live = tuple(sorted(b for b, bk in self.bookies.items() if bk.alive))
+                self._at(self.now + self._delay(), "answer", client.name, BookiesListed(live))
             elif isinstance(action, A.RequestIdle):
                 self._at(self.now, "answer", client.name, A.Idle())  # after whatever is due now
             else:
@@ -306,8 +338,37 @@ class LedgerWorld:
             self._fail_later(msg, "down")
             return
         answer = serve(bookie, client, msg.action)
-        if answer is None:
+        journal = bookie.journal
+        if journal is not None:
+            self._sync(bookie)
+            if bookie.wait_for > journal.durable_seq:  # answered once its records are durable
+                if answer is not None:
+                    self._waiting.setdefault(bookie.id, []).append((bookie.wait_for, msg, answer))
+                return
+        if answer is not None:
+            self._reply(msg, answer)
+
+    def _sync(self, bookie: SimBookie) -> None:
+        """Start the bookie's next group commit if records are queued and none is in flight."""
+        if bookie.journal.needs_sync():
+            generation = bookie.journal.begin_sync()
+            self._at(self.now + self.rng.randint(*self.fsync_ms), "fsync", bookie.id, generation)
+
+    def _synced(self, bookie: SimBookie, generation: int) -> None:
+        """A group commit finished (unless a crash came first): store its adds, send the answers
+        it held back (in the order the requests arrived), start the next one."""
+        adds = bookie.journal.end_sync(generation)
+        if adds is None:
             return
+        bookie.synced(adds)
+        waiting = self._waiting.get(bookie.id, [])
+        ready = [w for w in waiting if w[0] <= bookie.journal.durable_seq]
+        self._waiting[bookie.id] = [w for w in waiting if w[0] > bookie.journal.durable_seq]
+        for _, msg, answer in ready:
+            self._reply(msg, answer)
+        self._sync(bookie)
+
+    def _reply(self, msg: Msg, answer: A.Event) -> None:
         if self.loss and self.rng.random() < self.loss:
             self._fail_later(msg, "answer lost")  # the bookie did it; the client cannot know
             return

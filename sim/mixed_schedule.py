@@ -21,6 +21,14 @@ oracles of both worlds must hold:
 - every recoverer that finished agrees on that closed metadata, and none failed; a writer
   whose close completed closed exactly that metadata;
 - the writer got no acknowledgement after it broke (fenced), checked as it happens.
+With `journal` the bookies answer only after a simulated fsync and their crashes lose unsynced
+records (sim/bookie_journal.py). With `autorecovery` an auditor and replication workers run
+throughout (sim/autorecovery.py): a bookie down for its grace period is lost and its fragments
+re-replicated while the writer writes and recoverers recover, and a `(ms, "lose_bookie", b)`
+step loses a bookie for good (its disk wiped, never restarted). Then, after recovery, the
+replica check runs, AutoRecovery must settle, and check_rereplicated must hold (every entry with
+Qw genuine copies on live bookies the metadata names, none lost); the recoverers' and the
+closing writer's metadata must equal the final one but for replaced lost bookies (no change lost).
 The repr of a plan replays it; sim.explore prints it one step per line (`--mixed`).
 """
 
@@ -30,6 +38,7 @@ import random
 from dataclasses import dataclass
 
 from ledger.writer import WriterState
+from sim.autorecovery import SimAutoRecovery, check_rereplicated, same_but_repaired
 from sim.cluster import SimCluster
 from sim.ledger_world import InvariantViolation, LedgerWorld
 from sim.zab_schedule import apply_step, check_recovered
@@ -38,6 +47,13 @@ FAULT_WINDOW_MS = 600
 TICK_MS = 10  # the ensemble's tick: elections within tens of ms, like the ledger's timeouts
 CONVERGE_MS = 120_000
 RECOVERY_MS = 120_000
+AUTORECOVERY_MS = 60_000
+# Longer than the fault window: only a bookie lost for good is declared lost. A shorter one also
+# declares lost bookies that come back at the heal, and a task never forgets a lost bookie nor reads
+# from it (ledger/autorecovery/worker.py excludes task.lost as sources): with Qw=1, or with the
+# other replicas on a gone bookie, such a task stays Unrepairable for ever (docs/architecture.md).
+AUTORECOVERY_GRACE_MS = 1_000
+JOURNAL_FSYNC_MS = (1, 12)
 APPEND_EVERY_MS = 8  # the writer's appends span the window, so bookie crashes make ensemble changes
 _KINDS = ("zab",) * 6 + ("bookie",) * 4 + ("recoverer",) * 2 + ("writer_crash", "writer_close")
 _ZAB = ("crash",) * 2 + ("crash_leader",) * 3 + ("restart",) * 3 + ("partition", "isolate_leader", "heal", "heal")
@@ -48,7 +64,7 @@ class MixedPlan:
     """Everything a mixed run depends on; its repr is a Python literal that replays it.
     Steps are `(ms, "zab", zab step)` (sim.zab_schedule.apply_step's), `(ms, "bookie",
     "crash" | "restart", bookie)`, `(ms, "writer_crash")` and `(ms, "recoverer", crash after
-    ms or None)`, `(ms, "writer_close")`, in time order."""
+    ms or None)`, `(ms, "writer_close")`, `(ms, "lose_bookie", bookie)`, in time order."""
     seed: int
     voters: int
     ensemble_size: int
@@ -58,6 +74,9 @@ class MixedPlan:
     entries: int
     tail_faults: bool
     steps: tuple[tuple, ...]
+    journal: bool = False
+    autorecovery: bool = False
+    autorecovery_grace_ms: int = AUTORECOVERY_GRACE_MS
 
 
 def plan_from_seed(seed: int, max_steps: int = 12) -> MixedPlan:
@@ -76,8 +95,14 @@ def plan_from_seed(seed: int, max_steps: int = 12) -> MixedPlan:
     for ms, *_ in [s for s in steps if s[1] == "recoverer"]:
         if rng.randint(0, 1):
             steps.append((ms + rng.randint(0, 20), "zab", (rng.choice(("crash_leader", "isolate_leader")),)))
-    return MixedPlan(seed, voters, e, qw, qa, bookies, rng.randint(1, 75), bool(rng.randint(0, 1)),
-                     tuple(sorted(steps, key=lambda s: s[0])))
+    entries, tail_faults = rng.randint(1, 75), bool(rng.randint(0, 1))
+    # Drawn last: with both off, a seed plays exactly the plan it played before they existed.
+    journal, autorecovery = bool(rng.randint(0, 1)), bool(rng.randint(0, 1))
+    if autorecovery and qa >= 2 and bookies > e and rng.randint(0, 2):
+        # At most one bookie lost for good: Qa >= 2 keeps a replica of every acknowledged entry.
+        steps.append((rng.randint(0, FAULT_WINDOW_MS), "lose_bookie", rng.randint(1, e)))
+    return MixedPlan(seed, voters, e, qw, qa, bookies, entries, tail_faults,
+                     tuple(sorted(steps, key=lambda s: s[0])), journal, autorecovery)
 
 
 def _step(rng: random.Random, voters: int, bookies: int) -> tuple:
@@ -104,7 +129,8 @@ def run_mixed(plan: MixedPlan) -> tuple[SimCluster, LedgerWorld]:
     """Play `plan` on one scheduler, heal, recover the ledger and check every oracle (module
     docstring). A failure carries the plan and the end of both traces as exception notes."""
     c = SimCluster(plan.voters, seed=plan.seed, tick_ms=TICK_MS, tail_faults=plan.tail_faults)
-    world = LedgerWorld(bookies=plan.bookies, metastore=c)
+    world = LedgerWorld(bookies=plan.bookies, metastore=c, journal=plan.journal, fsync_ms=JOURNAL_FSYNC_MS)
+    ar = SimAutoRecovery(world, grace_ms=plan.autorecovery_grace_ms) if plan.autorecovery else None
     try:
         assert c.run_until(c.converged, CONVERGE_MS), "liveness: the metastore never elected a leader"
         lid = world.create_ledger(tuple(range(1, plan.ensemble_size + 1)), plan.write_quorum,
@@ -114,13 +140,35 @@ def run_mixed(plan: MixedPlan) -> tuple[SimCluster, LedgerWorld]:
         _heal(c, world)
         check_recovered(c)
         _recover(world, lid)
+        if ar is not None:
+            _settle(world, ar, lid)
         check_mixed(c, world, lid)
     except BaseException as e:  # noqa: BLE001 - re-raised unchanged, with the replay recipe attached
         e.add_note(f"replay: run_mixed({plan!r})")
         e.add_note(c.describe_failure())
         e.add_note("\n".join(world.log[-20:]))
         raise
+    finally:
+        if ar is not None:
+            ar.stop()
     return c, world
+
+
+def _settle(world: LedgerWorld, ar: SimAutoRecovery, lid: int) -> None:
+    """AutoRecovery until no task is left and no lost bookie is named; then the replica check and
+    its refill until no task is left."""
+    gone = world.gone
+    metadata, _ = world.meta.read(lid)
+    if not metadata.is_closed:  # the recoverers finished: nothing may wait for a writer any more
+        raise InvariantViolation(f"ledger {lid} is {metadata.state.value} after its recovery, not CLOSED")
+
+    def settled() -> bool:
+        return ar.idle() and not world.meta.read(lid)[0].bookies & gone
+    assert world.run_until(settled, AUTORECOVERY_MS), f"AutoRecovery did not settle: {ar.tasks} {ar.failures[-3:]}"
+    ar.check_copied_before_replaced()
+    ar.replica_check()
+    assert world.run_until(ar.idle, AUTORECOVERY_MS), f"the replica check did not settle: {ar.tasks} {ar.failures[-3:]}"
+    check_rereplicated(world, lid, gone)
 
 
 def _play(plan: MixedPlan, c: SimCluster, world: LedgerWorld, lid: int) -> None:
@@ -156,7 +204,10 @@ def _apply(c: SimCluster, world: LedgerWorld, step: tuple) -> None:
     if kind == "zab":
         apply_step(c, step[2])
     elif kind == "bookie":
-        (world.crash_bookie if step[2] == "crash" else world.restart_bookie)(step[3])
+        if step[3] not in world.gone:
+            (world.crash_bookie if step[2] == "crash" else world.restart_bookie)(step[3])
+    elif kind == "lose_bookie":
+        world.lose_bookie(step[2])
     elif kind == "writer_crash":
         world.crash_client("w")
     elif kind == "writer_close":
@@ -172,7 +223,8 @@ def _heal(c: SimCluster, world: LedgerWorld) -> None:
         if not c.nodes[i].alive:
             c.restart(i)
     for b in world.bookies:
-        world.restart_bookie(b)
+        if b not in world.gone:
+            world.restart_bookie(b)
 
 
 def _recover(world: LedgerWorld, lid: int) -> None:
@@ -192,12 +244,13 @@ def check_mixed(c: SimCluster, world: LedgerWorld, lid: int) -> None:
     closed = world.check_closed_ledger(lid)
     recoverers = [cl for name, cl in world.clients.items() if name.startswith(("r", "final"))]
     finished = [r for r in recoverers if r.result is not None]
-    if not finished or any(r.result != closed for r in finished):
+    lost = world.gone.union(*(a.ever_lost for a in world.autorecovery))  # bookies AutoRecovery may replace
+    if not finished or any(not same_but_repaired(r.result, closed, lost) for r in finished):
         raise InvariantViolation(f"recoverers disagree with the closed metadata {closed}: "
                                  f"{[(r.name, r.result) for r in finished]}")
     failed = [(r.name, r.error) for r in recoverers if r.error is not None]
     if failed:
         raise InvariantViolation(f"recoverers failed: {failed}")
     writer = world.clients["w"]
-    if writer.result is not None and writer.result != closed:
+    if writer.result is not None and not same_but_repaired(writer.result, closed, lost):
         raise InvariantViolation(f"the writer's close completed with {writer.result}, the ledger closed as {closed}")

@@ -18,6 +18,8 @@ from sim.zab_schedule import Scenario, scenario_from_seed
 ZAB_SEEDS, ZAB_STEPS = range(16), 30
 LEDGER_SEEDS, LEDGER_FAULTS = range(16), 6
 MIXED_SEEDS, MIXED_STEPS = range(48), 14  # about two seconds
+# Mixed seeds that lose a bookie for good, with AutoRecovery on: about three seconds.
+AUTORECOVERY_SEEDS = [s for s in range(300) if any(step[1] == "lose_bookie" for step in plan_from_seed(s, 14).steps)]
 
 
 def test_a_fixed_budget_of_zab_seeds_keeps_every_invariant() -> None:
@@ -39,6 +41,22 @@ def test_a_fixed_budget_of_mixed_seeds_keeps_every_invariant() -> None:
     assert not failures, "\n\n".join(failures)
     # Some metadata request must have met a metastore fault, or the budget mixes nothing.
     assert sum(int(o.summary.split("connection_losses=")[1].split()[0]) for o in outcomes) > 0
+    # Half the plans run bookie journals: some crash must have lost an unsynced record.
+    journaled = [o for o in outcomes if "unsynced_lost=" in o.summary]
+    assert sum(int(o.summary.split("unsynced_lost=")[1].split()[0]) for o in journaled) > 0
+
+
+def test_a_fixed_budget_of_autorecovery_seeds_re_replicates_every_lost_bookie() -> None:
+    """Half the mixed plans run with bookie journals and half with AutoRecovery; these lose a bookie
+    for good: the ledger closes, every fragment on the lost bookie is re-replicated (check_rereplicated:
+    every entry with Qw genuine copies on live bookies the metadata names) and the recoverers' metadata
+    equals the final one but for the replaced bookie."""
+    assert len(AUTORECOVERY_SEEDS) >= 20
+    outcomes = [explore(s, MIXED_STEPS, mixed=True) for s in AUTORECOVERY_SEEDS]
+    failures = [o.report() for o in outcomes if not o.ok]
+    assert not failures, "\n\n".join(failures)
+    repaired = sum(int(o.summary.split("fragments_repaired=")[1].split()[0]) for o in outcomes)
+    assert repaired >= len(outcomes) // 2, "most lost bookies held a fragment: some must have been repaired"
 
 
 @pytest.mark.parametrize("seed", [3, 11])
