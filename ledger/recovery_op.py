@@ -329,6 +329,11 @@ class RecoveryOp:
             self.failed_bookies.add(event.bookie)
             return self._start_change()
         rec.add_acks.add(event.bookie)
+        if event.bookie in self.failed_bookies:
+            # It takes adds again: replace only the bookies still failing (with one spare and a
+            # dead bookie beside one that was down a while, asking for two replacements never ends).
+            self.failed_bookies.discard(event.bookie)
+            return self._start_change() + self._advance()
         return self._advance()
 
     def _advance(self) -> list[Action]:

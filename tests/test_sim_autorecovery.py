@@ -220,9 +220,6 @@ def test_a_bookie_that_answers_before_its_fsync_is_caught(monkeypatch) -> None:
     assert "InvariantViolation" in failure.failure, failure.failure
 
 
-@pytest.mark.xfail(strict=True, reason="ledger/recovery_op.py: a bookie stays in failed_bookies after its recovery "
-                                       "adds succeed again, so a recoverer with one spare bookie and two 'failed' "
-                                       "ones never replaces the dead one")
 def test_a_recovery_replaces_a_dead_bookie_even_if_another_failed_for_a_while() -> None:
     """Found by the mixed sweep (seed 1013 of `python -m sim.explore --mixed --steps 14`): E=Qw=Qa=3
     on bookies 1-3, bookie 4 spare. Bookie 2 dies for good and bookie 3 is down while the recoverer
