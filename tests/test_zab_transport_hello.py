@@ -79,3 +79,25 @@ def test_a_second_hello_waits_for_the_first_link_and_the_newest_waiter_wins(monk
             nursery.cancel_scope.cancel()
 
     trio.run(main)
+
+
+def test_refused_hellos_are_logged_once_per_interval_with_a_count_not_once_each(caplog):
+    """A stranger (or a member the others do not know yet) redialing must not fill the log."""
+    events: list = []
+
+    async def main() -> None:
+        t, (host, port) = await started(events)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(t.run)
+            for i in range(30):
+                stream = await trio.open_tcp_stream(host, port)
+                await stream.send_all(b"\xff" * 64)  # a frame length beyond HELLO_MAX_BYTES: refused at once
+                await wait_for(lambda: t.stats.bad_frames > i)
+                await stream.aclose()
+            nursery.cancel_scope.cancel()
+        assert t.stats.bad_frames == 30
+
+    with caplog.at_level("WARNING", logger="quire.zab.transport"):
+        trio.run(main)
+    rejected = [r for r in caplog.records if "peer_rejected" in r.getMessage()]
+    assert len(rejected) == 1 and "suppressed_since_last=0" in rejected[0].getMessage()

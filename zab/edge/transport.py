@@ -46,6 +46,7 @@ KEEPALIVE_PROBES = 3
 HELLO_MAX_BYTES = 4096
 RECONNECT_MIN_S = 0.02
 RECONNECT_MAX_S = 1.0
+WARN_EVERY_S = 10.0  # a refusal of the same kind is logged at most this often
 DEFAULT_SEND_QUEUE_MAX_BYTES = 128 << 20
 
 
@@ -91,6 +92,7 @@ class PeerTransport:
         # log writer is behind stops taking proposals (TCP pushes back to the sender's queue).
         self.wait_room: Callable[[], Awaitable[None]] | None = None
         self.stats = TransportStats()
+        self._warned: dict[str, tuple[float, int]] = {}  # why -> (when last logged, suppressed since)
         self._out: dict[int, _Outgoing] = {}
         self._incoming: dict[int, trio.CancelScope] = {}
         self._incoming_ended: dict[int, trio.Event] = {}  # set once that link's task is done with it
@@ -220,7 +222,7 @@ class PeerTransport:
                 await trio.sleep(delay)
                 delay = min(delay * 2, RECONNECT_MAX_S)
                 continue
-            delay = RECONNECT_MIN_S
+            linked_at = trio.current_time()
             # Taken once the link exists: a disconnect() while dialing concerns the links before it.
             generation = out.generation
             with trio.CancelScope() as scope:
@@ -236,7 +238,11 @@ class PeerTransport:
                 out.generation += 1
                 out.box.detach()
                 self._lose(peer)
-            await trio.sleep(RECONNECT_MIN_S)
+            # A link the other side ends at once (it does not know us yet, or holds our old link)
+            # is a failed dial, not a link: back off, or both sides loop every 20 ms and log each time.
+            delay = RECONNECT_MIN_S if trio.current_time() - linked_at >= RECONNECT_MAX_S else delay
+            await trio.sleep(delay)
+            delay = min(delay * 2, RECONNECT_MAX_S)
 
     async def _pump(self, stream: trio.SocketStream, out: _Outgoing) -> None:
         """Send until the link fails or is replaced; returns when it is over.
@@ -254,6 +260,17 @@ class PeerTransport:
             except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as e:
                 log.info("event=link_down peer=%s direction=out error=%r", stream, e)
             nursery.cancel_scope.cancel()
+
+    def _warn_rarely(self, why: str, message: str, *args: object) -> None:
+        """A refusal's warning at most once per WARN_EVERY_S for each reason, with how many were
+        left out: a peer (or a stranger) redialing cannot fill the disk with the same line."""
+        now = trio.current_time()
+        last, suppressed = self._warned.get(why, (-WARN_EVERY_S, 0))
+        if now - last < WARN_EVERY_S:
+            self._warned[why] = (last, suppressed + 1)
+            return
+        self._warned[why] = (now, 0)
+        log.warning(message + " suppressed_since_last=%d", *args, suppressed)
 
     async def _watch_remote_close(self, stream: trio.SocketStream, scope: trio.CancelScope) -> None:
         try:
@@ -279,7 +296,7 @@ class PeerTransport:
             early = [decode_message(payload) for payload in frames]
         except (FrameError, trio.TooSlowError, OSError, trio.BrokenResourceError) as e:
             self.stats.bad_frames += 1
-            log.warning("event=peer_rejected error=%r", e)
+            self._warn_rarely("bad hello", "event=peer_rejected error=%r", e)
             await stream.aclose()
             return
         if self.tls is not None and not self.tls.admit(stream, peer):  # its certificate is another node's
@@ -288,7 +305,7 @@ class PeerTransport:
         decoder.max_frame_bytes = self.max_frame_bytes
         if not await self._wait_turn(peer):
             self.stats.links_refused += 1
-            log.warning("event=peer_rejected peer=%s reason=%r", peer, "this member's link is up")
+            self._warn_rarely(f"busy {peer}", "event=peer_rejected peer=%s reason=%r", peer, "this member's link is up")
             await stream.aclose()
             return
         ended = self._incoming_ended[peer] = trio.Event()
