@@ -488,6 +488,7 @@ class BookieStorage:
             self._closed = True
             self._journal.close()
             self._entrylogs.close()
+            await self._commits.close()
 
     def _check_usable(self) -> None:
         if self._closed:

@@ -1,16 +1,20 @@
-"""Group commit for BookieStorage (trio edge): the open batch, one batch write at a time in a worker
-thread, and the disk lock that checkpoints and compactions share with it.
+"""Group commit for BookieStorage (trio edge): the open batch, one batch write at a time in the
+writer's thread, and the disk lock that checkpoints and compactions share with it.
 
 Callers never write themselves. `join` puts records into the open batch; `start` hands that batch
-at once to a worker thread (`trio.lowlevel.start_thread_soon`, never on the event loop) if the
-disk is idle, synchronously: no task stands between a request and its fsync. Back in the event
-loop (`run_sync_soon`) the storage applies the batch, its waiters and callbacks learn the outcome,
-and the next batch, of everything that joined meanwhile, starts right there. Batches grow with
-load: whatever arrives during one fsync goes into the next. A waiter's cancellation never stops a
-write others wait on. Checkpoints and compactions hold the disk (`disk(priority=True)`) between
-two batches; while one waits, no batch starts (otherwise a steady add stream would starve it).
+at once to the writer's thread (edge/group_commit.py, never the event loop) if the disk is idle,
+synchronously: no task stands between a request and its fsync. Back in the event loop (the
+writer's wake-up) the storage applies the batch, its waiters and callbacks learn the outcome, and
+the next batch, of everything that joined meanwhile, starts right there. Batches grow with load:
+whatever arrives during one fsync goes into the next. A waiter's cancellation never stops a write
+others wait on. Checkpoints and compactions hold the disk (`disk(priority=True)`) between two
+batches; while one waits, no batch starts (otherwise a steady add stream would starve it).
 
-A batch's `after_sync` callables run in the worker thread right after its fsync, before the event
+The batching happens here, not in the engine: one Batch (one done event, one list of callbacks)
+collects every join while a write is in flight, where submitting each join to the engine would
+make a Batch per request.
+
+A batch's `after_sync` callables run in the writer's thread right after its fsync, before the event
 loop hears of it: the service answers adds from there when the connection is idle, one thread hand-
 off sooner than from `on_done`. From that moment the batch is also `settle()`-able: the event loop
 applies it (indexes its entries) before it serves any request, whether or not the write's wake-up
@@ -19,16 +23,14 @@ has come round, so a read that follows an answer finds the entry.
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
 
-import outcome
 import trio
 
 from bookie.errors import StorageError
+from edge.group_commit import GroupCommitWriter
 
 _log = logging.getLogger("quire.bookie.storage")
 
@@ -45,7 +47,7 @@ class Batch:
         self.done = trio.Event()
         self.error: StorageError | None = None
         self.callbacks: list[Callable[[StorageError | None], None]] = []
-        # In the worker thread, after the fsync (see the module doc): must not block, nor raise.
+        # In the writer's thread, after the fsync (see the module doc): must not block, nor raise.
         self.after_sync: list[Callable[[], None]] = []
 
     def on_done(self, callback: Callable[[StorageError | None], None]) -> None:
@@ -58,7 +60,7 @@ class Batch:
 
 
 class GroupCommit:
-    """One batch write at a time. `write(batch)` runs in a worker thread and returns the entries'
+    """One batch write at a time. `write(batch)` runs in the writer's thread and returns the entries'
     positions; `apply(batch, positions)` runs in the event loop after it; `refusal()` says why
     nothing may be written any more (closed or failed: the batch fails with it), else None;
     `failed(reason)` records a failed write (the storage refuses further use)."""
@@ -71,7 +73,9 @@ class GroupCommit:
         self._busy = False  # a batch write, checkpoint or compaction holds the disk
         self._priority_waiting = 0
         self._idle = trio.Event()
-        self._synced: tuple[Batch, Any] | None = None  # durable, not yet applied (set by the worker thread)
+        self._synced: tuple[Batch, list[int]] | None = None  # durable, not yet applied (set by the writer's thread)
+        self._writer: GroupCommitWriter[Batch, list[int]] = GroupCommitWriter(
+            self._write_one, on_done=self._handed_back, after_sync=self._synced_now, name="quire-bookie-journal")
 
     def join(self, records: list[bytes], entries: list, count: int | None = None) -> Batch:
         """Put records (and the entries they carry) in the open batch; returns it. `count`: how many
@@ -96,9 +100,9 @@ class GroupCommit:
             raise batch.error
 
     def start(self) -> None:
-        """Write the open batch in a worker thread now, unless it is empty or the disk is held (a batch
-        in flight, or a checkpoint or compaction holding or waiting for it: the open batch then starts
-        when the disk is released)."""
+        """Write the open batch in the writer's thread now, unless it is empty or the disk is held (a
+        batch in flight, or a checkpoint or compaction holding or waiting for it: the open batch then
+        starts when the disk is released)."""
         batch = self.open_batch
         if not batch.records or self._busy or self._priority_waiting:
             return
@@ -108,44 +112,57 @@ class GroupCommit:
             self._finish(batch, StorageError(refusal))
             return
         self._busy = True
-        token = trio.lowlevel.current_trio_token()
+        self._writer.submit([batch])
 
-        def deliver(result: Any) -> None:  # in the worker thread: an outcome.Outcome
-            if isinstance(result, outcome.Value):
-                self._synced = (batch, result)  # settle() may apply it from now on
-                for send in batch.after_sync:
-                    try:
-                        send()
-                    except BaseException:  # noqa: BLE001 - the write is done: its wake-up must still go
-                        _log.exception("event=after_sync_failed directory=%s", self._directory)
+    def _write_one(self, batches: list[Batch]) -> list[int]:
+        # One batch in flight at a time (start() waits for the disk), so the engine never groups two:
+        # what arrives meanwhile joins the open batch instead, one Batch and one wake-up per write.
+        (batch,) = batches
+        return self._write(batch)
+
+    def _synced_now(self, batches: list[Batch], positions: list[int]) -> list[int]:
+        """In the writer's thread, after the fsync: settle() may apply the batch from now on, then
+        its after_sync callables answer (see the module doc)."""
+        (batch,) = batches
+        self._synced = (batch, positions)
+        for send in batch.after_sync:
             try:
-                token.run_sync_soon(self._written_later, batch, result)
-            except trio.RunFinishedError:
-                pass  # the event loop is gone (the process is ending): nobody waits
+                send()
+            except BaseException:  # noqa: BLE001 - the write is done: its wake-up must still go
+                _log.exception("event=after_sync_failed directory=%s", self._directory)
+        return positions
 
-        trio.lowlevel.start_thread_soon(functools.partial(self._write, batch), deliver)
+    async def close(self) -> None:
+        """End the writer's thread and return its wake-up pipe (the storage is closing, disk held)."""
+        self._writer.close()
+        await self._writer.wait_closed()
 
     def settle(self) -> None:
         """In the event loop: apply the batch whose write is durable, if its wake-up has not come round."""
         synced = self._synced
         if synced is not None:
             self._synced = None
-            self._written(*synced)
+            self._written(*synced, None)
 
-    def _written_later(self, batch: Batch, result: Any) -> None:
-        synced = self._synced
-        if synced is not None and synced[0] is batch:
-            self._synced = None
-        elif batch.done.is_set():
-            return  # settle() applied it already
-        self._written(batch, result)
+    def _handed_back(self) -> None:
+        for written in self._writer.take_done():
+            (batch,) = written.items
+            synced = self._synced
+            if synced is not None and synced[0] is batch:
+                self._synced = None
+            elif batch.done.is_set():
+                continue  # settle() applied it already
+            self._written(batch, written.value, written.error)
 
-    def _written(self, batch: Batch, result: Any) -> None:
+    def _written(self, batch: Batch, positions: list[int] | None, failure: BaseException | None) -> None:
         """In the event loop, once the batch's write returned: apply it, wake its waiters, release
         the disk and start the next batch (or let a waiting checkpoint have the disk)."""
         error: StorageError | None = None
         try:
-            self._apply(batch, result.unwrap())
+            if failure is not None:
+                raise failure
+            assert positions is not None
+            self._apply(batch, positions)
         except BaseException as err:  # noqa: BLE001 - every waiter must learn that it is not durable
             self._failed(f"{type(err).__name__}: {err}")
             error = err if isinstance(err, StorageError) else StorageError(
