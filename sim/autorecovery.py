@@ -7,7 +7,10 @@ does while leading, with the real pure planning (ledger/autorecovery/planning.py
   within the grace period is forgotten and causes no copying;
 - every ledger with a fragment on a lost bookie is marked (ledgers_to_mark): its ReplicationTask is
   created, or widened (`merged`) when more of its bookies are lost;
-- a due task not being worked on is taken by a replication worker: a client running
+- a due task not being worked on is taken by a replication worker, which first judges its lost
+  bookies again (`ReplicationTask.rejudged` over the bookies up then, the worker's list_bookies):
+  one back after the grace period is lost no more (read from, not replaced), and the shrunk task
+  is what is deleted or written back; then a client running
   sim/replication_op.py's ReplicationOp (the worker's order: copy every entry the lost bookie held
   from surviving replicas to a replacement with recovery adds, and only when every copy is
   durable CAS the replacement into the metadata, through the metastore when the world runs on a
@@ -104,6 +107,12 @@ class SimAutoRecovery:
     # -- the workers -----------------------------------------------------------------------------------
     def _take(self, task: ReplicationTask) -> None:
         world = self.world
+        registered = [b for b, bk in world.bookies.items() if bk.alive]  # the worker's list_bookies
+        rejudged = task.rejudged(registered)  # no decommissioning in the sim: nothing is drained
+        if rejudged != task:
+            world._note(f"worker: ledger {task.ledger_id}: bookies {sorted(task.lost - rejudged.lost)} are back, "
+                        f"lost {sorted(rejudged.lost)}")
+            task = self.tasks[task.ledger_id] = rejudged
         metadata = next(m for m in self._ledgers() if m.ledger_id == task.ledger_id)
         self.workers += 1
         name = f"ar{self.workers}"

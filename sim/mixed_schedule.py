@@ -48,11 +48,12 @@ TICK_MS = 10  # the ensemble's tick: elections within tens of ms, like the ledge
 CONVERGE_MS = 120_000
 RECOVERY_MS = 120_000
 AUTORECOVERY_MS = 60_000
-# Longer than the fault window: only a bookie lost for good is declared lost. A shorter one also
-# declares lost bookies that come back at the heal, and a task never forgets a lost bookie nor reads
-# from it (ledger/autorecovery/worker.py excludes task.lost as sources): with Qw=1, or with the
-# other replicas on a gone bookie, such a task stays Unrepairable for ever (docs/architecture.md).
+# Longer than the fault window: only a bookie lost for good is declared lost. Half the plans with
+# AutoRecovery draw SHORT_GRACE_MS instead: bookies that come back at the heal were declared lost
+# meanwhile, and the worker must drop them from its tasks (ReplicationTask.rejudged) or a task with
+# Qw=1, or with no spare bookie, stays stuck for ever (the bug that drawing it found).
 AUTORECOVERY_GRACE_MS = 1_000
+SHORT_GRACE_MS = 150
 JOURNAL_FSYNC_MS = (1, 12)
 APPEND_EVERY_MS = 8  # the writer's appends span the window, so bookie crashes make ensemble changes
 _KINDS = ("zab",) * 6 + ("bookie",) * 4 + ("recoverer",) * 2 + ("writer_crash", "writer_close")
@@ -101,8 +102,9 @@ def plan_from_seed(seed: int, max_steps: int = 12) -> MixedPlan:
     if autorecovery and qa >= 2 and bookies > e and rng.randint(0, 2):
         # At most one bookie lost for good: Qa >= 2 keeps a replica of every acknowledged entry.
         steps.append((rng.randint(0, FAULT_WINDOW_MS), "lose_bookie", rng.randint(1, e)))
+    grace = rng.choice((AUTORECOVERY_GRACE_MS, SHORT_GRACE_MS)) if autorecovery else AUTORECOVERY_GRACE_MS
     return MixedPlan(seed, voters, e, qw, qa, bookies, entries, tail_faults,
-                     tuple(sorted(steps, key=lambda s: s[0])), journal, autorecovery)
+                     tuple(sorted(steps, key=lambda s: s[0])), journal, autorecovery, grace)
 
 
 def _step(rng: random.Random, voters: int, bookies: int) -> tuple:

@@ -20,6 +20,8 @@ planning (ledger/autorecovery/planning.py):
    it after a grace period, not modelled); otherwise the `refill` bookies (the task's `damaged`)
    of a CLOSED ledger get back the entries they should hold but miss or hold bad (the worker's
    `_refill`: each read from the bookie itself first), then Completed(metadata).
+`lost` is the task's, judged again as the worker took it (sim/autorecovery.py `_take`, the
+worker's ReplicationTask.rejudged): a bookie back after the grace period is a source, not lost.
 Unrepairable (no eligible bookie, every replica of an entry absent or unreadable) and a failed
 recovery add end it with Failed: the task is retried after a backoff (ReplicationTask.failed).
 """

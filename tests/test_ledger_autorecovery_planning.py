@@ -105,6 +105,24 @@ def test_the_task_record_round_trips_merges_and_backs_off():
         ReplicationTask.from_json(b"{}")
 
 
+def test_a_worker_taking_a_task_forgets_the_lost_bookies_registered_again():
+    task = ReplicationTask(7, frozenset({1, 2, 3}), since_ms=1000, damaged=frozenset({4}), attempts=5,
+                           error="no readable replica", next_attempt_ms=9000)
+    # bookie 1 back (available or read-only), 2 still unregistered, 3 registered read-only to be drained
+    back = task.rejudged(registered={1, 3, 4, 5}, draining={3})
+    assert back.lost == {2, 3} and back.damaged == {4}
+    assert (back.since_ms, back.attempts, back.error, back.next_attempt_ms) == (1000, 5, "no readable replica", 9000)
+    assert task.rejudged(registered={4, 5}) is task  # nobody back: the very task (nothing to write)
+    # every lost bookie back: no fragment needs repair any more, the task is finished
+    m = ledger((0, (1, 2, 3)), (10, (2, 3, 4)), last=15)
+    done = task.rejudged(registered={1, 2, 3, 4})
+    assert not done.lost and damaged_fragments(m, done.lost) == [] and not open_tail_damaged(m, done.lost)
+    # one back, one lost for good: the one back is a source again, only the other is replaced
+    rest = ReplicationTask(7, frozenset({1, 2}), 0).rejudged(registered={1, 3, 4, 5})
+    assert rest.lost == {2} and sources(m, 0, excluded=rest.lost) == (1,)
+    assert plan_fragment(m, 0, rest.lost, [1, 3, 4, 5], rest.lost, random.Random(0)).targets.keys() == {2}
+
+
 def test_a_bookie_back_within_the_grace_period_is_never_lost():
     t = LossTracker(grace_ms=1000)
     t.observe(known={1, 2, 3}, registered={1, 2, 3}, now_ms=0)

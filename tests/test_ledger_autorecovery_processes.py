@@ -23,7 +23,7 @@ from bookie.entry import Digester, DigestType, master_key, password_key
 from bookie.errors import NoSuchEntry, NoSuchLedger
 from clusterd import config as cfg
 from clusterd import localcluster
-from ledger.autorecovery.tasks import TASKS
+from ledger.autorecovery.tasks import TASKS, read_task
 from ledger.client import LedgerClient
 from ledger.handles import WriteHandle
 from ledger.metadata import Fragment, LedgerMetadata
@@ -147,9 +147,10 @@ async def _tasks(meta: MetaClient) -> set[int]:
         return set()
 
 
-def copied_entries(cluster: Cluster) -> int:
+def copied_entries(cluster: Cluster, others_than: int | None = None) -> int:
     statuses = trio.run(localcluster.fetch_statuses, cluster.config)
-    return sum(s["bookie"]["autorecovery"]["worker"].get("entries_copied", 0) for s in statuses.values() if s)
+    return sum(s["bookie"]["autorecovery"]["worker"].get("entries_copied", 0) for n, s in statuses.items()
+               if s and n != others_than)
 
 
 def auditor_node(cluster: Cluster) -> int:
@@ -342,6 +343,57 @@ def test_the_replica_check_finds_missing_copies_on_a_live_bookie(cluster: Cluste
             await trio.sleep(0.1)
 
     run(cluster, scenario, timeout_s=40)
+
+
+def test_a_bookie_back_after_the_grace_period_finishes_its_unrepairable_task(cluster: Cluster):
+    """A ledger with E=Qw=Qa=1 on bookie 4 only. Bookie 4 stops past the grace period: its ledger is
+    marked and every repair fails ("no readable replica": no other copy). Bookie 4 comes back with
+    its disks: the worker taking the task again finds it registered, lost no more, and deletes the
+    task; nothing was copied, the metadata is unchanged and every entry reads back from bookie 4."""
+    async def write(client: LedgerClient):
+        while True:
+            w = await client.create(1, 1, 1, DigestType.CRC32C, password=PASSWORD)
+            if w.metadata.last_fragment.ensemble == (SPARE,):
+                break
+            await w.close()
+            await client.delete(w.ledger_id)
+        await w.append_many([b"only-%d" % i for i in range(30)])
+        await w.close()
+        return await client.manager.read(w.ledger_id), w.ledger_id
+
+    closed, ledger_id = run(cluster, write)
+    before = copied_entries(cluster, others_than=SPARE)  # bookie 4's count starts again at its restart
+    kill(cluster, SPARE, signal.SIGTERM)
+
+    async def wait_stuck(client: LedgerClient):
+        while True:
+            found = await read_task(client.meta, ledger_id)
+            if found is not None and "no readable replica" in (found[0].error or ""):
+                return found[0]
+            await trio.sleep(0.1)
+
+    try:
+        stuck = run(cluster, wait_stuck, timeout_s=40)
+        assert stuck.lost == {SPARE}
+        while localcluster.running_pid(cluster.config.node(SPARE)) is not None:
+            time.sleep(0.05)
+        start(cluster, SPARE)
+
+        async def finished(client: LedgerClient):
+            while ledger_id in await _tasks(client.meta):
+                await trio.sleep(0.1)
+            assert await client.manager.read(ledger_id) == closed  # same metadata, same version
+            r = await client.open(ledger_id, PASSWORD)
+            assert [e.payload for e in await r.read(0, 29)] == [b"only-%d" % i for i in range(30)]
+            await client.delete(ledger_id)  # the verifier below wants no ledger left on bookie 4
+
+        run(cluster, finished, timeout_s=50)
+    finally:
+        if localcluster.running_pid(cluster.config.node(SPARE)) is None:
+            start(cluster, SPARE)
+    statuses = trio.run(localcluster.fetch_statuses, cluster.config)
+    assert sum(s["bookie"]["autorecovery"]["worker"].get("lost_bookies_back", 0) for s in statuses.values() if s)
+    assert copied_entries(cluster, others_than=SPARE) == before and copied_entries(cluster) == before
 
 
 def test_verify_ledgers_passes_once_every_repair_is_done(cluster: Cluster, spark):

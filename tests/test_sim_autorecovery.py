@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 import sim.replication_op
 from bookie.entry import Digester, DigestType
 from ledger import actions as A
@@ -152,19 +150,58 @@ def test_the_worker_repairs_an_earlier_fragment_of_an_open_ledger_and_races_the_
     assert _read_all(world, lid, 30) == [b"entry %d" % i for i in range(30)]
 
 
-@pytest.mark.xfail(strict=True, reason="ledger/autorecovery: a task never forgets a lost bookie that came back, "
-                                       "and the worker never reads from it: a Qw=1 ledger stays Unrepairable")
 def test_a_bookie_back_after_the_grace_period_does_not_leave_its_task_stuck() -> None:
     """Found by the sweep (sim.mixed_schedule with a short grace): Qw=1, bookie 1 down past the grace
-    period is marked lost; it comes back with the only copy of its entries, but the task still lists
-    it as lost and `sources` excludes it, so the repair fails ("no readable replica") for ever."""
+    period is marked lost, and the repair fails: its entries have no other replica. It comes back
+    with the only copy of its entries: the worker taking the task again judges it lost no more, finds
+    no lost bookie in the ledger and deletes the task. Nothing was copied, the metadata is unchanged
+    and every entry reads back."""
     world = _on_metastore(seed=8)
     ar = SimAutoRecovery(world, grace_ms=100)
     lid = _closed_ledger(world, 6, ensemble=(1, 2), qw=1, qa=1)
     world.crash_bookie(1)
-    assert world.run_until(lambda: ar.tasks, 2_000)
+    assert world.run_until(lambda: ar.failures, 2_000)
+    assert ar.tasks[lid].lost == {1} and "no readable replica" in ar.failures[-1]
     world.restart_bookie(1)
     assert world.run_until(ar.idle, 30_000), ar.failures[-1:]
+    assert ar.repaired == [lid] and world.meta.read(lid)[1] == 1, "only the close: no bookie was replaced"
+    assert not any(c.op.stats["entries_copied"] for n, c in world.clients.items() if n.startswith("ar"))
+    assert _read_all(world, lid, 6) == [b"entry %d" % i for i in range(6)]
+
+
+def test_a_ledger_without_a_spare_bookie_is_finished_when_its_bookie_comes_back() -> None:
+    """Three bookies, a ledger on all three (Qw 2): bookie 3 down past the grace period cannot be
+    replaced ("not enough bookies"). Once it is back the task is finished, the metadata unchanged."""
+    world = _on_metastore(seed=10, bookies=3)
+    ar = SimAutoRecovery(world, grace_ms=100)
+    lid = _closed_ledger(world, 9)
+    world.crash_bookie(3)
+    assert world.run_until(lambda: ar.failures, 2_000)
+    assert "not enough bookies" in ar.failures[-1]
+    world.restart_bookie(3)
+    assert world.run_until(ar.idle, 30_000), ar.failures[-1:]
+    assert world.meta.read(lid)[0].fragments[0].ensemble == (1, 2, 3) and world.meta.read(lid)[1] == 1
+    check_rereplicated(world, lid, set())
+
+
+def test_a_bookie_back_is_read_from_while_one_lost_for_good_is_still_replaced() -> None:
+    """Bookies 1 and 2 both down past the grace period, bookie 2 for good (disk wiped): the entries
+    whose write quorum is (1, 2) have no readable replica. Bookie 1 comes back: the worker drops it
+    from the task, copies those entries from it, and replaces bookie 2 only; bookie 1 stays."""
+    world = _on_metastore(seed=11)
+    ar = SimAutoRecovery(world, grace_ms=100)
+    lid = _closed_ledger(world, 12)
+    world.crash_bookie(1)
+    world.lose_bookie(2)
+    assert world.run_until(lambda: ar.failures, 2_000)
+    assert ar.tasks[lid].lost == {1, 2} and "no readable replica" in ar.failures[-1]
+    world.restart_bookie(1)
+    assert world.run_until(ar.idle, 30_000), ar.failures[-1:]
+    (fragment,) = world.meta.read(lid)[0].fragments
+    assert fragment.ensemble[0] == 1 and fragment.ensemble[1] in (4, 5) and fragment.ensemble[2] == 3
+    ar.check_copied_before_replaced()
+    check_rereplicated(world, lid, {2})
+    assert _read_all(world, lid, 12) == [b"entry %d" % i for i in range(12)]
 
 
 def test_a_worker_request_is_an_ordinary_bookie_request() -> None:

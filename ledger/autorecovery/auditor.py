@@ -8,7 +8,9 @@ scans every ledger for those stored on it and puts a repair task for each under
 1. watch /quire/bookies/available (a children watch) and readonly/; a known
    bookie (one with a cookie znode) that is registered in neither is missing;
    missing for `grace_ms` it is lost (ledger/autorecovery/planning.py LossTracker): a
-   bookie back within the grace period causes no copying;
+   bookie back within the grace period causes no copying; one back after it is lost no
+   more, never added to a task again (only unregistered bookies are lost, decommissioned
+   ones aside), and the worker taking a task that lists it drops it (ReplicationTask.rejudged);
 2. when the lost set (plus decommissioned bookies, lost at once) grows, and
    every `audit_interval_ms`, scan every ledger's metadata and mark those with a
    fragment on a lost bookie (ledger/autorecovery/tasks.py mark_under_replicated);

@@ -21,8 +21,9 @@ bookie in that fragment by a CAS on the ledger metadata. This module decides:
   redone, never recorded against bookies that do not hold it.
 
 Records kept in the metastore (JSON, docs/autorecovery.md): a ReplicationTask per
-under-replicated ledger. Time is an input (milliseconds); randomness is a
-passed-in generator; nothing here does I/O.
+under-replicated ledger; the auditor widens it, the worker taking it judges its lost
+bookies again (`ReplicationTask.rejudged`: one registered again is lost no more). Time
+is an input (milliseconds); randomness is a passed-in generator; nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -181,7 +182,8 @@ def replica_checks(metadata: LedgerMetadata, skip: Iterable[int]) -> Iterator[tu
 class ReplicationTask:
     """An under-replicated ledger (znode data under /quire/underreplicated/<ledger id>).
 
-    `lost`: bookies whose replicas are gone (or being drained): replaced in every fragment.
+    `lost`: bookies whose replicas are gone (or being drained): replaced in every fragment; the
+    auditor only widens it, the worker that takes the task drops those registered again (`rejudged`).
     `damaged`: live bookies of the ensembles missing some replicas (found by the replica check):
     their missing entries are copied back to them, the metadata is unchanged.
     `attempts`, `error`, `next_attempt_ms`: the last failed repair and when to try again."""
@@ -220,6 +222,16 @@ class ReplicationTask:
         """The same task, with more bookies to repair; a pending backoff is dropped (new work)."""
         return replace(self, lost=self.lost | frozenset(lost), damaged=self.damaged | frozenset(damaged),
                        next_attempt_ms=0)
+
+    def rejudged(self, registered: Iterable[int], draining: Iterable[int] = ()) -> ReplicationTask:
+        """The task as a worker takes it: its lost bookies judged again, as BookKeeper's
+        ReplicationWorker checks a ledger's fragments when it takes it rather than trusting the mark.
+        A lost bookie registered again (available or read-only) came back with its disks (its cookie
+        says so): it is lost no more, may be read from and need not be replaced. One still
+        unregistered, or being drained (registered read-only on purpose), stays lost. A task left
+        with no lost bookie in the ledger's fragments and nothing `damaged` to refill is finished."""
+        back = self.lost & (frozenset(registered) - frozenset(draining))
+        return replace(self, lost=self.lost - back) if back else self
 
     def failed(self, error: str, now_ms: int, base_ms: int, max_ms: int) -> ReplicationTask:
         """After an unsuccessful repair: the error, and the next attempt after an exponential backoff."""

@@ -7,6 +7,11 @@ entries of each fragment to the chosen bookie, then updates the fragment's
 ensemble; once every fragment is repaired the task is deleted and the lock
 released." Per task, under /quire/underreplicated-locks/<ledger id>:
 
+0. the task's lost bookies are judged again (planning.py ReplicationTask.rejudged, as
+   BookKeeper's worker checks the ledger when it takes it): one registered again
+   (available or read-only, not being drained) came back with its disks and is lost
+   no more: a source to copy from, not a bookie to replace. A task left with no lost
+   bookie in the ledger's fragments and nothing damaged is finished (deleted below);
 1. for each fragment with a lost bookie and a known end (ledger/autorecovery/planning.py
    damaged_fragments): choose a replacement (this node's bookie first), copy
    every entry the lost bookie held from a surviving replica with recovery adds
@@ -170,6 +175,7 @@ class ReplicationWorker:
         if found is None:
             return 0  # finished by someone else
         task, version = found
+        task = await self._rejudge(meta, task)
         try:
             await self.repair(meta, client, task, lock)
         except Paused:
@@ -194,6 +200,17 @@ class ReplicationWorker:
         log.warning("event=ledger_rereplicated ledger=%s lost=%s damaged=%s", ledger_id, sorted(task.lost),
                     sorted(task.damaged))
         return 1
+
+    async def _rejudge(self, meta: MetaClient, task: ReplicationTask) -> ReplicationTask:
+        """The task with its lost bookies judged again (step 0): the shrunk task is what a failure
+        writes back, and a finished one is deleted at the version read, as any other."""
+        registered = [info.id for info in await list_bookies(meta, include_read_only=True)]
+        current = task.rejudged(registered, await decommissioned(meta))
+        if current.lost != task.lost:
+            self.stats["lost_bookies_back"] += len(task.lost - current.lost)
+            log.warning("event=replication_bookies_back ledger=%s bookies=%s still_lost=%s", task.ledger_id,
+                        sorted(task.lost - current.lost), sorted(current.lost))
+        return current
 
     async def _note(self, meta: MetaClient, version: int, task: ReplicationTask) -> None:
         """Write back a task that stays (waiting or failed), if nobody changed it since `version`."""
