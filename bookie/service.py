@@ -356,8 +356,10 @@ class BookieService:
         at once if the disk is free); they are answered when that batch is durable, by its callback."""
         self.stats["adds"] += len(adds)
         nbytes = sum(len(add[3]) for add in adds)
+        ok = P.encode_add_ok  # encoded now: the writer's thread may send it right after the fsync
+        answer = _ThreadAnswer(conn, b"".join([ok(rid, add[0], add[1]) for rid, add in zip(add_ids, adds)]))
         try:
-            outcomes, batch = self.storage.join_adds(adds)
+            outcomes, batch = self.storage.join_adds(adds, answer.send_from_thread)
         except BookieError as e:  # the whole batch refused (e.g. read-only)
             outcomes, batch = [e] * len(adds), None
         except BaseException:
@@ -366,10 +368,7 @@ class BookieService:
             raise
         if batch is None:
             self._answer_adds(conn, add_ids, adds, nbytes, outcomes, None)
-        elif outcomes.count(None) == len(outcomes):  # every add accepted: answered from the worker thread
-            ok = P.encode_add_ok
-            answer = _ThreadAnswer(conn, b"".join([ok(rid, add[0], add[1]) for rid, add in zip(add_ids, adds)]))
-            batch.after_sync.append(answer.send_from_thread)
+        elif outcomes.count(None) == len(outcomes):  # every add accepted: answered from the writer's thread
             batch.on_done(functools.partial(self._answered_adds, conn, len(adds), nbytes, answer))
         else:
             batch.on_done(functools.partial(self._answer_adds, conn, add_ids, adds, nbytes, outcomes))

@@ -132,12 +132,13 @@ class BookieStorage:
             await self._commits.wait(batch)
         return results
 
-    def join_adds(self, adds: list[AddFields]) -> tuple[list[BookieError | None], Batch | None]:
+    def join_adds(self, adds: list[AddFields], answer: Callable[[], None] | None = None) -> tuple[list, Batch | None]:
         """The service's hot path, synchronous: admit the adds, put the accepted ones in the open batch
         and start writing it if the disk is free. Returns one outcome per add (None: accepted) and the
-        batch they wait for (None when nothing needs writing: every add refused or already durable);
-        the accepted adds are stored once that batch is done without error (`batch.on_done`). Raises
-        StorageError if the storage is closed or failed."""
+        batch they wait for (None when nothing needs writing); the accepted adds are stored once that
+        batch is done without error (`batch.on_done`). `answer`, if every add is accepted, runs in the
+        writer's thread after the fsync (added before the write starts, so it is never too late).
+        Raises StorageError if the storage is closed or failed."""
         self._check_usable()
         records: list[bytes] = []
         entries: list[tuple[int, int, bytes, int]] = []
@@ -148,9 +149,9 @@ class BookieStorage:
         if not records:
             return results, None
         batch = self._commits.join(records, entries, record_count)
-        # Before the write starts: the adds' LAC fields count at once (ledger_rules), so long polls
-        # answer ahead of the worker thread's hand-off.
-        if woken:
+        if answer is not None and not refused:
+            batch.after_sync.append(answer)
+        if woken:  # before the write starts: the adds' LAC fields count at once (long polls answer sooner)
             self._notify(woken)
         self._commits.start()
         return results, batch

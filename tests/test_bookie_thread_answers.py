@@ -168,10 +168,9 @@ async def test_the_thread_and_the_event_loop_claim_an_answer_once():
 async def test_settle_applies_a_durable_batch_whose_wake_up_has_not_come(tmp_path):
     with trio.fail_after(20):
         async with open_storage(tmp_path) as storage:
-            outcomes, batch = storage.join_adds([(4, 0, KEY, entry(4, 0), False)])
-            assert outcomes == [None] and batch is not None
             synced = threading.Event()
-            batch.after_sync.append(synced.set)
+            outcomes, batch = storage.join_adds([(4, 0, KEY, entry(4, 0), False)], synced.set)
+            assert outcomes == [None] and batch is not None
             assert synced.wait(10)  # the loop is held meanwhile: the batch's own wake-up cannot run
             try:
                 storage.read(4, 0)

@@ -36,7 +36,7 @@ MAX_MODULE_LINES = 500
 # Modules over MAX_MODULE_LINES when the cap came (issue 21), each at most its size then. The list
 # may only shrink: a module split below the cap must leave it (test_long_module_exceptions_only_shrink).
 LONG_MODULES = {
-    "bookie/service.py": 521,
+    "bookie/service.py": 520,
     "bookie/client.py": 559,
     "clusterd/config.py": 502,
     "metastore/client/session.py": 582,
