@@ -27,6 +27,7 @@ from kazoo.retry import KazooRetry
 from bookie.client import BookiePool
 from ledger.client import LedgerClient
 from ledger.client_sync import SyncLedgerClient
+from cluster_fixtures import stop_kazoo
 from netns_rig import NetnsRig, netns_rig
 from replay.logs import check_logs_converged
 from replay.verify_zab import add_arguments, verify
@@ -77,8 +78,7 @@ def kazoo(rig: NetnsRig, node_ids: list[int] | None = None, first: int | None = 
     try:
         yield client
     finally:
-        client.stop()
-        client.close()
+        stop_kazoo(client)
 
 
 def write(zk: KazooClient, folder: str, count: int) -> list[str]:

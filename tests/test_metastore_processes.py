@@ -21,7 +21,7 @@ from clusterd import config as cfg
 from clusterd import localcluster
 from metastore.wire import jute
 from cluster_fixtures import (Cluster, closed_by_server, copy_config, ensemble, hosts, kazoo_session, start_cluster,
-                              started_kazoo, wait_for)  # noqa: F401 (ensemble is a fixture)
+                              started_kazoo, stop_kazoo, wait_for)  # noqa: F401 (ensemble is a fixture)
 
 pytestmark = pytest.mark.multiprocess
 
@@ -210,5 +210,4 @@ def kazoo_client(hosts_string: str) -> Iterator[KazooClient]:
     try:
         yield client
     finally:
-        client.stop()
-        client.close()
+        stop_kazoo(client)
