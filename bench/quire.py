@@ -66,7 +66,7 @@ class TlsFiles:
 def write_config(folder: Path, *, tls: bool = False, bookies: bool = True, observers: int = 0) -> Path:
     """Copy the shipped cluster.toml into `folder` with fresh ports; every host stays 127.0.0.1.
 
-    `observers`: that many more nodes with the observer role only (`localcluster.observer_node`), with
+    `observers`: that many more nodes with the observer role only (`localcluster.extra_node`), with
     the ids after the shipped nodes'.
 
     `bookies=False` takes the bookie role (and its port and journal lines) off every node: the Zab-layer
@@ -85,7 +85,7 @@ def write_config(folder: Path, *, tls: bool = False, bookies: bool = True, obser
     if not bookies:
         text = _without_bookies(text)
     first = max(n.id for n in shipped.nodes) + 1
-    text += "".join(localcluster.observer_node(i) for i in range(first, first + observers))
+    text += "".join(localcluster.extra_node(i, "observer") for i in range(first, first + observers))
     if tls:
         text = text.rstrip("\n") + "\n\n[tls]\n"  # every switch at its default: TLS on every port
     folder.mkdir(parents=True, exist_ok=True)

@@ -46,7 +46,7 @@ SETTINGS = ("autorecovery_grace_ms = 1000\nautorecovery_open_ledger_grace_ms = 1
 def four_node_config(folder: Path) -> cfg.ClusterConfig:
     path = write_config(folder)
     text = re.sub(r"(?m)^\[cluster\]\n", "[cluster]\n" + SETTINGS, path.read_text(), count=1)
-    path.write_text(text + localcluster.bookie_only_node(4))
+    path.write_text(text + localcluster.extra_node(4, "bookie"))
     return cfg.load(path)
 
 

@@ -24,7 +24,7 @@ import trio
 import clusterd
 from clusterd.daemon import tls_node
 from clusterd.daemon.admin import AdminUnavailable, fetch_status
-from clusterd.config import ClusterConfig, NodeConfig
+from clusterd.config import BOOKIE, BOOKIE_PORT, PORT_KEYS, ClusterConfig, NodeConfig
 from edge.files import FILE_MODE, ensure_directory
 from zab.core.zxid import fmt
 
@@ -291,22 +291,13 @@ def with_free_ports(text: str) -> str:
     return _PORT_LINE.sub(lambda m: f"{m[1]} = {next(ports)}", text)
 
 
-def bookie_only_node(node_id: int) -> str:
-    """A `[[node]]` table, with free ports, for one more node on 127.0.0.1 with the bookie role only
-    and its data under data/node<id>: what tests and benchmarks append to a cluster.toml to have a
-    spare bookie (one that holds no Zab vote)."""
-    peer, client, admin, bookie = free_ports(4)
-    return (f'\n[[node]]\nid = {node_id}\nhost = "127.0.0.1"\npeer_port = {peer}\nclient_port = {client}\n'
-            f'admin_port = {admin}\nbookie_port = {bookie}\nroles = ["bookie"]\ndata_dir = "data/node{node_id}"\n')
-
-
-def observer_node(node_id: int) -> str:
-    """A `[[node]]` table, with free ports, for one more node on 127.0.0.1 with the observer role only
-    and its data under data/node<id>: a Zab observer (it serves clients, holds no vote), what tests and
-    benchmarks append to a cluster.toml to scale reads."""
-    peer, client, admin = free_ports(3)
-    return (f'\n[[node]]\nid = {node_id}\nhost = "127.0.0.1"\npeer_port = {peer}\nclient_port = {client}\n'
-            f'admin_port = {admin}\nroles = ["observer"]\ndata_dir = "data/node{node_id}"\n')
+def extra_node(node_id: int, role: str) -> str:
+    """A `[[node]]` table, with free ports, for one more node on 127.0.0.1 with one role ("bookie": a
+    spare bookie that holds no Zab vote; "observer": a Zab observer that serves clients) and its data
+    under data/node<id>: what tests and benchmarks append to a cluster.toml."""
+    ports = PORT_KEYS + ((BOOKIE_PORT,) if role == BOOKIE else ())
+    lines = "".join(f"{key} = {port}\n" for key, port in zip(ports, free_ports(len(ports))))
+    return f'\n[[node]]\nid = {node_id}\nhost = "127.0.0.1"\n{lines}roles = ["{role}"]\ndata_dir = "data/node{node_id}"\n'
 
 
 def _ephemeral_start() -> int:

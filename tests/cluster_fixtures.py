@@ -80,8 +80,13 @@ def start_cluster(cluster: Cluster, *, timeout: float = 60) -> Cluster:
 def four_node_config(folder: Path) -> Path:
     """The shipped 3 voter+bookie nodes, plus node 4 with the bookie role only."""
     path = copy_config(folder)
-    path.write_text(path.read_text() + localcluster.bookie_only_node(4))
+    path.write_text(path.read_text() + localcluster.extra_node(4, "bookie"))
     return path
+
+
+def leader_of(cluster: Cluster) -> int:
+    """The node `clusterctl status` shows leading (StopIteration if none does)."""
+    return next(r["id"] for r in cluster.status() if r["role"] == "leader")
 
 
 def closed_by_server(s: socket.socket) -> bool:

@@ -21,7 +21,8 @@ import trio
 from kazoo.client import KazooClient
 from kazoo.exceptions import ConnectionLoss, NodeExistsError, SessionExpiredError
 
-from cluster_fixtures import Cluster, copy_config, kazoo_session, start_cluster, started_kazoo, stop_kazoo, wait_for
+from cluster_fixtures import (Cluster, copy_config, kazoo_session, leader_of, start_cluster, started_kazoo, stop_kazoo,
+                              wait_for)
 from clusterd import localcluster
 from clusterd.daemon.admin import AdminUnavailable, fetch_status
 
@@ -34,7 +35,7 @@ OBSERVERS = (4, 5)
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> Iterator[Cluster]:
     path = copy_config(tmp_path_factory.mktemp("observers"))
-    path.write_text(path.read_text() + "".join(localcluster.observer_node(i) for i in OBSERVERS))
+    path.write_text(path.read_text() + "".join(localcluster.extra_node(i, "observer") for i in OBSERVERS))
     cluster = start_cluster(Cluster(path))
     try:
         assert wait_settled(cluster)
@@ -75,10 +76,6 @@ def settled(cluster: Cluster) -> bool:
 
 def wait_settled(cluster: Cluster, timeout_s: float = 30) -> bool:
     return wait_for(lambda: settled(cluster), timeout_s)
-
-
-def leader_of(cluster: Cluster) -> int:
-    return next(r["id"] for r in cluster.status() if r["role"] == "leader")
 
 
 def four_letter(cluster: Cluster, node_id: int, word: str) -> str:

@@ -21,18 +21,13 @@ from clusterd import config as cfg
 from clusterd import localcluster
 from metastore.wire import jute
 from cluster_fixtures import (Cluster, closed_by_server, copy_config, ensemble, hosts, kazoo_session, start_cluster,
-                              started_kazoo, stop_kazoo, wait_for)  # noqa: F401 (ensemble is a fixture)
+                              leader_of, started_kazoo, stop_kazoo, wait_for)  # noqa: F401 (ensemble is a fixture)
 
 pytestmark = pytest.mark.multiprocess
 
 CLIENTS = 4
 INCREMENTS_EACH = 40
 UNKNOWN = (ConnectionLoss, OperationTimeoutError, SessionExpiredError)
-
-
-def leader_of(cluster) -> int:
-    rows = cluster.status()
-    return next(r["id"] for r in rows if r["role"] == "leader")
 
 
 def increment(zk: KazooClient, me: int, seq: int) -> str:

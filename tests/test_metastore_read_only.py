@@ -15,7 +15,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NotReadOnlyCallError
 from kazoo.protocol.states import KazooState, KeeperState
 
-from cluster_fixtures import Cluster, copy_config, hosts, kazoo_session, start_cluster, stop_kazoo, wait_for
+from cluster_fixtures import Cluster, copy_config, hosts, kazoo_session, leader_of, start_cluster, stop_kazoo, wait_for
 
 pytestmark = pytest.mark.multiprocess
 
@@ -24,10 +24,6 @@ def isro(port: int) -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
         s.sendall(b"isro")
         return s.recv(16)
-
-
-def leader_of(cluster: Cluster) -> int:
-    return next(r["id"] for r in cluster.status() if r["role"] == "leader")
 
 
 def test_a_node_without_quorum_serves_read_only_sessions_and_hands_them_back(tmp_path):

@@ -39,6 +39,11 @@ log = logging.getLogger("quire.metastore")
 _EXPIRED = jute.ConnectResponse(0, 0, 0, b"\0" * 16, False)
 
 
+def now_ms() -> int:
+    """Wall-clock time, as envelopes carry it and znode times are (ZooKeeper's currentWallTime)."""
+    return int(time.time() * 1000)
+
+
 class SessionHandshake:
     """`connect(conn, payload)`: True once the connection serves a session, False to close it."""
 
@@ -138,7 +143,7 @@ class SessionHandshake:
         """Tell the leader the session's client is now here: later requests from its old
         node's connection get SessionMoved."""
         s = self.service
-        env = E.Envelope(E.CLAIM_SESSION, s.cfg.node_id, _now_ms(), (), b"")
+        env = E.Envelope(E.CLAIM_SESSION, s.cfg.node_id, now_ms(), (), b"")
         try:
             await s.driver.submit(session_id, s.next_cxid(), E.encode_envelope(env))
         except (NoLeader, OutcomeUnknown):
@@ -149,14 +154,9 @@ class SessionHandshake:
         s = self.service
         self._next_session += 1
         session_id, timeout = self._next_session, self._negotiate(requested_ms)
-        env = E.Envelope(E.CREATE_SESSION, s.cfg.node_id, _now_ms(), (), struct.pack(">i", timeout))
+        env = E.Envelope(E.CREATE_SESSION, s.cfg.node_id, now_ms(), (), struct.pack(">i", timeout))
         try:
             await s.driver.submit(session_id, s.next_cxid(), E.encode_envelope(env))
         except (NoLeader, OutcomeUnknown):
             return 0, 0
         return session_id, timeout
-
-
-def _now_ms() -> int:
-    """Wall-clock time, as envelopes carry it (ZooKeeper's currentWallTime)."""
-    return int(time.time() * 1000)

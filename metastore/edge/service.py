@@ -16,7 +16,6 @@ from __future__ import annotations
 import secrets
 import itertools
 import logging
-import time
 from dataclasses import dataclass
 from functools import partial
 
@@ -29,7 +28,7 @@ from metastore.edge.client_conn import Connection, Job, receive_exactly
 from metastore.edge.edge_guard import CLIENT_FAULTS, ClientLimits, ClientRefused, check_auth, check_reply
 from metastore.core.acl import SUPER_SCHEME, Id, digest_auth_ids
 from metastore.edge.four_letter import answer_four_letter_word
-from metastore.edge.handshake import SessionHandshake
+from metastore.edge.handshake import SessionHandshake, now_ms
 from metastore.wire.jute_defs import Err, EventType, KeeperState, OpCode, UnknownOpcode, Xid
 from metastore.core.prep import HOUSEKEEPING
 from metastore.edge.sasl_edge import SaslEdge, SaslSettings
@@ -197,12 +196,12 @@ class MetastoreService:
                 nursery.start_soon(self._init_secret)
             rounds += 1
             if rounds % CONTAINER_CHECK_ROUNDS == 0:
-                for path in self.sm.tree.container_candidates(_now_ms()):
+                for path in self.sm.tree.container_candidates(now_ms()):
                     nursery.start_soon(self._submit_internal, E.DELETE_CONTAINER, 0, path.encode())
 
     async def _submit_internal(self, kind: int, session_id: int, payload: bytes) -> None:
         """Leader housekeeping: expire a session, delete an empty container or TTL node."""
-        env = E.Envelope(kind, HOUSEKEEPING, _now_ms(), (), payload)
+        env = E.Envelope(kind, HOUSEKEEPING, now_ms(), (), payload)
         try:
             await self.driver.submit(session_id, next(self._cxids), E.encode_envelope(env))
         except (NoLeader, OutcomeUnknown) as e:
@@ -421,10 +420,10 @@ class MetastoreService:
                 # The client asked: answer it before closing (the delivery would close it first).
                 if self.by_session.get(conn.session_id) is conn:
                     del self.by_session[conn.session_id]
-                env = E.Envelope(E.CLOSE_SESSION, self.cfg.node_id, _now_ms(), (), b"")
+                env = E.Envelope(E.CLOSE_SESSION, self.cfg.node_id, now_ms(), (), b"")
                 pending = await self.driver.start_submit(conn.session_id, cxid, E.encode_envelope(env))
             else:
-                env = E.Envelope(E.CLIENT, self.cfg.node_id, _now_ms(), self._envelope_auth(conn), payload)
+                env = E.Envelope(E.CLIENT, self.cfg.node_id, now_ms(), self._envelope_auth(conn), payload)
                 # Decoded once: if this node leads, prepare() takes the request as decoded here.
                 pending = await self.driver.start_submit(conn.session_id, cxid, E.encode_envelope(env),
                                                          (env, op, body))
@@ -536,9 +535,3 @@ class MetastoreService:
         else:
             found = any([self.watches.remove(conn.id, body.path, k) for k in kinds])
         self._reply(conn, header.xid, 0 if found else Err.NO_WATCHER)
-
-
-def _now_ms() -> int:
-    """Wall-clock time: a znode's ctime/mtime and TTLs (ZooKeeper's currentWallTime)."""
-    return int(time.time() * 1000)
-
