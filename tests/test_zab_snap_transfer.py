@@ -33,7 +33,7 @@ def test_the_sender_keeps_a_window_and_ends_with_the_digest():
 
 
 def test_the_receiver_takes_chunks_in_order_and_checks_the_whole():
-    r = SnapReceiver(zxid=7)
+    r = SnapReceiver(zxid=7, max_bytes=1 << 20)
     assert r.on_chunk(SnapChunk(0, DATA[:1000])) is None
     assert "expected 1000" in r.on_chunk(SnapChunk(1200, DATA[1200:]))
     assert r.on_chunk(SnapChunk(1000, DATA[1000:])) is None
@@ -46,7 +46,7 @@ def test_the_receiver_takes_chunks_in_order_and_checks_the_whole():
 def test_an_empty_snapshot_is_one_end_message():
     s = SnapSender(b"", chunk_bytes=10, window_chunks=1)
     assert s.start() == [SnapEnd(0, hashlib.sha256(b"").digest())]
-    r = SnapReceiver(zxid=1)
+    r = SnapReceiver(zxid=1, max_bytes=1 << 20)
     assert r.on_end(SnapEnd(0, hashlib.sha256(b"").digest())) is None and r.complete == b""
 
 
@@ -132,3 +132,23 @@ def test_the_leader_refuses_a_snapack_beyond_what_it_sent_or_from_a_learner_it_s
     assert [a.peer for a in out if isinstance(a, Disconnect)] == [lagging]
     out = c.peer(leader).step(Received(other, SnapAck(10)))
     assert [a.peer for a in out if isinstance(a, Disconnect)] == [other]
+
+
+def test_a_snapshot_beyond_snap_max_bytes_is_refused_before_it_is_held():
+    r = SnapReceiver(zxid=1, max_bytes=1000)
+    assert r.on_chunk(SnapChunk(0, DATA[:1000])) is None
+    assert "snap_max_bytes=1000" in r.on_chunk(SnapChunk(1000, b"x"))
+    assert r.received == 1000
+
+
+def test_a_leader_sending_more_than_snap_max_bytes_is_dropped():
+    p = Peer(ZabConfig(my_id=2, voters=frozenset({1, 2, 3}), snap_max_bytes=100), MetastoreStateMachine())
+    p.start()
+    p.step(Received(1, Notification(1, 0, 0, 1, ServerState.LEADING)))
+    p.step(Received(3, Notification(1, 0, 0, 1, ServerState.FOLLOWING)))
+    p.step(Received(1, LeaderInfo(1)))
+    p.step(Received(1, Sync(SyncMode.SNAP, Z.make(1, 5))))
+    assert p.step(Received(1, SnapChunk(0, b"a" * 100))) == [Send(1, SnapAck(100))]
+    out = p.step(Received(1, SnapChunk(100, b"b")))
+    assert any(isinstance(a, Disconnect) and a.peer == 1 for a in out), out
+    assert p.role_state is None  # back to election: the partial snapshot went with the role

@@ -46,6 +46,9 @@ class ZabConfig:
     # (zab/core/snap_transfer.py); a chunk must fit a frame (max_frame_bytes).
     snap_chunk_bytes: int = 1 << 20
     snap_window_chunks: int = 8
+    # The largest snapshot a learner gathers (in memory until it is streamed to disk): the bound on
+    # what a leader with a bug, or a stranger where TLS is off, can make it hold.
+    snap_max_bytes: int = 4 << 30
     # The last zxid counter a leader may use before it must step down for a new
     # epoch. Only tests lower it, to reach the rollover without 2**32 proposals.
     zxid_counter_limit: int = Z.COUNTER_MAX
@@ -63,7 +66,7 @@ class ZabConfig:
             raise ZabConfigError(f"node {self.my_id} is neither a voter nor an observer of the ensemble")
         for name in ("tick_ms", "election_finalize_ticks", "election_resend_ticks", "init_limit_ticks",
                      "sync_limit_ticks", "ping_interval_ticks", "sync_window_txns", "sync_window_bytes",
-                     "snapshot_every_txns", "snap_chunk_bytes", "snap_window_chunks",
+                     "snapshot_every_txns", "snap_chunk_bytes", "snap_window_chunks", "snap_max_bytes",
                      "zxid_counter_limit"):
             if getattr(self, name) <= 0:
                 raise ZabConfigError(f"{name} must be positive, got {getattr(self, name)}")

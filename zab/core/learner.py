@@ -133,7 +133,7 @@ class LearnerRole:
             p.history.truncate_after(m.zxid)
             return [LogTruncate(m.zxid)]
         if m.snapshot is None:  # it follows in chunks
-            self.snap = SnapReceiver(m.zxid)
+            self.snap = SnapReceiver(m.zxid, self.cfg.snap_max_bytes)
             return []
         return self._install(m.zxid, m.snapshot)  # a leader of an older version sends it inline
 

@@ -11,7 +11,7 @@ the whole, so a chunk lost or reordered by a bug is caught before anything is in
 
 What is not streamed yet: the leader holds the serialized snapshot in memory for the transfer
 and the learner gathers it in memory before installing it (both bounded by the tree's size, not
-by a frame). A transfer interrupted by either side's failure leaves nothing behind: the partial
+by a frame; the learner refuses one beyond `snap_max_bytes`). A transfer interrupted by either side's failure leaves nothing behind: the partial
 state lives in the role objects, which the next election replaces.
 """
 
@@ -65,8 +65,9 @@ class SnapSender:
 class SnapReceiver:
     """The learner's side: chunks in order, then the end that proves the whole."""
 
-    def __init__(self, zxid: int) -> None:
+    def __init__(self, zxid: int, max_bytes: int) -> None:
         self.zxid = zxid
+        self._max_bytes = max_bytes  # what a leader (or a stranger where TLS is off) can make us hold
         self._parts: list[bytes] = []
         self._hash = hashlib.sha256()
         self.received = 0
@@ -78,6 +79,8 @@ class SnapReceiver:
             return "SNAPCHUNK after SNAPEND"
         if m.offset != self.received:
             return f"SNAPCHUNK at offset {m.offset}, expected {self.received}"
+        if self.received + len(m.data) > self._max_bytes:
+            return f"a snapshot larger than snap_max_bytes={self._max_bytes}"
         self._parts.append(m.data)
         self._hash.update(m.data)
         self.received += len(m.data)
