@@ -271,8 +271,14 @@ def voter_logs(rig: NetnsRig) -> dict[int, list[Txn]]:
 
 
 def test_after_every_story_the_logs_agree_and_converged(rig):
-    """Last but one: stops the cluster (each node exits 0) and checks its logs with the multi-process
-    tests' pure checker: a zxid names the same bytes everywhere, no log has a gap, all end alike."""
+    """Last but one: once every voter has committed the same zxid, stops the cluster (each node exits 0)
+    and checks its logs with the multi-process tests' pure checker: a zxid names the same bytes
+    everywhere, no log has a gap, all end alike. Stopping without that wait could stop a voter that
+    was healed a moment before, while the last commits were still on their way to it (TCP's
+    retransmission backoff after a pulled cable delays them by seconds)."""
+    with rig.client():
+        rig.wait_settled()
+        wait_caught_up(rig)
     assert all(status == 0 for status in rig.stop_all().values())
     check_logs_converged(voter_logs(rig))
 
