@@ -66,7 +66,7 @@ def generate(folder: Path, records: int, *, nodes: int = 3, epochs: int = 2, sna
                 log.append(batch)
                 batch = []
                 log.sync()
-                store.write(zxid, sm.freeze().to_bytes())
+                store.write_chunks(zxid, sm.freeze().chunks(1 << 20))
         log.append(batch)
         log.sync()
     for d in dirs[1:]:

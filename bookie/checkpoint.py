@@ -27,6 +27,7 @@ from __future__ import annotations
 import struct
 import sys
 from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from crc32c import crc32c
@@ -75,33 +76,48 @@ def _from_big_endian(typecode: str, raw: bytes | memoryview) -> array:
     return values
 
 
-def encode_checkpoint(checkpoint: Checkpoint) -> list[bytes]:
-    """The file's bytes as chunks (header first), to write without joining a huge buffer."""
-    index = checkpoint.index
-    chunks = [struct.pack(">QQI", checkpoint.journal_seq, checkpoint.next_log_id, len(checkpoint.logs))]
-    chunks += [_LOG.pack(log_id, size, live) for log_id, (size, live) in sorted(checkpoint.logs.items())]
-    chunks.append(struct.pack(">I", len(index.deleted)))
-    chunks += [struct.pack(">Q", ledger_id) for ledger_id in sorted(index.deleted)]
-    chunks.append(struct.pack(">I", len(index.ledgers)))
-    for ledger_id, state in sorted(index.ledgers.items()):
-        chunks.extend(_encode_ledger(ledger_id, state))
-    crc = 0
-    length = 0
-    for chunk in chunks:
+CHUNK_SLOTS = 1 << 16  # dense slots per chunk written: 512 KiB of positions, 256 KiB of lengths
+
+
+def encode_checkpoint(checkpoint: Checkpoint) -> Iterator[bytes]:
+    """The file's bytes as chunks (header first), generated as they are written.
+
+    The header holds the body's length and checksum, so the body is generated twice: once to
+    sum them, once to write. Memory holds one chunk (at most CHUNK_SLOTS slots of one ledger),
+    never the image, which is as large as the index (12 bytes a slot). `checkpoint.index` must
+    not change meanwhile (it is a copy-on-write snapshot: Index.snapshot)."""
+    crc = length = 0
+    for chunk in _body(checkpoint):
         crc = crc32c(chunk, crc)
         length += len(chunk)
     head = _HEADER.pack(MAGIC, VERSION, length, crc, 0)[:-4]
-    return [head + struct.pack(">I", crc32c(head)), *chunks]
+    yield head + struct.pack(">I", crc32c(head))
+    yield from _body(checkpoint)
 
 
-def _encode_ledger(ledger_id: int, state: LedgerState) -> list[bytes]:
+def _body(checkpoint: Checkpoint) -> Iterator[bytes]:
+    index = checkpoint.index
+    yield struct.pack(">QQI", checkpoint.journal_seq, checkpoint.next_log_id, len(checkpoint.logs))
+    yield b"".join(_LOG.pack(log_id, size, live) for log_id, (size, live) in sorted(checkpoint.logs.items()))
+    yield struct.pack(">I", len(index.deleted))
+    deleted = sorted(index.deleted)
+    for i in range(0, len(deleted), CHUNK_SLOTS):
+        yield b"".join(struct.pack(">Q", ledger_id) for ledger_id in deleted[i:i + CHUNK_SLOTS])
+    yield struct.pack(">I", len(index.ledgers))
+    for ledger_id in sorted(index.ledgers):
+        yield from _encode_ledger(ledger_id, index.ledgers[ledger_id])
+
+
+def _encode_ledger(ledger_id: int, state: LedgerState) -> Iterator[bytes]:
     flags = (_FENCED if state.fenced else 0) | (_HAS_KEY if state.master_key is not None else 0)
     entries = state.entries
-    head = _LEDGER.pack(ledger_id, flags, state.master_key or bytes(MASTER_KEY_BYTES), state.explicit_lac,
-                        state.max_lac, state.last_entry, entries.base, len(entries.positions))
-    sparse = [_SPARSE.pack(e, p, n) for e, (p, n) in sorted(entries.sparse.items())]
-    return [head, _big_endian(entries.positions), _big_endian(entries.lengths),
-            struct.pack(">I", len(sparse)), *sparse]
+    yield _LEDGER.pack(ledger_id, flags, state.master_key or bytes(MASTER_KEY_BYTES), state.explicit_lac,
+                       state.max_lac, state.last_entry, entries.base, len(entries.positions))
+    for values in (entries.positions, entries.lengths):
+        for i in range(0, len(values), CHUNK_SLOTS):
+            yield _big_endian(values[i:i + CHUNK_SLOTS])
+    yield struct.pack(">I", len(entries.sparse))
+    yield b"".join(_SPARSE.pack(e, p, n) for e, (p, n) in sorted(entries.sparse.items()))
 
 
 class _Reader:

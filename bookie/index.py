@@ -24,6 +24,14 @@ from dataclasses import dataclass, field
 from bookie.entry import NO_ENTRY
 from bookie.storage_codec import ENTRY_RECORD_HEADER_BYTES
 
+# What the index costs in memory, measured with tracemalloc on CPython 3.11 (docs/operations.md,
+# "Memory bounds"): a dense slot, an outlier in the sparse dict, a ledger's state with its key, and
+# a deleted ledger's id (kept for good: a zombie writer's add must still find the ledger deleted).
+DENSE_SLOT_BYTES = 12
+SPARSE_ENTRY_BYTES = 180
+LEDGER_BYTES = 520
+DELETED_LEDGER_BYTES = 150
+
 OFFSET_BITS = 40
 MAX_OFFSET = (1 << OFFSET_BITS) - 1
 MAX_LOG_ID = (1 << (64 - OFFSET_BITS)) - 1
@@ -256,6 +264,17 @@ class Index:
 
     def entry_count(self) -> int:
         return sum(state.entries.count() for state in self.ledgers.values())
+
+    def memory_bytes(self) -> int:
+        """The index's memory by the measured costs above; O(ledgers), so callers sample it (the
+        bookie's disk check) rather than compute it per add. A checkpoint's copy-on-write snapshot may
+        hold a second copy of the ledgers that change while it is written (Index.snapshot)."""
+        slots = sparse = 0
+        for state in self.ledgers.values():
+            slots += len(state.entries.positions)
+            sparse += len(state.entries.sparse)
+        return (slots * DENSE_SLOT_BYTES + sparse * SPARSE_ENTRY_BYTES + len(self.ledgers) * LEDGER_BYTES
+                + len(self.deleted) * DELETED_LEDGER_BYTES)
 
     def snapshot(self) -> Index:
         """The index as it is now, for a worker thread to encode while this one goes on changing.

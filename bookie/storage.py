@@ -37,7 +37,7 @@ from bookie.storage_lac import LacWaiters
 from bookie.storage_codec import FILE_HEADER_BYTES, scan_entry_log
 from bookie.storage_config import AddRequest, BookieStorageConfig, CompactionStats
 from bookie.checkpoint import Checkpoint
-from bookie.storage_recovery import CHECKPOINT, disk_usage_fraction, recover, write_checkpoint
+from bookie.storage_recovery import CHECKPOINT, disk_usage_fraction, read_only_reason, recover, write_checkpoint
 
 _log = logging.getLogger("quire.bookie.storage")
 
@@ -417,20 +417,17 @@ class BookieStorage:
 
     @property
     def read_only(self) -> bool:
-        """True while the disk is above config.disk_usage_threshold: adds are refused."""
+        """True while the disk is above disk_usage_threshold or the index above max_index_bytes: adds are refused."""
         return self._rules.read_only is not None
 
     async def check_disk(self) -> bool:
-        """Recompute read-only from the filesystem's usage; return read_only."""
-        usage = await trio.to_thread.run_sync(disk_usage_fraction, self.directory)
-        read_only = usage > self.config.disk_usage_threshold
-        if read_only != self.read_only:
-            _log.warning("event=bookie_%s disk_usage=%.3f threshold=%.3f",
-                         "read_only" if read_only else "writable", usage, self.config.disk_usage_threshold)
-        self._disk_usage = usage
-        self._rules.read_only = (f"bookie disk is {usage:.1%} full (threshold {self.config.disk_usage_threshold:.0%})"
-                                 ": it refuses adds; write elsewhere") if read_only else None
-        return read_only
+        """Recompute read-only from the filesystem's usage and the index's memory; return read_only."""
+        self._disk_usage = await trio.to_thread.run_sync(disk_usage_fraction, self.directory)
+        reason = read_only_reason(self._disk_usage, self._index.memory_bytes(), self.config)
+        if (reason is not None) != self.read_only:
+            _log.warning("event=bookie_%s reason=%r", "read_only" if reason else "writable", reason or "")
+        self._rules.read_only = reason
+        return reason is not None
 
     async def run(self, *, task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
         """Background duties until cancelled or closed: checkpoint when checkpoint_every_bytes of journal were
@@ -474,6 +471,7 @@ class BookieStorage:
             journal_bytes_written=self._journal.bytes_written,
             entry_logs=len(self._entrylogs.sizes()), entry_log_bytes=sum(self._entrylogs.sizes().values()),
             ledgers=len(self._index.ledgers), deleted_ledgers=len(self._index.deleted),
+            index_bytes=self._index.memory_bytes(),
             entries=self._index.entry_count(), read_only=self.read_only, disk_usage=round(self._disk_usage, 4),
             pending_records=self._commits.open_batch.record_count, failed=self._failed)
         return stats

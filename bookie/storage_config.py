@@ -32,6 +32,8 @@ class BookieStorageConfig:
     - compaction_threshold: an entry log whose live bytes are below this
       fraction of its size is rewritten by compact() (0.0: never).
     - compaction_interval_ms: how often run() compacts (0: only when called).
+    - max_index_bytes: above this much index memory (Index.memory_bytes, sampled with the disk
+      check) the bookie turns read-only as on a full disk, until deletions bring it back under.
     """
 
     max_entry_bytes: int = 5 * MIB
@@ -43,11 +45,12 @@ class BookieStorageConfig:
     disk_check_interval_ms: int = 10_000
     compaction_threshold: float = 0.5
     compaction_interval_ms: int = 0
+    max_index_bytes: int = 1 << 30
 
     def __post_init__(self) -> None:
         if not 0 < self.max_entry_bytes <= MAX_ENTRY_BYTES_LIMIT:
             raise ValueError(f"max_entry_bytes must be in 1..{MAX_ENTRY_BYTES_LIMIT}, got {self.max_entry_bytes}")
-        for name in ("journal_segment_bytes", "entry_log_bytes", "checkpoint_every_bytes"):
+        for name in ("journal_segment_bytes", "entry_log_bytes", "checkpoint_every_bytes", "max_index_bytes"):
             if getattr(self, name) < 4096:
                 raise ValueError(f"{name} must be at least 4096 bytes, got {getattr(self, name)}")
         for name in ("checkpoint_interval_ms", "disk_check_interval_ms", "compaction_interval_ms"):

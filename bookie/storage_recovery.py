@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import secrets
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,10 +152,16 @@ def read_checkpoint(path: Path) -> Checkpoint:
 
 
 def write_checkpoint(path: Path, checkpoint: Checkpoint) -> int:
-    """tmp + fsync + rename + directory fsync; returns the file's size."""
-    chunks = encode_checkpoint(checkpoint)
-    write_atomically(path, chunks)
-    return sum(len(chunk) for chunk in chunks)
+    """tmp + fsync + rename + directory fsync, streamed (encode_checkpoint); returns the file's size."""
+    written = [0]
+
+    def counted() -> Iterator[bytes]:
+        for chunk in encode_checkpoint(checkpoint):
+            written[0] += len(chunk)
+            yield chunk
+
+    write_atomically(path, counted())
+    return written[0]
 
 
 def replay(journal: Journal, index: Index, entrylogs: EntryLogs) -> int:
@@ -201,3 +208,15 @@ def disk_usage_fraction(directory: Path) -> float:
         usage = shutil.disk_usage(place)
         fractions.append(usage.used / usage.total if usage.total else 1.0)
     return max(fractions)
+
+
+def read_only_reason(disk_usage: float, index_bytes: int, config: BookieStorageConfig) -> str | None:
+    """Why adds are refused (the disk above disk_usage_threshold, or the index's memory above
+    max_index_bytes: docs/operations.md, "Memory bounds"), or None: the bookie is writable."""
+    if disk_usage > config.disk_usage_threshold:
+        return (f"bookie disk is {disk_usage:.1%} full (threshold {config.disk_usage_threshold:.0%}): it refuses "
+                "adds; write elsewhere")
+    if index_bytes > config.max_index_bytes:
+        return (f"bookie index holds {index_bytes} bytes in memory, above bookie_max_index_bytes "
+                f"{config.max_index_bytes}: it refuses adds; write elsewhere, delete ledgers or raise the bound")
+    return None

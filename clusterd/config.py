@@ -21,7 +21,6 @@ the key, so that a typo never silently becomes a default.
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import tomllib
@@ -31,6 +30,7 @@ from typing import Any
 
 from clusterd.bind_address import bind_address_problem
 from clusterd.tls_config import TlsConfig, TlsConfigError, parse_tls
+from clusterd.toml_table import ConfigError, Table, describe, suggest
 from metastore.core.acl import parse_super_digest
 from metastore.edge.sasl_edge import ENFORCEABLE_SCHEMES, SaslConfigError, read_users_file
 from zab.core.config import ZabConfig, ZabConfigError
@@ -45,10 +45,6 @@ BOOKIE_PORT = "bookie_port"  # required on, and only on, nodes with the bookie r
 BOOKIE_JOURNAL_DIR = "bookie_journal_dir"  # optional, only on nodes with the bookie role
 BIND_HOST = "bind_host"  # optional: the address every listener of the node binds (ZooKeeper's clientPortAddress)
 NODE_KEYS = ("id", "host", *PORT_KEYS, BOOKIE_PORT, "roles", "data_dir")  # the required ones
-
-
-class ConfigError(Exception):
-    """The configuration is unusable; the message names the file, the place and the fix."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +125,10 @@ class ClusterConfig:
     client_handshake_timeout_ms: int = 10_000  # accept to a whole ConnectRequest, idle time included
     global_outstanding_limit: int = 1000  # globalOutstandingLimit: requests in flight before reading pauses
     global_outstanding_bytes: int = 64 << 20  # the same in request bytes
+    # Memory bounds of the client port's state (docs/operations.md, "Memory bounds").
+    max_watch_bytes_per_connection: int = 64 << 20  # watches of one connection, 450 B + path each; more: refused
+    max_watch_bytes: int = 512 << 20  # watches of all connections of a node; more: refused
+    max_sessions: int = 100_000  # sessions in the tree; a new one beyond: its connection is closed
     # ZooKeeper's superDigest "user:base64(sha1(user:password))" (acl.generate_digest): passes every ACL.
     super_digest: str = ""
     # SASL DIGEST-MD5: ZooKeeper's JAAS file (its Server section's users, metastore/core/sasl_users.py); "": off.
@@ -147,6 +147,7 @@ class ClusterConfig:
     bookie_max_connections: int = 1024  # connections to the bookie port at once; more are closed at once
     bookie_max_connections_per_address: int = 60  # from one client address (ZooKeeper's maxClientCnxns)
     bookie_disk_usage_percent: int = 95  # above this much of its filesystem used, a bookie turns read-only
+    bookie_max_index_bytes: int = 1 << 30  # above this much index memory (bookie/index.py), too (at least 4096)
     bookie_entry_log_bytes: int = 128 << 20  # entry logs rotate at this size; compaction reclaims whole logs
     bookie_gc_interval_ms: int = 60_000  # how often a bookie looks for deleted ledgers (two misses needed)
     # AutoRecovery (ledger/autorecovery/tasks.py, docs/autorecovery.md), on every bookie node.
@@ -248,8 +249,8 @@ def parse(text: str, path: Path) -> ClusterConfig:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
-    top = _Table(doc, path, "top level")
-    cluster = _Table(top.take("cluster", dict, default={}), path, "[cluster]")
+    top = Table(doc, path, "top level")
+    cluster = Table(top.take("cluster", dict, default={}), path, "[cluster]")
     raw_nodes = top.take("node", list, required_hint="at least one [[node]] table")
     raw_tls = top.take("tls", dict, default=None)
     top.finish()
@@ -267,7 +268,7 @@ def parse(text: str, path: Path) -> ClusterConfig:
     return config
 
 
-def _take_setting(table: _Table, key: str, default: Any) -> Any:
+def _take_setting(table: Table, key: str, default: Any) -> Any:
     if key in _MAY_BE_EMPTY:
         return table.take(key, str, default)
     if isinstance(default, str):
@@ -280,9 +281,9 @@ def _take_setting(table: _Table, key: str, default: Any) -> Any:
 
 def _parse_node(raw: Any, index: int, path: Path) -> NodeConfig:
     if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: [[node]] #{index}: expected a table, got {_describe(raw)}")
+        raise ConfigError(f"{path}: [[node]] #{index}: expected a table, got {describe(raw)}")
     where = f"[[node]] #{index}" + (f" (id {raw['id']})" if type(raw.get("id")) is int else "")
-    table = _Table(raw, path, where)
+    table = Table(raw, path, where)
     node_id = table.take_int("id", minimum=1, maximum=MAX_NODE_ID)
     host = table.take_str("host")
     bind_host = _take_bind_host(table, host)
@@ -309,7 +310,7 @@ def _parse_node(raw: Any, index: int, path: Path) -> NodeConfig:
                       bookie_journal_dir=journal_dir, bind_host=bind_host, **ports)
 
 
-def _take_bind_host(table: _Table, host: str) -> str:
+def _take_bind_host(table: Table, host: str) -> str:
     value = table.take(BIND_HOST, str, host)
     if value != host and (problem := bind_address_problem(value)):
         table.fail(BIND_HOST, problem)
@@ -321,11 +322,11 @@ def _absolute(directory: Path, path: Path) -> Path:
     return Path(os.path.normpath(directory if directory.is_absolute() else path.parent / directory))
 
 
-def _take_roles(table: _Table) -> frozenset[str]:
+def _take_roles(table: Table) -> frozenset[str]:
     roles = table.take("roles", list)
     for role in roles:
         if role not in ROLES:
-            table.fail("roles", f"unknown role {role!r}{_suggest(role, ROLES)} (roles: {', '.join(ROLES)})")
+            table.fail("roles", f"unknown role {role!r}{suggest(role, ROLES)} (roles: {', '.join(ROLES)})")
     if not roles:
         table.fail("roles", "a node needs at least one role")
     if len(set(roles)) != len(roles):
@@ -353,6 +354,7 @@ def _check_cluster(config: ClusterConfig) -> None:
                           f"(known: {', '.join(sorted(KNOWN_FOUR_LETTER_WORDS))})")
     for key, ok, bounds in (("bookie_entry_log_bytes", config.bookie_entry_log_bytes >= 4096, "be at least 4096"),
                             ("bookie_disk_usage_percent", config.bookie_disk_usage_percent <= 100, "be from 1 to 100"),
+                            ("bookie_max_index_bytes", config.bookie_max_index_bytes >= 4096, "be at least 4096"),
                             ("bookie_max_entry_bytes", config.bookie_max_entry_bytes <= BOOKIE_MAX_ENTRY_BYTES_LIMIT,
                              f"be at most {BOOKIE_MAX_ENTRY_BYTES_LIMIT} (64 MiB)")):
         if not ok:
@@ -406,66 +408,6 @@ def _check_unique(path: Path, what: str, items: list[tuple[Any, str]]) -> None:
             shown = f"{value[0]}:{value[1]}" if isinstance(value, tuple) else str(value)
             raise ConfigError(f"{path}: duplicate {what} {shown}: used by {seen[value]} and by {owner}")
         seen[value] = owner
-
-
-class _Table:
-    """One TOML table being read: takes keys one by one, then refuses what is left over."""
-
-    _REQUIRED = object()
-
-    def __init__(self, data: dict[str, Any], path: Path, where: str) -> None:
-        self._data = dict(data)
-        self._known: list[str] = []
-        self._path = path
-        self._where = where
-
-    def fail(self, key: str, problem: str) -> None:
-        raise ConfigError(f"{self._path}: {self._where}: key {key!r}: {problem}")
-
-    def take(self, key: str, kind: type, default: Any = _REQUIRED, required_hint: str = "") -> Any:
-        self._known.append(key)
-        if key not in self._data:
-            if default is self._REQUIRED:
-                hint = f" ({required_hint})" if required_hint else ""
-                raise ConfigError(f"{self._path}: {self._where}: missing required key {key!r}{hint}")
-            return default
-        value = self._data.pop(key)
-        # bool is an int subclass in Python, but `port = true` is a typo, not a port.
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            self.fail(key, f"expected {_KIND_NAMES[kind]}, got {_describe(value)}")
-        return value
-
-    def take_int(self, key: str, *, default: Any = _REQUIRED, minimum: int, maximum: int | None = None) -> int:
-        value = self.take(key, int, default)
-        if value < minimum or (maximum is not None and value > maximum):
-            bounds = f"from {minimum} to {maximum}" if maximum is not None else f"at least {minimum}"
-            self.fail(key, f"must be {bounds}, got {value}")
-        return value
-
-    def take_str(self, key: str, *, default: Any = _REQUIRED) -> str:
-        value = self.take(key, str, default)
-        if not value.strip():
-            self.fail(key, "must not be empty")
-        return value
-
-    def finish(self) -> None:
-        for key in self._data:
-            raise ConfigError(f"{self._path}: {self._where}: unknown key {key!r}"
-                              f"{_suggest(key, self._known)} (known: {', '.join(self._known)})")
-
-
-_KIND_NAMES = {int: "an integer", str: "a string", list: "an array", dict: "a table"}
-
-
-def _describe(value: Any) -> str:
-    kind = {bool: "boolean", int: "integer", float: "float", str: "string", list: "array",
-            dict: "table"}.get(type(value), type(value).__name__)
-    return f"{kind} {value!r}" if kind not in ("array", "table") else kind
-
-
-def _suggest(word: Any, choices: Any) -> str:
-    close = difflib.get_close_matches(str(word), list(choices), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def to_toml(config: ClusterConfig, folder: Path) -> str:

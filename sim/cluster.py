@@ -31,7 +31,8 @@ from sim.network import SimNetwork
 from sim.scheduler import Scheduler
 from sim.sessions import SimSessions
 from zab.core.acks import coalesce_acks
-from zab.core.actions import (Action, Answered, ClientRequest, Delivered, Disconnect, InstallSnapshot, LogAppend, LogSync,
+from zab.core.actions import (Action, Answered, ClientRequest, Delivered, Disconnect, EnsembleChanged, InstallSnapshot, LogAppend, LogSync,
+                         SnapBegin, SnapDiscard, SnapWrite,
                          LogTruncate, PeerDisconnected, PersistEpoch, Received, RequestFailed, RoleChanged, Send,
                          SessionsTouched, Synced, TakeSnapshot, Tick, LeaderTicked, TouchSessions)
 from zab.core.config import ZabConfig
@@ -39,6 +40,7 @@ from zab.core.leader import LeaderRole
 from zab.core.peer import Peer
 
 _TICK = Tick()  # a Tick has no fields: one serves every tick
+SIM_SNAPSHOT_CHUNK_BYTES = 4096  # small, so the simulated trees' local snapshots take many pieces
 
 
 @dataclass
@@ -135,7 +137,7 @@ class SimCluster:
         assert not node.alive, f"node {i} is running"
         node.incarnation += 1
         recovered = node.disk.recover()
-        node.peer = Peer(self.zab_config(i), self.state_machine(), recovered)
+        node.peer = Peer(self.zab_config(i), self.state_machine(), recovered, node.disk.ensemble)
         node.prev_delivered = recovered.snapshot_zxid
         node.queue, node.flush_scheduled = [], False
         if self.sessions is not None:
@@ -332,7 +334,7 @@ class SimCluster:
                 return
             if isinstance(a, Send):  # the most frequent action first
                 self._send(node, a)
-            elif isinstance(a, (LogAppend, LogSync, LogTruncate, TakeSnapshot)):
+            elif isinstance(a, (LogAppend, LogSync, LogTruncate, TakeSnapshot, SnapBegin, SnapWrite, SnapDiscard)):
                 self._queue_write(node, a)
             elif isinstance(a, InstallSnapshot):
                 # The core restored its state machine to the leader's snapshot: deliveries
@@ -377,6 +379,10 @@ class SimCluster:
             elif isinstance(a, LeaderTicked):
                 if self.sessions is not None:
                     self.sessions.leader_ticked(node.id, a.now_ms, node.peer.sm.tree.sessions)
+            elif isinstance(a, EnsembleChanged):
+                self._log(f"node {node.id} ensemble {a.ensemble.version:#x}: {sorted(a.ensemble.voters)} voters, "
+                          f"{sorted(a.ensemble.observers)} observers")
+                node.disk.ensemble = a.ensemble  # the daemon writes its file before it goes on
             elif isinstance(a, Disconnect):
                 self._log(f"node {node.id} disconnects {a.peer}: {a.reason}")
                 self._break(node.id, a.peer)
@@ -409,10 +415,18 @@ class SimCluster:
                 disk.append(a.txns)
             elif isinstance(a, LogTruncate):
                 disk.truncate_after(a.zxid)
+            elif isinstance(a, SnapBegin):
+                disk.snap_begin(a.zxid)
+            elif isinstance(a, SnapWrite):
+                disk.snap_write(a.data)
+                then.extend(a.then)  # the SNAPACK, once the chunk is "written"
+            elif isinstance(a, SnapDiscard):
+                disk.snap_discard()
             elif isinstance(a, InstallSnapshot):
-                disk.install_snapshot(a.zxid, a.state)
+                disk.install_snapshot(a.zxid)
             elif isinstance(a, TakeSnapshot):
-                disk.take_snapshot(a.frozen.zxid, a.frozen.to_bytes())
+                # In pieces, as the real log writer encodes it; kept whole on the simulated disk.
+                disk.take_snapshot(a.frozen.zxid, b"".join(a.frozen.chunks(SIM_SNAPSHOT_CHUNK_BYTES)))
             elif isinstance(a, LogSync):
                 then.extend(a.then)
         disk.check()

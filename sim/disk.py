@@ -5,7 +5,10 @@ queued writes in order and fsyncs once (group commit). A crash loses the
 queue, except that a random prefix of queued appends may already have reached
 the platter unsynced (as written-but-not-fsynced pages can): the node must
 cope with either. Epoch files and snapshots are written by rename, so they
-are either wholly there or not.
+are either wholly there or not. A SNAP being received is kept in `receiving`
+piece by piece, as the real edge appends it to a temporary file (SnapBegin,
+SnapWrite), until InstallSnapshot makes it the snapshot; a crash loses it, as
+the real node removes its temporary file at start.
 
 Tail faults: the log holds whole records as `Txn`s, and `tail` holds the bytes
 the newest segment has past its last whole record, in the real record format
@@ -23,6 +26,7 @@ import random
 from dataclasses import dataclass, field
 
 from replay.invariants import check_epochs, check_log
+from zab.core.ensemble import Ensemble
 from zab.core.peer import DiskState
 from zab.core.txn import Txn
 from zab.storage.record import encode_record, scan_records, valid_record_follows
@@ -41,6 +45,8 @@ class SimDisk:
     fsyncs: int = 0
     tail: bytes = b""  # the newest segment's bytes past its last whole record (never fsynced)
     cuts: list[tuple[str, int]] = field(default_factory=list)  # (reason, bytes dropped) per repaired tail
+    receiving: tuple[int, list[bytes]] | None = None  # (zxid, pieces) of a SNAP not yet installed
+    ensemble: Ensemble | None = None  # the committed ensemble, persisted at once (EnsembleChanged)
 
     def persist_epoch(self, accepted: int | None, current: int | None) -> None:
         if accepted is not None:
@@ -55,7 +61,20 @@ class SimDisk:
     def truncate_after(self, zxid: int) -> None:
         self.log = [t for t in self.log if t.zxid <= zxid]
 
-    def install_snapshot(self, zxid: int, state: bytes) -> None:
+    def snap_begin(self, zxid: int) -> None:
+        self.receiving = (zxid, [])
+
+    def snap_write(self, data: bytes) -> None:
+        assert self.receiving is not None, f"node {self.node}: SnapWrite without SnapBegin"
+        self.receiving[1].append(data)
+
+    def snap_discard(self) -> None:
+        self.receiving = None
+
+    def install_snapshot(self, zxid: int) -> None:
+        assert self.receiving is not None and self.receiving[0] == zxid, \
+            f"node {self.node}: InstallSnapshot({zxid:#x}) without its SnapBegin"
+        state, self.receiving = b"".join(self.receiving[1]), None
         self.truncate_after(zxid)
         self.snapshots = [(zxid, state)]
         self.log = []
@@ -103,6 +122,7 @@ class SimDisk:
         self.check()
 
     def recover(self):
+        self.receiving = None  # a partial SNAP's temporary file is removed at start
         self.repair_tail()
         snap_zxid, state = self.snapshots[-1] if self.snapshots else (0, None)
         return DiskState(self.accepted_epoch, self.current_epoch, snap_zxid, state,

@@ -103,3 +103,18 @@ def test_expiry_stopped_by_a_role_change_gives_every_session_a_full_timeout_agai
     x.touched((1,))  # no leader's clock meanwhile: the next leadership's reset decides
     assert x.ticked(90, lambda: {1: 100}) == []
     assert x.ticked(189, dict) == [] and x.ticked(190, dict) == [1]
+
+
+def test_touching_sessions_every_tick_keeps_the_trackers_memory_one_entry_per_session():
+    """1,000 sessions heard of on every tick of a 30 s timeout: the tracker holds one deadline per
+    session and one bucket per tick of the window (it held a heap entry per touch: 600,000)."""
+    expiry = SessionExpiry(50)
+    sessions = {sid: 30_000 for sid in range(1, 1001)}
+    now = 0
+    for _ in range(600):
+        expiry.touched(list(sessions))
+        assert expiry.ticked(now, lambda: sessions) == []
+        now += 50
+    tracker = expiry.tracker
+    assert len(tracker) == 1000 and len(tracker._heap) <= 30_000 // 50 + 1
+    assert sum(len(b) for b in tracker._buckets.values()) == 1000

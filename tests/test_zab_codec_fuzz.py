@@ -23,7 +23,7 @@ from zab.wire import codec
 from zab.wire.codec import (FrameDecoder, decode_hello, decode_message, encode_frame, encode_hello, encode_message,
                        frame)
 from zab.errors import FrameError, ProtocolError
-from zab.core.messages import (Ack, AckEpoch, AckNewLeader, Commit, FollowerInfo, Inform, LeaderInfo, Message, NewLeader,
+from zab.core.messages import (EnsembleInfo, Ack, AckEpoch, AckNewLeader, Commit, FollowerInfo, Inform, LeaderInfo, Message, NewLeader,
                           Notification, Ping, Proposal, ReadIndexAck, ReadIndexProbe, Refused, Reject, Request,
                           ServerState, SnapAck, SnapChunk, SnapEnd, Sync, SyncMode, SyncReply, SyncRequest, SyncTxns,
                           UpToDate)
@@ -64,9 +64,10 @@ MESSAGES: dict[type, st.SearchStrategy] = {
     Refused: st.builds(Refused, u64, u64, u64, blobs),
     ReadIndexProbe: st.builds(ReadIndexProbe, u64),
     ReadIndexAck: st.builds(ReadIndexAck, u64),
-    SnapChunk: st.builds(SnapChunk, u64, blobs),
+    SnapChunk: st.builds(SnapChunk, u64, blobs, st.integers(0, 2**32 - 1)),
     SnapAck: st.builds(SnapAck, u64),
     SnapEnd: st.builds(SnapEnd, u64, blobs),
+    EnsembleInfo: st.builds(EnsembleInfo, u64, blobs),
 }
 messages = st.one_of(*MESSAGES.values())
 # Wire fields are unsigned or signed 64-bit; Python ints are not, so out-of-range

@@ -11,7 +11,7 @@ from metastore.core.state_machine import MetastoreStateMachine
 from sim.cluster import create_request
 from zab.core import zxid as Z
 from zab.core.actions import (Delivered, Disconnect, InstallSnapshot, LogAppend, LogSync, LogTruncate, Phase,
-                         PersistEpoch, Received, Role, Send, Tick)
+                         PersistEpoch, Received, Role, Send, SnapBegin, SnapWrite, Tick)
 from zab.core.config import ZabConfig
 from zab.core.messages import (Ack, AckEpoch, AckNewLeader, Commit, FollowerInfo, LeaderInfo, NewLeader, Notification, Proposal,
                           ServerState, Sync, SyncMode, SyncTxns, UpToDate)
@@ -142,8 +142,8 @@ def test_snap_installs_the_state_before_anything_after_it():
     t1 = txn(1, 1)
     leader_sm.apply(t1.zxid, t1.data)
     state = leader_sm.freeze().to_bytes()
-    out = p.step(Received(LEADER, Sync(SyncMode.SNAP, t1.zxid, state)))
-    assert out == [InstallSnapshot(t1.zxid, state)]
+    out = p.step(Received(LEADER, Sync(SyncMode.SNAP, t1.zxid, state)))  # inline, from an older leader
+    assert out == [SnapBegin(t1.zxid), SnapWrite(state), InstallSnapshot(t1.zxid)]
     assert p.sm.digest() == leader_sm.digest() and p.last_committed == t1.zxid
 
 

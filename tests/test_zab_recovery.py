@@ -53,7 +53,7 @@ def data_dir(tmp_path: Path) -> Path:
 
 def test_brand_new_node_starts_empty(data_dir):
     r = do_recover(data_dir)
-    assert (r.accepted_epoch, r.current_epoch, r.snapshot_zxid, r.snapshot_state) == (0, 0, 0, None)
+    assert (r.accepted_epoch, r.current_epoch, r.snapshot_zxid, r.snapshot_path) == (0, 0, 0, None)
     assert r.txns == [] and r.last_zxid == 0
     assert (data_dir / TXNLOG_DIR).is_dir() and (data_dir / SNAPSHOT_DIR).is_dir()
 
@@ -63,7 +63,7 @@ def test_log_only_replays_everything(data_dir):
     write_epoch(data_dir, ACCEPTED_EPOCH, 2)
     write_epoch(data_dir, CURRENT_EPOCH, 1)
     r = do_recover(data_dir)
-    assert replayed(r) == list(range(1, 21)) and r.snapshot_state is None
+    assert replayed(r) == list(range(1, 21)) and r.snapshot_path is None
     assert (r.accepted_epoch, r.current_epoch, r.last_zxid) == (2, 1, 20)
 
 
@@ -71,7 +71,7 @@ def test_snapshot_plus_log_replays_only_the_suffix(data_dir):
     log_txns(data_dir, 1, 20)
     snap(data_dir, 12)
     r = do_recover(data_dir)
-    assert (r.snapshot_zxid, r.snapshot_state) == (12, b"state@12")
+    assert (r.snapshot_zxid, b"".join(r.snapshot_chunks())) == (12, b"state@12")
     assert replayed(r) == list(range(13, 21))
 
 
@@ -95,7 +95,7 @@ def test_all_snapshots_invalid_but_log_complete_replays_from_empty(data_dir):
     log_txns(data_dir, 1, 20)
     corrupt(snap(data_dir, 10))
     r = do_recover(data_dir)
-    assert r.snapshot_state is None and replayed(r) == list(range(1, 21))
+    assert r.snapshot_path is None and replayed(r) == list(range(1, 21))
 
 
 def test_all_snapshots_invalid_and_log_purged_refuses(data_dir):

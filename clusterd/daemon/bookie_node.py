@@ -47,7 +47,8 @@ class BookieStartupError(Exception):
 def storage_config(config: ClusterConfig) -> BookieStorageConfig:
     return BookieStorageConfig(max_entry_bytes=config.bookie_max_entry_bytes,
                                entry_log_bytes=config.bookie_entry_log_bytes,
-                               disk_usage_threshold=config.bookie_disk_usage_percent / 100)
+                               disk_usage_threshold=config.bookie_disk_usage_percent / 100,
+                               max_index_bytes=config.bookie_max_index_bytes)
 
 
 def autorecovery_config(config: ClusterConfig) -> AutoRecoveryConfig:

@@ -33,6 +33,7 @@ from metastore.edge.sasl_edge import SaslConfigError, SaslSettings, load_setting
 from metastore.edge.service import MetastoreConfig, MetastoreService
 from metastore.core.state_machine import MetastoreStateMachine
 from zab.edge.driver import PeerDriver
+from zab.core.ensemble import OBSERVER, PARTICIPANT, Ensemble, Server
 
 log = logging.getLogger("clusterd")
 
@@ -146,7 +147,8 @@ async def _start_ensemble_services(nursery: trio.Nursery, config: ClusterConfig,
                         max_frame_bytes=config.max_frame_bytes, send_queue_max=config.send_queue_max,
                         send_queue_max_bytes=config.send_queue_max_bytes,
                         log_queue_max_bytes=config.log_queue_max_bytes,
-                        snapshots_retained=config.snapshots_retained, cluster_name=config.name)
+                        snapshots_retained=config.snapshots_retained, cluster_name=config.name,
+                        bootstrap=bootstrap_ensemble(config))
     driver.transport.tls = tls_node.peer_tls(config, node)  # None: plain TCP ([tls] peer)
     service = MetastoreService(driver, sm, MetastoreConfig(
         node.id, node.bind_host, node.client_port, config.min_session_timeout_ms, config.max_session_timeout_ms,
@@ -176,7 +178,9 @@ def client_limits(config: ClusterConfig) -> ClientLimits:
         max_client_connections=config.max_client_connections, max_connections=config.max_client_connections_total,
         handshake_timeout_ms=config.client_handshake_timeout_ms,
         global_outstanding_limit=config.global_outstanding_limit,
-        global_outstanding_bytes=config.global_outstanding_bytes)
+        global_outstanding_bytes=config.global_outstanding_bytes,
+        max_watch_bytes_per_connection=config.max_watch_bytes_per_connection,
+        max_watch_bytes=config.max_watch_bytes, max_sessions=config.max_sessions)
 
 
 async def _listen(host: str, port: int, what: str) -> list[trio.SocketListener]:
@@ -216,6 +220,13 @@ def _quote(value: Any) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
+def bootstrap_ensemble(config: ClusterConfig) -> Ensemble:
+    """cluster.toml's voters and observers as an ensemble of version 0 (ZooKeeper's static
+    config); a node that persisted a newer one (a reconfig) starts from that instead."""
+    return Ensemble.of(0, {n.id: Server(n.host, n.peer_port, PARTICIPANT if n.is_voter else OBSERVER,
+                                        n.host, n.client_port) for n in config.ensemble})
+
+
 def _setup_logging(level: str, node_id: int) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(KeyValueFormatter(node_id))
@@ -224,3 +235,4 @@ def _setup_logging(level: str, node_id: int) -> None:
 
 if __name__ == "__main__":
     main()
+

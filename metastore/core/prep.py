@@ -21,6 +21,8 @@ from metastore.core import cluster_secret as CS
 from metastore.wire import jute_records as J
 from metastore.core import paths
 from metastore.wire.envelope import Envelope
+from metastore.core.reconfig import prepare_reconfig
+from zab.core.ensemble import Ensemble, bootstrap
 from metastore.errors import (BadArguments, BadVersion, NoChildrenForEphemerals, NodeExists, NoNode, NotEmpty,
                               RuntimeInconsistency, SessionExpired, SessionMoved, Unimplemented, ZooKeeperError)
 from metastore.wire.jute_defs import CreateMode, OpCode
@@ -57,15 +59,19 @@ class Preparer:
         self._pending: list[tuple[int, Transaction]] = []
         self._time_ms = 0
         self._owner: dict[int, int] = {}  # session -> the node its client is connected to
+        self.ensemble: Ensemble = bootstrap(frozenset({1}))  # the committed one (MetastoreStateMachine.show_ensemble)
+        self._reconfig_at: int | None = None  # the zxid of a reconfig prepared, not yet applied
 
     def forget(self) -> None:
         """Leadership began or ended: prepared transactions may never commit."""
-        self._future, self._pending, self._owner = None, [], {}
+        self._future, self._pending, self._owner, self._reconfig_at = None, [], {}, None
 
     def settled(self, zxid: int) -> None:
         """Transactions up to `zxid` are applied to the committed tree."""
         while self._pending and self._pending[0][0] <= zxid:
             self._pending.pop(0)
+        if self._reconfig_at is not None and self._reconfig_at <= zxid:
+            self._reconfig_at = None
 
     def _view(self) -> DataTree:
         if self._future is None:
@@ -76,7 +82,8 @@ class Preparer:
         return self._future
 
     # -- the entry point --------------------------------------------------------------
-    def prepare(self, zxid: int, session_id: int, env: Envelope, opcode: int, body: object) -> Transaction:
+    def prepare(self, zxid: int, session_id: int, env: Envelope, opcode: int, body: object,
+                synced: frozenset[int] = frozenset()) -> Transaction:
         """The transaction for one request. A failed request (`failed(txn)`) leaves the
         future view untouched: it is answered, not proposed, and `zxid` goes to the next."""
         self._time_ms = max(self._time_ms, env.time_ms)
@@ -94,6 +101,14 @@ class Preparer:
             view.last_zxid = zxid  # its ops were applied one by one while checking them
         elif opcode == OpCode.CHECK:  # only inside a multi: a lone Check is no transaction record
             return Transaction(self._time_ms, Error(Unimplemented.code))
+        elif opcode == OpCode.RECONFIG:
+            try:
+                txn = Transaction(self._time_ms, prepare_reconfig(self.ensemble, self._reconfig_at is not None,
+                                                                  auth, body, synced))
+            except ZooKeeperError as e:
+                return Transaction(self._time_ms, Error(e.code))
+            apply(view, zxid, txn)
+            self._reconfig_at = zxid
         else:
             try:
                 op = self._op(view, session_id, auth, opcode, body)

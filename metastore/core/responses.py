@@ -17,8 +17,8 @@ from metastore.wire import jute_records as J
 from metastore.errors import MarshallingError, NoAuth, NoNode, Unimplemented, ZooKeeperError
 from metastore.wire.jute_defs import DEFAULT_MAX_FRAME_BYTES, OpCode, WatcherType
 from metastore.core.tree import DataTree, Node
-from metastore.core.txn import (CheckResult, CreateResult, DeleteResult, ErrorResult, MultiResult, SetACLResult,
-                           SetDataResult)
+from metastore.core.txn import (CheckResult, CreateResult, DeleteResult, ErrorResult, MultiResult, ReconfigResult,
+                           SetACLResult, SetDataResult)
 from metastore.core.watches import WatchKind
 
 _CREATE2_OPS = {OpCode.CREATE2, OpCode.CREATE_CONTAINER, OpCode.CREATE_TTL}
@@ -53,6 +53,8 @@ def _op_body(opcode: int, result: object) -> object:
         return J.SetACLResponse(result.stat)
     if isinstance(result, DeleteResult):
         return None
+    if isinstance(result, ReconfigResult):
+        return J.GetDataResponse(result.data, result.stat)
     raise AssertionError(f"no reply body for {result!r}")
 
 
@@ -172,7 +174,7 @@ _READS = {
 }
 READ_OPS = frozenset(_READS)
 WRITE_OPS = frozenset({OpCode.CREATE, OpCode.CREATE2, OpCode.CREATE_CONTAINER, OpCode.CREATE_TTL, OpCode.DELETE,
-                       OpCode.SET_DATA, OpCode.SET_ACL, OpCode.MULTI})
+                       OpCode.SET_DATA, OpCode.SET_ACL, OpCode.MULTI, OpCode.RECONFIG})
 
 WATCH_KINDS_FOR_TYPE = {
     WatcherType.CHILDREN: (WatchKind.CHILD,),

@@ -14,10 +14,16 @@ from collections.abc import Callable, Iterable
 
 
 class SessionTracker:
+    """Session deadlines in buckets, as ZooKeeper's ExpiryQueue keeps them: each session sits in the
+    bucket of its deadline, and the heap holds each bucket's deadline once. A touch moves a session
+    between buckets, so memory stays one entry per session however often clients are heard of (a
+    heap entry per touch held sessions x timeout / tick entries: 600 per session with 30 s and 50 ms)."""
+
     def __init__(self) -> None:
         self._timeout_ms: dict[int, int] = {}
         self._deadline_ms: dict[int, int] = {}
-        self._heap: list[tuple[int, int]] = []  # (deadline, session); stale entries skipped lazily
+        self._buckets: dict[int, set[int]] = {}  # deadline -> the sessions due then
+        self._heap: list[int] = []  # the buckets' deadlines, each once
 
     def __len__(self) -> int:
         return len(self._timeout_ms)
@@ -31,7 +37,7 @@ class SessionTracker:
 
     def reset(self, sessions: dict[int, int], now_ms: int) -> None:
         """Leadership began: every session in the replicated state gets a full timeout."""
-        self._timeout_ms, self._deadline_ms, self._heap = {}, {}, []
+        self._timeout_ms, self._deadline_ms, self._buckets, self._heap = {}, {}, {}, []
         for session_id, timeout_ms in sessions.items():
             self.add(session_id, timeout_ms, now_ms)
 
@@ -41,23 +47,36 @@ class SessionTracker:
             return
         deadline = now_ms + timeout
         if deadline > self._deadline_ms.get(session_id, -1):
-            self._deadline_ms[session_id] = deadline
-            heapq.heappush(self._heap, (deadline, session_id))
+            self._unfile(session_id)
+            self._file(session_id, deadline)
+
+    def _file(self, session_id: int, deadline: int) -> None:
+        self._deadline_ms[session_id] = deadline
+        bucket = self._buckets.get(deadline)
+        if bucket is None:
+            bucket = self._buckets[deadline] = set()
+            heapq.heappush(self._heap, deadline)
+        bucket.add(session_id)
+
+    def _unfile(self, session_id: int) -> None:
+        # An emptied bucket stays (its deadline is in the heap) until expired() reaches it.
+        bucket = self._buckets.get(self._deadline_ms.pop(session_id, -1))
+        if bucket is not None:
+            bucket.discard(session_id)
 
     def remove(self, session_id: int) -> None:
         self._timeout_ms.pop(session_id, None)
-        self._deadline_ms.pop(session_id, None)
+        self._unfile(session_id)
 
     def expired(self, now_ms: int) -> list[int]:
         """Sessions whose deadline has passed; they stay tracked until `remove`d (their
         closeSession commits), so a failed submission is retried on the next call."""
         out = []
-        while self._heap and self._heap[0][0] <= now_ms:
-            deadline, session_id = heapq.heappop(self._heap)
-            if self._deadline_ms.get(session_id) == deadline:
+        while self._heap and self._heap[0] <= now_ms:
+            for session_id in sorted(self._buckets.pop(heapq.heappop(self._heap), ())):
                 out.append(session_id)
-                self._deadline_ms[session_id] = now_ms + self._timeout_ms[session_id]
-                heapq.heappush(self._heap, (self._deadline_ms[session_id], session_id))
+                del self._deadline_ms[session_id]
+                self._file(session_id, now_ms + self._timeout_ms[session_id])
         return out
 
     def deadline(self, session_id: int) -> int | None:

@@ -13,6 +13,7 @@ times the cost, and these are built for every write. Never change one once built
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from metastore.wire import envelope as E
@@ -20,11 +21,13 @@ from metastore.errors import DecodeError, MarshallingError
 from metastore.wire.jute import decode_request
 from metastore.wire.jute_defs import JuteError, OpCode
 from metastore.core.prep import CLAIM_SESSION, DEFAULT_MAX_DATA_BYTES, INIT_SECRET, Preparer
-from metastore.wire.snapshot_codec import FrozenTree, decode_snapshot
+from metastore.wire.snapshot_codec import FrozenTree
+from metastore.wire.snapshot_stream import SnapshotDecoder
 from metastore.core.tree import DataTree
 from metastore.core.txn import (AlreadyApplied, Error, ErrorResult, MultiResult, Result, Transaction, apply, apply_refusal,
                            failed)
-from metastore.wire.txn_codec import decode_txn, encode_txn
+from metastore.wire.txn_codec import decode_txn, encode_txn, reconfig_spec
+from zab.core.ensemble import Ensemble
 from metastore.core.watches import WatchEvent, watch_events
 from zab.core.statemachine import MalformedState, Refusal
 
@@ -47,7 +50,8 @@ class MetastoreStateMachine:
         return self.tree.last_zxid
 
     # -- leader --------------------------------------------------------------------
-    def prepare(self, zxid: int, session_id: int, request: bytes, decoded: object = None) -> bytes | Refusal:
+    def prepare(self, zxid: int, session_id: int, request: bytes, decoded: object = None, *,
+                synced: frozenset[int] = frozenset()) -> bytes | Refusal:
         """`decoded`: (Envelope, opcode, body) as the client port built and decoded them, for a
         request from this node's own client; else `request` is decoded here."""
         if decoded is not None:
@@ -58,7 +62,7 @@ class MetastoreStateMachine:
                 opcode, body = _decode(env)
             except (E.EnvelopeError, JuteError, struct.error, UnicodeDecodeError):
                 return Refusal(encode_txn(Transaction(0, Error(MarshallingError.code))))
-        txn = self.prep.prepare(zxid, session_id, env, opcode, body)
+        txn = self.prep.prepare(zxid, session_id, env, opcode, body, synced)
         return Refusal(encode_txn(txn)) if failed(txn) else encode_txn(txn)
 
     def forget_prepared(self) -> None:
@@ -88,19 +92,63 @@ class MetastoreStateMachine:
     def freeze(self) -> FrozenTree:
         return FrozenTree.of(self.tree)
 
-    def restore(self, zxid: int, state: bytes) -> None:
-        try:
-            tree = decode_snapshot(state)
-        except DecodeError as e:
-            raise MalformedState(f"not a tree snapshot: {e}") from None
-        if tree.last_zxid != zxid:
-            raise MalformedState(f"snapshot holds zxid {tree.last_zxid:#x}, expected {zxid:#x}")
+    def restore(self, zxid: int, state: bytes | Iterable[bytes]) -> None:
+        """The tree of a snapshot at `zxid`, whole or in pieces (decoded as they are taken)."""
+        restore = self.restorer(zxid)
+        for chunk in (state,) if isinstance(state, (bytes, bytearray, memoryview)) else state:
+            restore.feed(chunk)
+        restore.install()
+
+    def restorer(self, zxid: int) -> TreeRestore:
+        return TreeRestore(self, zxid)
+
+    def _install(self, tree: DataTree) -> None:
         self.tree = tree
         self.prep.tree = tree
         self.prep.forget()
+        ensemble = self.prep.ensemble  # /zookeeper/config is no snapshot's: it stays this node's
+        tree.set_config_node(ensemble.config_data(), ensemble.version, 0)
+
+    def ensemble_of(self, txn: bytes) -> bytes | None:
+        try:
+            return reconfig_spec(txn)
+        except DecodeError:
+            return None  # `check` or `apply` says why, in its own way
+
+    def show_ensemble(self, ensemble: Ensemble) -> None:
+        """/zookeeper/config shows `ensemble` (its zxid as mzxid and version line), and a
+        reconfig is prepared against it."""
+        self.tree.set_config_node(ensemble.config_data(), ensemble.version, 0)
+        self.prep.ensemble = ensemble
 
     def digest(self) -> str:
         return f"{self.tree.digest():016x}"
+
+
+class TreeRestore:
+    """zab's Restore for the metastore: the tree rebuilt znode by znode as the snapshot's pieces
+    arrive (metastore/wire/snapshot_stream.py); the state machine keeps its old tree until install."""
+
+    def __init__(self, sm: MetastoreStateMachine, zxid: int) -> None:
+        self._sm, self._zxid, self._decoder = sm, zxid, SnapshotDecoder()
+
+    def feed(self, chunk: bytes) -> None:
+        try:
+            self._decoder.feed(chunk)
+        except DecodeError as e:
+            raise MalformedState(f"not a tree snapshot: {e}") from None
+        found = self._decoder.last_zxid
+        if found is not None and found != self._zxid:  # refused at the header, not gigabytes later
+            raise MalformedState(f"snapshot holds zxid {found:#x}, expected {self._zxid:#x}")
+
+    def install(self) -> None:
+        try:
+            tree = self._decoder.finish()
+        except DecodeError as e:
+            raise MalformedState(f"not a tree snapshot: {e}") from None
+        if tree.last_zxid != self._zxid:
+            raise MalformedState(f"snapshot holds zxid {tree.last_zxid:#x}, expected {self._zxid:#x}")
+        self._sm._install(tree)
 
 
 def _decode_txn(data: bytes) -> Transaction:

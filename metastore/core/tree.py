@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from metastore.core import paths
 from metastore.core.acl import ACL, OPEN_ACL_UNSAFE, READ_ACL_UNSAFE, encode_acl
@@ -527,51 +527,12 @@ class DataTree:
         return self.last_zxid, self._nodes, self._sessions, self._digest
 
     @classmethod
-    def assemble(cls, last_zxid: int, sessions: dict[int, int], records: Sequence[NodeRecord]) -> DataTree:
+    def assemble(cls, last_zxid: int, sessions: dict[int, int], records: Iterable[NodeRecord]) -> DataTree:
         """The tree made of a snapshot's contents: `records` sorted by path, without
-        /zookeeper/config. ValueError (or BadArguments) if they break the tree's invariants."""
-        for session_id in sessions:
-            if not is_session_id(session_id):
-                raise ValueError(f"{session_id:#x} is not a session id")
-        tree = cls()
-        tree._nodes, tree._acls, tree._digest = {}, {}, 0
-        tree.last_zxid, tree._sessions = last_zxid, dict(sessions)
-        nodes = tree._nodes
-        previous = ""
+        /zookeeper/config. ValueError (or BadArguments) if they break the tree's invariants.
+        Records are taken one at a time (metastore/core/tree_assembly.py), so a generator works."""
+        from metastore.core.tree_assembly import TreeAssembler  # it builds on this module
+        assembler = TreeAssembler(last_zxid, sessions)
         for record in records:
-            path, owner = record[0], record[11]
-            if path <= previous and previous:
-                raise ValueError(f"{path!r} out of order")
-            previous = path
-            tree._check_record(path, owner)
-            node = Node(record[1], record[2], 0, 0, owner, 0)
-            (node.czxid, node.mzxid, node.pzxid, node.ctime, node.mtime,
-             node.version, node.cversion, node.aversion) = record[3:11]
-            nodes[path] = node
-            if path != paths.ROOT:
-                parent = nodes[paths.split(path)[0]]
-                if not parent.children:
-                    parent.children = set()
-                parent.children.add(paths.basename(path))  # type: ignore[union-attr]
-        if not {paths.ROOT, paths.ZOOKEEPER, paths.QUOTA} <= nodes.keys():
-            raise ValueError("a system znode is missing")
-        loaded, tree._nodes = tree._nodes, {}
-        for path, node in loaded.items():
-            tree._insert(path, node)
-        tree._install_config_node()
-        tree._digest = (tree._digest + sum(_session_hash(s, t) for s, t in sessions.items())) & _U64
-        return tree
-
-    def _check_record(self, path: str, owner: int) -> None:
-        paths.validate_path(path)
-        if path == paths.CONFIG:
-            raise ValueError(f"{path} is not part of a snapshot")
-        if path == paths.ROOT:
-            return
-        parent = self._nodes.get(paths.split(path)[0])
-        if parent is None:
-            raise ValueError(f"{path!r} has no parent")
-        if ephemeral_type(parent.owner) is EphemeralType.NORMAL:
-            raise ValueError(f"{path!r} is the child of an ephemeral")
-        if ephemeral_type(owner) is EphemeralType.NORMAL and owner not in self._sessions:
-            raise ValueError(f"{path!r} belongs to no session")
+            assembler.add(record)
+        return assembler.finish()

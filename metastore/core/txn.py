@@ -33,10 +33,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Union
 
+from metastore.core import paths
 from metastore.core.acl import ACL
 from metastore.errors import TxnConflict, ZooKeeperError
 from metastore.core.stat import Stat
 from metastore.core.tree import DataTree
+from zab.core.ensemble import parse_spec
 
 FORMAT_VERSION = 1
 
@@ -96,6 +98,13 @@ class Error:
     code: int
 
 
+@dataclass(slots=True, unsafe_hash=True)
+class Reconfig:
+    """The committed ensemble becomes `spec` (zab/core/ensemble.py server lines), at this zxid.
+    /zookeeper/config shows it on every node; Zab acts on it (zab/core/peer.py)."""
+    spec: bytes
+
+
 MultiOp = Union[Create, Delete, SetData, Check, Error]
 
 
@@ -105,7 +114,7 @@ class Multi:
     ops: tuple[MultiOp, ...]
 
 
-Body = Union[Create, Delete, SetData, SetACL, CreateSession, CloseSession, Multi, Error]
+Body = Union[Create, Delete, SetData, SetACL, CreateSession, CloseSession, Multi, Error, Reconfig]
 
 
 @dataclass(slots=True, unsafe_hash=True)
@@ -151,6 +160,13 @@ class ErrorResult:
 
 
 @dataclass(slots=True, unsafe_hash=True)
+class ReconfigResult:
+    """What reconfig answers: /zookeeper/config's new data and stat (ZooKeeper's GetDataResponse)."""
+    data: bytes
+    stat: Stat
+
+
+@dataclass(slots=True, unsafe_hash=True)
 class SessionCreated:
     session_id: int
     timeout_ms: int
@@ -182,7 +198,7 @@ class AlreadyApplied:
 
 
 Result = Union[CreateResult, DeleteResult, SetDataResult, SetACLResult, SessionCreated, SessionClosed,
-               MultiResult, ErrorResult, AlreadyApplied]
+               MultiResult, ErrorResult, AlreadyApplied, ReconfigResult]
 
 
 # -- apply -------------------------------------------------------------------------
@@ -231,6 +247,13 @@ def _apply_close_session(tree: DataTree, zxid: int, time_ms: int, op: CloseSessi
     return SessionClosed(op.session_id, tree.close_session(op.session_id, op.ephemerals, zxid))
 
 
+def _apply_reconfig(tree: DataTree, zxid: int, time_ms: int, op: Reconfig) -> ReconfigResult:
+    # The codec parsed `spec` already (a transaction that decodes is a valid ensemble).
+    tree.set_config_node(parse_spec(op.spec, zxid).config_data(), zxid, time_ms)
+    data, stat = tree.get(paths.CONFIG)
+    return ReconfigResult(data, stat)
+
+
 def _apply_error(tree: DataTree, zxid: int, time_ms: int, op: Error) -> ErrorResult:
     return ErrorResult(op.code)
 
@@ -274,13 +297,13 @@ def apply_op(tree: DataTree, zxid: int, time_ms: int, op: Body) -> Result:
 _APPLY: dict[type, Callable] = {
     Create: _apply_create, Delete: _apply_delete, SetData: _apply_set_data, SetACL: _apply_set_acl,
     Check: _apply_check, CreateSession: _apply_create_session, CloseSession: _apply_close_session,
-    Error: _apply_error, Multi: _apply_multi,
+    Error: _apply_error, Multi: _apply_multi, Reconfig: _apply_reconfig,
 }
 
 
 __all__ = [
     "FORMAT_VERSION", "Create", "Delete", "SetData", "SetACL", "Check", "CreateSession", "CloseSession",
-    "Error", "Multi", "MultiOp", "Body", "Transaction", "CreateResult", "DeleteResult", "SetDataResult",
+    "Error", "Multi", "Reconfig", "ReconfigResult", "MultiOp", "Body", "Transaction", "CreateResult", "DeleteResult", "SetDataResult",
     "SetACLResult", "CheckResult", "ErrorResult", "SessionCreated", "SessionClosed", "MultiResult",
     "AlreadyApplied", "Result", "apply",
 ]

@@ -5,8 +5,13 @@ Pure: connections are opaque integer ids; `trigger` returns who must be told wha
 Watches live on the node that holds the client's connection (as in ZooKeeper);
 a client that moves to another node re-registers them with setWatches.
 
-Memory: a watch is one id in a set keyed by path; there is no object per watch,
-so millions of watches cost a few dozen bytes each. A trigger touches only the
+Memory: a watch is one id in a set keyed by path and one (kind, path) entry in its
+connection's set: about WATCH_BYTES (measured with tracemalloc on CPython 3.11) plus
+its path's own string, which a watch of any length may bring. Nothing in the protocol
+bounds how many watches a client sets (an exists watch needs no znode), so the manager
+counts each watch as `watch_cost(path)` and refuses one that would take its connection
+past `WatchLimits.per_connection_bytes` or the node past `total_bytes`
+(WatchLimitExceeded; docs/operations.md, "Memory bounds"). A trigger touches only the
 sets of the changed path, its parent, and (for recursive watches) its ancestors.
 
 ACLs: as in ZooKeeper 3.9.2 and later (the fix of CVE-2024-23944), a connection
@@ -29,7 +34,34 @@ from dataclasses import dataclass
 from metastore.core.acl import ACL, Id, Perm, check
 from metastore.wire.jute_defs import EventType
 from metastore.core.tree import DataTree
-from metastore.core.txn import CloseSession, Create, Delete, Multi, SetData
+from metastore.core import paths
+from metastore.core.txn import CloseSession, Create, Delete, Multi, Reconfig, SetData
+
+
+WATCH_BYTES = 450  # one watch's set slots, tuple and ids beside its path (tracemalloc: 340 to 400)
+
+
+def watch_cost(path: str) -> int:
+    """The bytes one watch on `path` is counted as: WATCH_BYTES plus the path's UTF-8 bytes."""
+    return WATCH_BYTES + len(path.encode())
+
+
+@dataclass(frozen=True, slots=True)
+class WatchLimits:
+    """The bytes of watches one connection, and all connections of a node, may hold (each watch
+    counted as `watch_cost`): `max_watch_bytes_per_connection` and `max_watch_bytes` in cluster.toml."""
+
+    per_connection_bytes: int = 64 << 20  # about 140,000 watches of 30-byte paths
+    total_bytes: int = 512 << 20  # about 1.1 million
+
+
+class WatchLimitExceeded(Exception):
+    """A new watch would take its connection or the node past its WatchLimits; nothing was added.
+    `setting` names the cluster.toml key of the bound that was hit."""
+
+    def __init__(self, message: str, setting: str) -> None:
+        super().__init__(message)
+        self.setting = setting
 
 
 class WatchKind(enum.IntEnum):
@@ -84,6 +116,9 @@ def watch_events(tree: DataTree, body: object) -> tuple[WatchEvent, ...]:
             out.append(WatchEvent(op.path, EventType.NODE_DELETED, acl_of(op.path), acl_of(parent_of(op.path))))
         elif isinstance(op, SetData):
             out.append(WatchEvent(op.path, EventType.NODE_DATA_CHANGED, acl_of(op.path), acl_of(parent_of(op.path))))
+        elif isinstance(op, Reconfig):  # /zookeeper/config's data changes on every node
+            out.append(WatchEvent(paths.CONFIG, EventType.NODE_DATA_CHANGED, acl_of(paths.CONFIG),
+                                  acl_of(paths.ZOOKEEPER)))
     return tuple(out)
 
 
@@ -95,14 +130,47 @@ class WatchManager:
     """Watches by connection id. `auth_of(conn)` gives a connection's ids (its address,
     addAuth's digests, a certificate's x509 id, super) when its events are delivered."""
 
-    def __init__(self, auth_of: Callable[[int], Sequence[Id]] = _no_ids) -> None:
+    def __init__(self, auth_of: Callable[[int], Sequence[Id]] = _no_ids, limits: WatchLimits = WatchLimits()) -> None:
         self._auth_of = auth_of
+        self.limits = limits
         self._by_kind: dict[WatchKind, defaultdict[str, set[int]]] = {k: defaultdict(set) for k in WatchKind}
         self._by_conn: defaultdict[int, set[tuple[WatchKind, str]]] = defaultdict(set)
+        self._bytes_by_conn: dict[int, int] = {}  # watch_cost of each connection's watches
+        self.total_bytes = 0  # of every connection's
+        self.refused = 0  # watches refused at a bound
 
     def add(self, conn: int, path: str, kind: WatchKind) -> None:
-        self._by_kind[kind][path].add(conn)
-        self._by_conn[conn].add((kind, path))
+        """Set a watch (setting one it holds already costs nothing); WatchLimitExceeded at a bound."""
+        self.add_many(conn, ((path, kind),))
+
+    def add_many(self, conn: int, watches: Iterable[tuple[str, WatchKind]]) -> None:
+        """Set every watch, or none if together they would pass a bound (WatchLimitExceeded)."""
+        held = self._by_conn.get(conn, ())
+        new = {(kind, path): None for path, kind in watches if (kind, path) not in held}
+        cost = sum(watch_cost(path) for _, path in new)
+        self._admit(conn, len(new), cost)
+        for kind, path in new:
+            self._by_kind[kind][path].add(conn)
+            self._by_conn[conn].add((kind, path))
+        if new:
+            self._bytes_by_conn[conn] = self._bytes_by_conn.get(conn, 0) + cost
+            self.total_bytes += cost
+
+    def _admit(self, conn: int, count: int, cost: int) -> None:
+        mine = self._bytes_by_conn.get(conn, 0)
+        for held, limit, setting, whose in (
+                (mine, self.limits.per_connection_bytes, "max_watch_bytes_per_connection", "this connection"),
+                (self.total_bytes, self.limits.total_bytes, "max_watch_bytes", "this node's connections")):
+            if count and held + cost > limit:
+                self.refused += count
+                raise WatchLimitExceeded(
+                    f"{count} watch(es) of {cost} bytes would take {whose} past {setting} ({limit} bytes; "
+                    f"{held} held, each watch counted as {WATCH_BYTES} + its path's bytes): remove watches "
+                    "first (removeWatches, or let one-shot watches fire)", setting)
+
+    def bytes_of(self, conn: int) -> int:
+        """The bytes of watches `conn` holds, as the limits count them."""
+        return self._bytes_by_conn.get(conn, 0)
 
     def remove(self, conn: int, path: str, kind: WatchKind) -> bool:
         """Remove one watch; False if there was none."""
@@ -116,6 +184,7 @@ class WatchManager:
         return conn in self._by_kind[kind].get(path, ())
 
     def drop_connection(self, conn: int) -> None:
+        self.total_bytes -= self._bytes_by_conn.pop(conn, 0)
         for kind, path in self._by_conn.pop(conn, set()):
             watchers = self._by_kind[kind].get(path)
             if watchers is not None:
@@ -131,20 +200,25 @@ class WatchManager:
         watchers.discard(conn)
         if not watchers:
             del self._by_kind[kind][path]
+        self._forget(conn, kind, path)
+
+    def _forget(self, conn: int, kind: WatchKind, path: str) -> None:
+        """Drop (kind, path) from `conn`'s own set, and its cost from the counts."""
         conns = self._by_conn.get(conn)
-        if conns is not None:
-            conns.discard((kind, path))
-            if not conns:
-                del self._by_conn[conn]
+        if conns is None or (kind, path) not in conns:
+            return
+        conns.discard((kind, path))
+        cost = watch_cost(path)
+        self._bytes_by_conn[conn] -= cost
+        self.total_bytes -= cost
+        if not conns:
+            del self._by_conn[conn]
+            del self._bytes_by_conn[conn]
 
     def _fire_one_shot(self, kind: WatchKind, path: str) -> set[int]:
         watchers = self._by_kind[kind].pop(path, set())
         for conn in watchers:
-            conns = self._by_conn.get(conn)
-            if conns is not None:
-                conns.discard((kind, path))
-                if not conns:
-                    del self._by_conn[conn]
+            self._forget(conn, kind, path)
         return watchers
 
     def trigger(self, path: str, event: EventType, acl: Sequence[ACL] = (),

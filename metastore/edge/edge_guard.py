@@ -44,6 +44,7 @@ from metastore.core.acl import Id
 from metastore.wire.jute_defs import DEFAULT_MAX_BUFFER_BYTES, PASSWORD_BYTES, Err, JuteError
 from metastore.wire.jute_records import ConnectRequest
 from metastore.core.tree import is_session_id
+from metastore.core.watches import WatchLimits
 
 MAX_AUTH_IDS = 64  # ids one connection may hold (ip plus addAuth ids); ZooKeeper has no limit
 MAX_AUTH_ID_BYTES = 4096  # one id's UTF-8 bytes; the envelope's u16 would allow 65,535
@@ -61,6 +62,14 @@ class ClientLimits:
     handshake_timeout_ms: int = 10_000  # accept to complete ConnectRequest, first bytes included
     global_outstanding_limit: int = 1000  # requests started, not answered, all connections: globalOutstandingLimit
     global_outstanding_bytes: int = 64 << 20  # the same counted in request bytes
+    max_watch_bytes_per_connection: int = 64 << 20  # watches one connection holds
+    max_watch_bytes: int = 512 << 20  # ... all connections of the node together
+    max_sessions: int = 100_000  # sessions in the tree; a new one beyond: the ConnectRequest is closed
+
+    @property
+    def watches(self) -> WatchLimits:
+        """The watch index's bounds (metastore/core/watches.py)."""
+        return WatchLimits(self.max_watch_bytes_per_connection, self.max_watch_bytes)
 
     @property
     def max_frame_bytes(self) -> int:

@@ -53,6 +53,27 @@ class SessionHandshake:
         # The node id in the top 16 bits (edge_guard.is_session_id), then the start time: ids
         # issued before a restart are not issued again.
         self._next_session = (cfg.node_id << 48) | ((int(time.time() * 1000) << 8) & 0xFFFF_FFFF_FFFF)
+        # Sessions in the tree, kept by sessions_changed; None: count the tree again when needed.
+        self._sessions: int | None = None
+
+    def sessions_changed(self, delta: int | None) -> None:
+        """A delivery created (1) or closed (-1) a session; None: the tree may have been replaced
+        (a role change: a SNAP may follow), so the next new session counts it again."""
+        self._sessions = None if delta is None or self._sessions is None else self._sessions + delta
+
+    def _room_for_a_session(self, conn: Connection) -> bool:
+        """max_sessions: the tree holds fewer sessions than the bound (each costs every node memory
+        until it expires, and a client can open them faster than they expire)."""
+        s = self.service
+        if self._sessions is None:
+            self._sessions = len(s.sm.tree.sessions())  # O(sessions), once per role change
+        if self._sessions < s.cfg.limits.max_sessions:
+            return True
+        s.stats["sessions_refused"] += 1
+        log.info("event=session_refused conn=%s peer=%s sessions=%d max_sessions=%d: the connection is closed; "
+                 "close unused sessions or raise max_sessions", conn.id, conn.peer, self._sessions,
+                 s.cfg.limits.max_sessions)
+        return False
 
     async def connect(self, conn: Connection, payload: bytes) -> bool:
         s = self.service
@@ -70,6 +91,8 @@ class SessionHandshake:
                      req.last_zxid_seen, s.sm.last_zxid)
             return False  # we are behind what the client has seen: it must pick another server
         if req.session_id == 0:
+            if not self._room_for_a_session(conn):
+                return False
             session_id, timeout = await self._create_session(req.time_out)
             if session_id == 0:
                 return False

@@ -29,14 +29,15 @@ from metastore.edge.edge_guard import CLIENT_FAULTS, ClientLimits, ClientRefused
 from metastore.core.acl import SUPER_SCHEME, Id, digest_auth_ids
 from metastore.edge.four_letter import answer_four_letter_word
 from metastore.edge.handshake import SessionHandshake, now_ms
-from metastore.wire.jute_defs import Err, EventType, KeeperState, OpCode, UnknownOpcode, Xid
+from metastore.wire.jute_defs import Err, KeeperState, OpCode, UnknownOpcode, Xid
 from metastore.core.prep import HOUSEKEEPING
 from metastore.edge.sasl_edge import SaslEdge, SaslSettings
-from metastore.core.responses import READ_OPS, WATCH_KINDS_FOR_TYPE, WRITE_OPS, read_reply, write_reply
+from metastore.core.responses import READ_OPS, WRITE_OPS, read_reply, write_reply
 from metastore.core.sessions import SessionExpiry
 from metastore.core.state_machine import Applied, MetastoreStateMachine
 from metastore.core.txn import SessionClosed, SessionCreated
-from metastore.core.watches import WatchKind, WatchManager
+from metastore.core.watches import WatchLimitExceeded, WatchManager
+from metastore.edge.watch_requests import set_watches, watch_request
 from zab.core.actions import Role
 from zab.edge.driver import Pending, PeerDriver
 from zab.errors import NoLeader, OutcomeUnknown
@@ -72,7 +73,8 @@ class MetastoreService:
         self.sm = sm
         self.cfg = config
         # A connection's ids as they are when an event is delivered (addAuth may have added some).
-        self.watches = WatchManager(auth_of=lambda c: self.connections[c].auth if c in self.connections else ())
+        self.watches = WatchManager(auth_of=lambda c: self.connections[c].auth if c in self.connections else (),
+                                    limits=config.limits.watches)
         self.expiry = SessionExpiry(config.tick_ms)  # on the leader's ticks (leader_ticked)
         self._housekeeping: trio.Nursery | None = None
         # The peer's role as the driver reports it (role_changed), never read from the core: serving
@@ -87,7 +89,7 @@ class MetastoreService:
         driver.listen(self)
         self.stats = {"requests": 0, "notifications": 0, "connections": 0, "connections_refused": 0,
                       "outstanding": 0, "outstanding_max": 0, "outstanding_bytes": 0, "outstanding_bytes_max": 0,
-                      "throttled": 0, "cut_off": 0}
+                      "throttled": 0, "cut_off": 0, "sessions_refused": 0}
         self._addresses = ConnectionCounts(config.limits.max_client_connections, config.limits.max_connections,
                                            per_address_setting="max_client_connections",
                                            total_setting="max_client_connections_total")
@@ -124,8 +126,10 @@ class MetastoreService:
                     conn.send(jute.encode_notification(jute.WatcherEvent(ev, KeeperState.SYNC_CONNECTED, at)))
         if isinstance(applied.result, SessionCreated):  # opened through any node: the leader tracks it
             self.expiry.created(applied.result.session_id, applied.result.timeout_ms)
+            self._handshake.sessions_changed(1)
         if isinstance(applied.result, SessionClosed):
             self.expiry.closed(applied.result.session_id)
+            self._handshake.sessions_changed(-1)
             conn = self.by_session.pop(applied.result.session_id, None)
             if conn is not None:
                 conn.close()
@@ -135,6 +139,7 @@ class MetastoreService:
 
     def role_changed(self, role: Role, leader: int | None, epoch: int, broadcasting: bool) -> None:
         self.expiry.stopped()
+        self._handshake.sessions_changed(None)  # a sync may have replaced the tree: count again
         self._role, self._broadcasting = role, broadcasting
         # As ZooKeeper shuts its server down when the leader goes: read-write sessions leave a node
         # that lost its leader (reads here could be stale without the client knowing), read-only
@@ -451,19 +456,37 @@ class MetastoreService:
     def _read_job(self, conn: Connection, header, body) -> bool:
         reply = read_reply(self.sm.tree, header.type, body, conn.session_id, conn.auth,
                            max_reply_bytes=self.cfg.limits.max_frame_bytes)
-        if reply.watch is not None and reply.err in (0, Err.NO_NODE):
-            self.watches.add(conn.id, reply.watch[0], reply.watch[1])
-        self._reply(conn, header.xid, reply.err, reply.body)
+        err = reply.err
+        if reply.watch is not None and err in (0, Err.NO_NODE):
+            try:
+                self.watches.add(conn.id, reply.watch[0], reply.watch[1])
+            except WatchLimitExceeded as e:  # the read is refused whole: a watch silently unset would be worse
+                err = self._watch_refused(conn, e)
+        self._reply(conn, header.xid, err, reply.body)
         return True
 
     def _set_watches_job(self, conn: Connection, body) -> bool:
-        self._set_watches(conn, body)
+        try:
+            events = set_watches(self.watches, self.sm.tree, conn.id, body)
+        except WatchLimitExceeded as e:
+            self._watch_refused(conn, e)
+            return False  # closed (watch_requests.py): the client re-sends them to a node with room
+        for ev, path in events:  # the missed events first, then the answer, as before the split
+            conn.send(jute.encode_notification(jute.WatcherEvent(ev, KeeperState.SYNC_CONNECTED, path)))
         conn.send(jute.encode_reply(jute.ReplyHeader(Xid.SET_WATCHES, self.sm.last_zxid, 0)))
         return True
 
     def _watch_job(self, conn: Connection, header, body) -> bool:
-        self._watch_op(conn, header, body)
+        try:
+            err = watch_request(self.watches, conn.id, header.type, body)
+        except WatchLimitExceeded as e:
+            err = self._watch_refused(conn, e)
+        self._reply(conn, header.xid, err, jute.ErrorResponse(0) if header.type == OpCode.ADD_WATCH else None)
         return True
+
+    def _watch_refused(self, conn: Connection, e: WatchLimitExceeded) -> int:
+        log.info("event=watch_refused conn=%s peer=%s setting=%s error=%s", conn.id, conn.peer, e.setting, e)
+        return Err.QUOTA_EXCEEDED
 
     def _close_read_only(self, conn: Connection, xid: int) -> bool:
         self._reply(conn, xid, 0)
@@ -494,44 +517,3 @@ class MetastoreService:
                 conn.auth.append(ident)
         conn.send(jute.encode_reply(jute.ReplyHeader(Xid.AUTH, self.sm.last_zxid, 0)))
         return True
-
-    # -- watches -----------------------------------------------------------------------------
-    def _set_watches(self, conn: Connection, req) -> None:
-        """Re-register a reconnecting client's watches, firing those it missed (ZooKeeper's rules)."""
-        tree, rel = self.sm.tree, req.relative_zxid
-        events: list[tuple[EventType, str]] = []
-        for paths, kind, changed_since, changed in (
-                (req.data_watches, WatchKind.DATA, lambda s: s.mzxid, EventType.NODE_DATA_CHANGED),
-                (req.child_watches, WatchKind.CHILD, lambda s: s.pzxid, EventType.NODE_CHILDREN_CHANGED)):
-            for path in paths:
-                stat = tree.exists(path)
-                if stat is None:
-                    events.append((EventType.NODE_DELETED, path))
-                elif changed_since(stat) > rel:
-                    events.append((changed, path))
-                else:
-                    self.watches.add(conn.id, path, kind)
-        for path in req.exist_watches:
-            if tree.exists(path) is not None:
-                events.append((EventType.NODE_CREATED, path))
-            else:
-                self.watches.add(conn.id, path, WatchKind.DATA)
-        for path in getattr(req, "persistent_watches", ()):
-            self.watches.add(conn.id, path, WatchKind.PERSISTENT)
-        for path in getattr(req, "persistent_recursive_watches", ()):
-            self.watches.add(conn.id, path, WatchKind.PERSISTENT_RECURSIVE)
-        for ev, path in events:
-            conn.send(jute.encode_notification(jute.WatcherEvent(ev, KeeperState.SYNC_CONNECTED, path)))
-
-    def _watch_op(self, conn: Connection, header, body) -> None:
-        if header.type == OpCode.ADD_WATCH:
-            kind = WatchKind.PERSISTENT_RECURSIVE if body.mode == 1 else WatchKind.PERSISTENT
-            self.watches.add(conn.id, body.path, kind)
-            self._reply(conn, header.xid, 0, jute.ErrorResponse(0))
-            return
-        kinds = WATCH_KINDS_FOR_TYPE.get(body.type, ())
-        if header.type == OpCode.CHECK_WATCHES:
-            found = any(self.watches.has(conn.id, body.path, k) for k in kinds)
-        else:
-            found = any([self.watches.remove(conn.id, body.path, k) for k in kinds])
-        self._reply(conn, header.xid, 0 if found else Err.NO_WATCHER)

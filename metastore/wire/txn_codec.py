@@ -15,7 +15,8 @@ from metastore.core.acl import ACL, Id, encode_acl
 from metastore.errors import BadArguments, DecodeError
 from metastore.core.tree import ephemeral_type, is_session_id
 from metastore.core.txn import (FORMAT_VERSION, Body, Check, CloseSession, Create, CreateSession, Delete, Error, Multi,
-                           SetACL, SetData, Transaction)
+                           Reconfig, SetACL, SetData, Transaction)
+from zab.core.ensemble import EnsembleError, parse_spec
 
 
 # -- byte primitives -----------------------------------------------------------------
@@ -25,6 +26,7 @@ _U32 = struct.Struct(">I")
 _I32 = struct.Struct(">i")
 _HEAD = struct.Struct(">Bq")          # format version, time_ms
 _TAG = struct.Struct(">b")
+RECONFIG_TAG = 16  # ZooKeeper's OpCode.reconfig
 
 
 def _blob(value: bytes) -> bytes:
@@ -143,6 +145,8 @@ def _encode_body(body: Body) -> bytes:
                 + b"".join(_text(p) for p in body.ephemerals))
     if isinstance(body, Error):
         return _TAG.pack(-1) + _I32.pack(body.code)
+    if isinstance(body, Reconfig):
+        return _TAG.pack(RECONFIG_TAG) + _blob(body.spec)
     raise TypeError(f"not a transaction body: {body!r}")
 
 
@@ -193,6 +197,24 @@ def _decode_create_session(r: Reader) -> CreateSession:
     return CreateSession(session_id, timeout_ms)
 
 
+def _decode_reconfig(r: Reader) -> Reconfig:
+    spec = r.blob()
+    try:
+        parse_spec(spec)
+    except EnsembleError as e:
+        raise DecodeError(f"reconfig: {e}") from None
+    return Reconfig(spec)
+
+
+def reconfig_spec(data: bytes) -> bytes | None:
+    """The server lines of a reconfig transaction, None for any other (one byte compared for
+    those); DecodeError if it claims to be one and is not."""
+    if len(data) <= _HEAD.size or data[_HEAD.size] != RECONFIG_TAG:
+        return None
+    body = decode_txn(data).body
+    return body.spec if isinstance(body, Reconfig) else None
+
+
 def _decode_multi(r: Reader) -> Multi:
     ops = tuple(_decode_body(r, nested=True) for _ in range(r.count(5)))
     errors = sum(isinstance(o, Error) for o in ops)
@@ -225,4 +247,6 @@ def _decode_body(r: Reader, *, nested: bool) -> Body:
             return _decode_create_session(r)
         if tag == -11:
             return _decode_close_session(r)
+        if tag == RECONFIG_TAG:
+            return _decode_reconfig(r)
     raise DecodeError(f"unknown {'multi op' if nested else 'transaction'} tag {tag}")

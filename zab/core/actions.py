@@ -14,6 +14,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from zab.core.ensemble import Ensemble
 from zab.core.messages import Message
 from zab.core.statemachine import Frozen
 from zab.core.txn import Txn
@@ -110,10 +111,32 @@ class LogTruncate:
 
 
 @dataclass(slots=True, unsafe_hash=True)
-class InstallSnapshot:
-    """SNAP sync: make `state` at `zxid` durable and discard the old history."""
+class SnapBegin:
+    """A SNAP at `zxid` begins: start an empty partial snapshot file (a partial one left from an
+    earlier transfer goes). Then SnapWrites, then InstallSnapshot or SnapDiscard (snap_transfer.py)."""
     zxid: int
-    state: bytes
+
+
+@dataclass(slots=True, unsafe_hash=True)
+class SnapWrite:
+    """Append `data` to the partial snapshot file (no fsync: InstallSnapshot syncs it once), then
+    run `then` (the SNAPACK that opens the leader's window: the disk paces the transfer)."""
+    data: bytes
+    then: tuple["Action", ...] = ()
+
+
+@dataclass(slots=True, unsafe_hash=True)
+class SnapDiscard:
+    """The SNAP at `zxid` was cut (the leader gone, a bad chunk or digest): remove the partial file."""
+    zxid: int
+
+
+@dataclass(slots=True, unsafe_hash=True)
+class InstallSnapshot:
+    """SNAP sync: make the partial snapshot file at `zxid` (SnapBegin, SnapWrite, verified by the
+    core) durable as the node's snapshot, under its final name, and discard the old history. The
+    state machine already holds its state: the core restored it from the same chunks."""
+    zxid: int
 
 
 @dataclass(slots=True, unsafe_hash=True)
@@ -180,11 +203,21 @@ class RoleChanged:
 
 
 @dataclass(slots=True, unsafe_hash=True)
+class EnsembleChanged:
+    """The committed ensemble is now `ensemble` (a reconfig committed, or a leader told us of a
+    newer one): persist it (it replaces cluster.toml's membership at the next start) and talk to
+    its members."""
+    ensemble: Ensemble
+
+
+@dataclass(slots=True, unsafe_hash=True)
 class Disconnect:
     """Drop the links with `peer` (it broke the protocol or fell too far behind)."""
     peer: int
     reason: str = field(default="")
 
 
-Action = (Send | PersistEpoch | LogAppend | LogSync | LogTruncate | InstallSnapshot | TakeSnapshot | Delivered
-          | Answered | Synced | SessionsTouched | LeaderTicked | RequestFailed | RoleChanged | Disconnect)
+Action = (Send | PersistEpoch | LogAppend | LogSync | LogTruncate | SnapBegin | SnapWrite | SnapDiscard | InstallSnapshot
+          | TakeSnapshot | Delivered
+          | Answered | Synced | SessionsTouched | LeaderTicked | RequestFailed | RoleChanged | EnsembleChanged
+          | Disconnect)

@@ -7,6 +7,10 @@ from dataclasses import dataclass
 from zab.core import zxid as Z
 
 
+VOTER = "voter"
+OBSERVER = "observer"
+
+
 class ZabConfigError(ValueError):
     """The ensemble description is unusable; the message says what to fix."""
 
@@ -20,8 +24,15 @@ class ZabConfig:
     """
 
     my_id: int
+    # The committed ensemble (zab/core/ensemble.py); a node may be outside it while it joins or
+    # after it was removed. cluster.toml's checks (odd voter count) apply to the bootstrap only:
+    # ZooKeeper's reconfig allows any count.
     voters: frozenset[int]
     observers: frozenset[int] = frozenset()
+    # The ensemble a logged but uncommitted reconfig proposes. While it is pending every quorum
+    # must be a majority of both (joint consensus, ZooKeeper's lastSeenQuorumVerifier).
+    pending_voters: frozenset[int] | None = None
+    pending_observers: frozenset[int] = frozenset()
     tick_ms: int = 50
     # How long a LOOKING voter waits, once a quorum agrees on its vote, for a
     # better vote before deciding (ZooKeeper's finalizeWait, 200 ms there).
@@ -46,8 +57,8 @@ class ZabConfig:
     # (zab/core/snap_transfer.py); a chunk must fit a frame (max_frame_bytes).
     snap_chunk_bytes: int = 1 << 20
     snap_window_chunks: int = 8
-    # The largest snapshot a learner gathers (in memory until it is streamed to disk): the bound on
-    # what a leader with a bug, or a stranger where TLS is off, can make it hold.
+    # The largest snapshot a learner writes to its partial snapshot file (it holds only a window of
+    # chunks in memory): the bound on what a leader with a bug, or a stranger where TLS is off, can make it store.
     snap_max_bytes: int = 4 << 30
     # The last zxid counter a leader may use before it must step down for a new
     # epoch. Only tests lower it, to reach the rollover without 2**32 proposals.
@@ -56,14 +67,8 @@ class ZabConfig:
     def __post_init__(self) -> None:
         if not self.voters:
             raise ZabConfigError("an ensemble needs at least one voter")
-        if len(self.voters) % 2 == 0:
-            raise ZabConfigError(
-                f"{len(self.voters)} voters: use an odd number (1, 3, 5 or 7); an even "
-                "count tolerates no more failures than the odd count below it")
         if self.voters & self.observers:
             raise ZabConfigError(f"nodes {sorted(self.voters & self.observers)} are both voter and observer")
-        if self.my_id not in self.voters | self.observers:
-            raise ZabConfigError(f"node {self.my_id} is neither a voter nor an observer of the ensemble")
         for name in ("tick_ms", "election_finalize_ticks", "election_resend_ticks", "init_limit_ticks",
                      "sync_limit_ticks", "ping_interval_ticks", "sync_window_txns", "sync_window_bytes",
                      "snapshot_every_txns", "snap_chunk_bytes", "snap_window_chunks", "snap_max_bytes",
@@ -77,12 +82,40 @@ class ZabConfig:
 
     @property
     def is_observer(self) -> bool:
-        return self.my_id in self.observers
+        """True when this node learns without voting: an observer, or not (or no longer) a member,
+        which may only learn who leads (zab/core/election.py)."""
+        return self.role_of(self.my_id) != VOTER
+
+    def role_of(self, node: int) -> str | None:
+        """VOTER, OBSERVER or None: the committed ensemble's word, else the pending one's (a
+        node a pending reconfig adds joins in the role it proposes)."""
+        for voters, observers in ((self.voters, self.observers),
+                                  (self.pending_voters or frozenset(), self.pending_observers)):
+            if node in voters:
+                return VOTER
+            if node in observers:
+                return OBSERVER
+        return None
 
     @property
     def members(self) -> frozenset[int]:
-        return self.voters | self.observers
+        """Everyone we talk to: the committed ensemble and the pending one."""
+        return self.voters | self.observers | (self.pending_voters or frozenset()) | self.pending_observers
+
+    @property
+    def voting(self) -> frozenset[int]:
+        """The voters of the committed ensemble and of the pending one."""
+        return self.voters | (self.pending_voters or frozenset())
+
+    @property
+    def is_member(self) -> bool:
+        return self.my_id in self.members
+
+    def quorums(self) -> tuple[frozenset[int], ...]:
+        """The voter sets a quorum must be a majority of (one, or two during a reconfig)."""
+        return (self.voters,) if self.pending_voters is None else (self.voters, self.pending_voters)
 
     def is_quorum(self, ids: set[int] | frozenset[int]) -> bool:
-        """Majority quorum over the voters; observers never count."""
-        return len(ids & self.voters) * 2 > len(self.voters)
+        """A majority of the committed voters, and of the pending ones while a reconfig is
+        pending; observers never count."""
+        return all(len(ids & v) * 2 > len(v) for v in self.quorums())

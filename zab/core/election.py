@@ -70,7 +70,7 @@ class FastLeaderElection:
     def _broadcast(self, now: int) -> list[tuple[int, Notification]]:
         self._last_sent = now
         n = self._notification()
-        return [(p, n) for p in sorted(self.cfg.voters) if p != self.cfg.my_id]
+        return [(p, n) for p in sorted(self.cfg.voting) if p != self.cfg.my_id]
 
     # -- rounds -------------------------------------------------------------
     def start(self, peer_epoch: int, last_zxid: int, now: int) -> list[tuple[int, Notification]]:
@@ -103,7 +103,7 @@ class FastLeaderElection:
         if not self.looking:
             # Tell a LOOKING peer whom we follow: late joiners learn the leader this way.
             return [(frm, self._notification())] if n.state == ServerState.LOOKING else []
-        if frm in self.cfg.observers:
+        if frm not in self.cfg.voting:
             return []  # an observer's vote never counts; it learns from voters' replies
         if not self._valid(n):
             return []
@@ -116,7 +116,7 @@ class FastLeaderElection:
         """A vote a voter could have sent: for a voter, with an epoch, zxid and round that
         leave room to go on. Anything else (a bug, or a stranger before TLS) is ignored:
         a vote for a non-member would make every voter follow nobody."""
-        return (n.leader in self.cfg.voters and Z.epoch_ok(n.peer_epoch) and Z.zxid_ok(n.zxid)
+        return (n.leader in self.cfg.voting and Z.epoch_ok(n.peer_epoch) and Z.zxid_ok(n.zxid)
                 and 0 <= n.election_epoch < Z.ELECTION_ROUND_LIMIT)
 
     def _on_looking(self, frm: int, seen: _Seen, now: int) -> list[tuple[int, Notification]]:

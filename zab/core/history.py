@@ -27,6 +27,7 @@ class History:
         # _txns[i] since the history began, _start what was trimmed before _txns[0].
         self._ends: list[int] = []
         self._start = 0
+        self.rewrites = 0  # counts truncations and resets: what was appended may be gone
         for t in txns:
             self.append(t)
 
@@ -75,6 +76,7 @@ class History:
     def truncate_after(self, zxid: int) -> None:
         assert zxid >= self.base_zxid, f"cannot truncate to {Z.fmt(zxid)} below base {Z.fmt(self.base_zxid)}"
         i = bisect.bisect_right(self._zxids, zxid)
+        self.rewrites += i < len(self._zxids)
         del self._txns[i:]
         del self._zxids[i:]
         del self._ends[i:]
@@ -82,6 +84,7 @@ class History:
     def reset(self, base_zxid: int) -> None:
         """Forget everything: the state at `base_zxid` arrived as a snapshot."""
         self.base_zxid = base_zxid
+        self.rewrites += 1
         self._txns.clear()
         self._zxids.clear()
         self._ends.clear()

@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from zab.core import zxid as Z
+from zab.core.config import OBSERVER, VOTER, ZabConfig
 from zab.core.actions import (Action, Answered, ClientRequest, ClientSync, Disconnect, LogAppend, LogSync, Phase,
                          LeaderTicked, RequestFailed, Role, RoleChanged, Send, SessionsTouched, Synced)
-from zab.core.messages import (Ack, AckEpoch, AckNewLeader, Commit, FollowerInfo, Inform, LeaderInfo, Message, NewLeader,
+from zab.core.messages import (Ack, EnsembleInfo, AckEpoch, AckNewLeader, Commit, FollowerInfo, Inform, LeaderInfo, Message, NewLeader,
                           Notification, Ping, Proposal, ReadIndexAck, ReadIndexProbe, Refused, Reject, Request,
                           SnapAck, SnapEnd, Sync, SyncMode, SyncReply, SyncRequest, SyncTxns, UpToDate)
 from zab.core.statemachine import Refusal
@@ -63,7 +64,6 @@ class LearnerHandle:
 class LeaderRole:
     def __init__(self, peer: "Peer") -> None:
         self.peer = peer
-        self.cfg = peer.cfg
         self.id = peer.id
         self.started = peer.now
         self.prior = (peer.current_epoch, peer.last_zxid)  # compared with ACKEPOCHs
@@ -83,7 +83,12 @@ class LeaderRole:
         # them: (that zxid, origin node, answer), in the order they were refused.
         self.refusals: deque[tuple[int, int, Refused]] = deque()
         # Syncs wait for a quorum to confirm this leadership after they arrived (read_index.py).
-        self.read_index = ReadIndex(self.id, self.cfg.is_quorum, retry_ticks=self.cfg.ping_interval_ticks * 2)
+        self.read_index = ReadIndex(self.id, lambda ids: peer.cfg.is_quorum(ids),
+                                    retry_ticks=self.cfg.ping_interval_ticks * 2)
+
+    @property
+    def cfg(self) -> ZabConfig:
+        return self.peer.cfg  # replaced when the ensemble changes
 
     # -- discovery ------------------------------------------------------------
     def begin(self) -> list[Action]:
@@ -115,8 +120,12 @@ class LeaderRole:
                 return [Send(frm, LeaderInfo(self.epoch))]
             return []
         self._drop(frm)
-        if fi.observer != (frm in self.cfg.observers):
-            return [Disconnect(frm, "FOLLOWERINFO role does not match the configuration")]
+        role = self.cfg.role_of(frm)
+        if role is None:
+            return [Disconnect(frm, "FOLLOWERINFO from a node outside the ensemble")]
+        if fi.observer != (role == OBSERVER):
+            # It missed the reconfig that changed its role: tell it, and it comes back in its role.
+            return [self._ensemble_info(frm)]
         self.learners[frm] = LearnerHandle(fi.observer, fi.attempt, LearnerState.INFO, self.peer.now)
         if self.epoch is None:
             self.connecting[frm] = fi.accepted_epoch
@@ -166,9 +175,16 @@ class LeaderRole:
             # follow the last chunk, with whatever was proposed meanwhile.
             assert peer.sm.last_zxid == peer.last_committed
             h.state, h.snap_zxid = LearnerState.SNAPPING, plan.zxid
-            h.snap = SnapSender(peer.sm.freeze().to_bytes(), self.cfg.snap_chunk_bytes, self.cfg.snap_window_chunks)
-            return [Send(f, Sync(SyncMode.SNAP, plan.zxid))] + self._snap_sends(f, h, h.snap.start())
-        return [Send(f, Sync(plan.mode, plan.zxid))] + self._finish_sync(f, h, plan.zxid)
+            # Streamed from a copy-on-write view: each chunk is encoded when the window opens for it.
+            h.snap = SnapSender(peer.sm.freeze().chunks(self.cfg.snap_chunk_bytes), self.cfg.snap_chunk_bytes,
+                                self.cfg.snap_window_chunks)
+            return [self._ensemble_info(f), Send(f, Sync(SyncMode.SNAP, plan.zxid))] + self._snap_sends(f, h, h.snap.start())
+        return [self._ensemble_info(f), Send(f, Sync(plan.mode, plan.zxid))] + self._finish_sync(f, h, plan.zxid)
+
+    def _ensemble_info(self, f: int) -> Send:
+        """Our committed ensemble, for a learner that missed the reconfig that made it."""
+        ensemble = self.peer.ensemble
+        return Send(f, EnsembleInfo(ensemble.version, ensemble.spec().encode()))
 
     def _finish_sync(self, f: int, h: LearnerHandle, zxid: int) -> list[Action]:
         """The history after `zxid` and NEWLEADER; from here the learner gets every proposal."""
@@ -210,7 +226,7 @@ class LeaderRole:
             if h is None or h.state is not LearnerState.SYNCING:
                 return []
             h.state = LearnerState.ACKED
-            if not h.observer:
+            if frm in self.cfg.voting:
                 self.newleader_acked.add(frm)
             if self.established:
                 # Its NEWLEADER ack also says it logged every proposal we sent in the sync:
@@ -246,7 +262,7 @@ class LeaderRole:
         number, released = started_and_released
         if number is None:
             return released
-        probes: list[Action] = [Send(f, ReadIndexProbe(number)) for f in self.forwarding if f in self.cfg.voters]
+        probes: list[Action] = [Send(f, ReadIndexProbe(number)) for f in self.forwarding if f in self.cfg.voting]
         return probes + released
 
     def on_touch(self, session_ids: tuple[int, ...]) -> list[Action]:
@@ -263,7 +279,7 @@ class LeaderRole:
             # zxid counter rollover: only a new epoch can continue the history.
             return [RequestFailed(session_id, cxid, "NoLeader")] + self.peer.look()
         zxid = Z.make(self.epoch, self.counter + 1)
-        prepared = self.peer.sm.prepare(zxid, session_id, data, decoded)
+        prepared = self.peer.sm.prepare(zxid, session_id, data, decoded, synced=self._synced())
         if isinstance(prepared, Refusal):
             # A failed request changes nothing, so it costs no log write and no quorum round
             # (ZooKeeper logs an error txn); its answer waits for what was prepared before it.
@@ -275,12 +291,12 @@ class LeaderRole:
         self.counter += 1
         txn = Txn(zxid, session_id, cxid, prepared)
         self.peer.history.append(txn)
-        out: list[Action] = [Send(f, Proposal(txn)) for f in self.forwarding if f not in self.cfg.observers]
+        out: list[Action] = [Send(f, Proposal(txn)) for f in self.forwarding if not self.learners[f].observer]
         out += [LogAppend((txn,)), LogSync(then=(Send(self.id, Ack(txn.zxid)),))]
         return out
 
     def _on_ack(self, frm: int, a: Ack) -> list[Action]:
-        if frm != self.id and (frm not in self.forwarding or frm in self.cfg.observers):
+        if frm != self.id and (frm not in self.forwarding or self.learners[frm].observer):
             return []
         if not 0 <= a.zxid <= self.peer.last_zxid:
             # A learner logs only what we sent it: this ACK must never count toward a quorum.
@@ -290,8 +306,8 @@ class LeaderRole:
         if not self.established or target <= self.peer.last_committed:
             return []
         # COMMIT covers every proposal up to it; observers get the committed transactions.
-        out: list[Action] = [Send(f, Commit(target)) for f in self.forwarding if f not in self.cfg.observers]
-        observers = [f for f in self.forwarding if f in self.cfg.observers]
+        out: list[Action] = [Send(f, Commit(target)) for f in self.forwarding if not self.learners[f].observer]
+        observers = [f for f in self.forwarding if self.learners[f].observer]
         if observers:
             for txn in self.peer.history.between(self.peer.last_committed, target):
                 out += [Send(f, Inform(txn)) for f in observers]
@@ -308,9 +324,33 @@ class LeaderRole:
         return [Answered(refused.session_id, refused.cxid, self.peer.sm.refused(refused.zxid, refused.data))]
 
     def _quorum_acked(self) -> int:
-        """The highest zxid that a quorum of voters has logged."""
-        acked = sorted((self.acked_through.get(v, 0) for v in self.cfg.voters), reverse=True)
-        return acked[len(self.cfg.voters) // 2]
+        """The highest zxid that a quorum of voters has logged (of both ensembles while a
+        reconfig is pending: joint consensus)."""
+        highest = self.peer.last_zxid
+        for voters in self.cfg.quorums():
+            acked = sorted((self.acked_through.get(v, 0) for v in voters), reverse=True)
+            highest = min(highest, acked[len(voters) // 2])
+        return highest
+
+    def _synced(self) -> frozenset[int]:
+        """Members whose logs follow ours now: us, and learners past synchronization heard from
+        within sync_limit_ticks (a reconfig needs a quorum of its new voters among them)."""
+        now, limit = self.peer.now, self.cfg.sync_limit_ticks
+        return frozenset([self.id] + [f for f in self.forwarding if self.learners[f].state is LearnerState.UPTODATE
+                                      and now - self.learners[f].last_heard <= limit])
+
+    def on_new_ensemble(self) -> list[Action]:
+        """Step down if we are no longer a voter (the new voters elect at once); drop learners
+        the new ensemble removed or gave another role: they rejoin in it."""
+        if self.cfg.role_of(self.id) != VOTER:
+            return self.peer.look()
+        out: list[Action] = []
+        for f, h in list(self.learners.items()):
+            role = self.cfg.role_of(f)
+            if role is None or h.observer != (role == OBSERVER):
+                self._drop(f)
+                out.append(Disconnect(f, f"the new ensemble has it as {role or 'no member'}"))
+        return out
 
     # -- liveness ---------------------------------------------------------------
     def on_tick(self) -> list[Action]:
@@ -320,7 +360,7 @@ class LeaderRole:
                 return self.peer.look()
             return []
         heard = {self.id} | {f for f in self.forwarding
-                             if f in self.cfg.voters and now - self.learners[f].last_heard <= self.cfg.sync_limit_ticks}
+                             if f in self.cfg.voting and now - self.learners[f].last_heard <= self.cfg.sync_limit_ticks}
         if not self.cfg.is_quorum(heard):
             return self.peer.look()
         out: list[Action] = []
@@ -388,7 +428,7 @@ class LeaderRole:
         if isinstance(msg, ReadIndexAck):
             if not 0 < msg.round <= self.read_index.last_round:
                 return self._refuse(frm, f"READINDEXACK of round {msg.round}, which this leader never sent")
-            if frm not in self.cfg.voters:
+            if frm not in self.cfg.voting:
                 return []  # an observer's answer proves nothing about the voters' quorum
             return self._read_index(self.read_index.acked(frm, msg.round, self.peer.now))
         return [Disconnect(frm, f"a leader does not expect {type(msg).__name__}")] if frm != self.id else []

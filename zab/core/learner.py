@@ -14,15 +14,21 @@ not allow, sends the peer back to election.
 
 from __future__ import annotations
 
+import hashlib
 from typing import TYPE_CHECKING
+
+from crc32c import crc32c
 
 from zab.core import zxid as Z
 from zab.core.actions import (Action, Answered, ClientRequest, ClientSync, Disconnect, InstallSnapshot, LogAppend, LogSync,
-                         LogTruncate, Phase, RequestFailed, Role, RoleChanged, Send, Synced)
-from zab.core.messages import (Ack, AckEpoch, AckNewLeader, Commit, FollowerInfo, Inform, LeaderInfo, Message, NewLeader,
+                         LogTruncate, Phase, RequestFailed, Role, RoleChanged, Send, SnapBegin, SnapDiscard, SnapWrite,
+                         Synced)
+from zab.core.messages import (Ack, EnsembleInfo, AckEpoch, AckNewLeader, Commit, FollowerInfo, Inform, LeaderInfo, Message, NewLeader,
                           Notification, Ping, Proposal, ReadIndexAck, ReadIndexProbe, Refused, Reject, Request,
                           ServerState, SnapAck, SnapChunk, SnapEnd, Sync, SyncMode, SyncReply, SyncRequest, SyncTxns,
                           UpToDate)
+from zab.core.config import OBSERVER, VOTER, ZabConfig
+from zab.core.ensemble import EnsembleError, parse_spec
 from zab.core.snap_transfer import SnapReceiver
 from zab.core.statemachine import MalformedState
 from zab.core.txn import Txn
@@ -34,7 +40,6 @@ if TYPE_CHECKING:
 class LearnerRole:
     def __init__(self, peer: "Peer", leader: int) -> None:
         self.peer = peer
-        self.cfg = peer.cfg
         self.leader = leader
         self.observer = peer.cfg.is_observer
         self.role = Role.OBSERVING if self.observer else Role.FOLLOWING
@@ -49,6 +54,17 @@ class LearnerRole:
         self.pending_commit = 0
         self.touches: set[int] = set()
 
+    @property
+    def cfg(self) -> ZabConfig:
+        return self.peer.cfg  # replaced when the ensemble changes
+
+    def on_new_ensemble(self) -> list[Action]:
+        """Follow on only if the new ensemble keeps us in our role and our leader a voter."""
+        mine = self.cfg.role_of(self.peer.id)
+        if mine is None or (mine == OBSERVER) != self.observer or self.cfg.role_of(self.leader) != VOTER:
+            return self.peer.look()
+        return []
+
     def begin(self) -> list[Action]:
         self.peer.phase = Phase.DISCOVERY
         return [RoleChanged(self.role, self.leader, self.peer.current_epoch), self._follower_info()]
@@ -58,24 +74,27 @@ class LearnerRole:
         return Send(self.leader, FollowerInfo(p.accepted_epoch, p.last_zxid, self.observer, self.attempt))
 
     def _fail(self, reason: str) -> list[Action]:
-        return [Disconnect(self.leader, reason)] + self.peer.look()
+        return self._discard_snap() + [Disconnect(self.leader, reason)] + self.peer.look()
+
+    def _look(self) -> list[Action]:
+        return self._discard_snap() + self.peer.look()
 
     # -- time and links ----------------------------------------------------------
     def on_tick(self) -> list[Action]:
         now = self.peer.now
         limit = self.cfg.sync_limit_ticks if self.peer.phase is Phase.BROADCAST else self.cfg.init_limit_ticks
         if now - self.last_heard > limit:
-            return self.peer.look()
+            return self._look()
         if self.peer.phase is Phase.DISCOVERY and (now - self.started) % self.cfg.ping_interval_ticks == 0:
             return [self._follower_info()]
         return []
 
     def on_disconnected(self, peer_id: int) -> list[Action]:
-        return self.peer.look() if peer_id == self.leader else []
+        return self._look() if peer_id == self.leader else []
 
     def on_notification(self, frm: int, n: Notification) -> list[Action]:
         # Our leader is LOOKING again: it gave up leadership, so do we.
-        return self.peer.look() if frm == self.leader and n.state == ServerState.LOOKING else []
+        return self._look() if frm == self.leader and n.state == ServerState.LOOKING else []
 
     def on_client_sync(self, ev: ClientSync) -> list[Action]:
         if self.peer.phase is not Phase.BROADCAST:
@@ -133,41 +152,59 @@ class LearnerRole:
             p.history.truncate_after(m.zxid)
             return [LogTruncate(m.zxid)]
         if m.snapshot is None:  # it follows in chunks
-            self.snap = SnapReceiver(m.zxid, self.cfg.snap_max_bytes)
-            return []
-        return self._install(m.zxid, m.snapshot)  # a leader of an older version sends it inline
+            return self._begin_snap(m.zxid)
+        return self._take_inline_snap(m.zxid, m.snapshot)  # a leader of an older version sends it inline
 
-    def _install(self, zxid: int, snapshot: bytes) -> list[Action]:
-        p = self.peer
-        try:
-            p.sm.restore(zxid, snapshot)
-        except MalformedState as e:  # the state machine is as it was: nothing to undo
-            return self._fail(f"SNAP at {Z.fmt(zxid)} does not decode: {e}")
-        p.history.reset(zxid)
-        p.last_committed = zxid
-        return [InstallSnapshot(zxid, snapshot)]
+    # -- SNAP (zab/core/snap_transfer.py) --------------------------------------------
+    def _begin_snap(self, zxid: int) -> list[Action]:
+        self.snap = SnapReceiver(zxid, self.cfg.snap_max_bytes, self.peer.sm.restorer(zxid))
+        return [SnapBegin(zxid)]
+
+    def _discard_snap(self) -> list[Action]:
+        """A transfer cut short leaves no partial file (and its partial state goes with it)."""
+        snap, self.snap = self.snap, None
+        return [SnapDiscard(snap.zxid)] if snap is not None else []
+
+    def _take_inline_snap(self, zxid: int, snapshot: bytes) -> list[Action]:
+        out = self._begin_snap(zxid)
+        assert self.snap is not None
+        refused = (self.snap.on_chunk(SnapChunk(0, snapshot, crc32c(snapshot)))
+                   or self.snap.on_end(SnapEnd(len(snapshot), hashlib.sha256(snapshot).digest())))
+        if refused:
+            return self._fail(refused)
+        return out + [SnapWrite(snapshot)] + self._install()
+
+    def _install(self) -> list[Action]:
+        """The verified snapshot replaces our state, then our history (the edge its file, in order)."""
+        p, snap = self.peer, self.snap
+        assert snap is not None
+        refused = snap.install()
+        if refused:  # the state machine is as it was: nothing to undo
+            return self._fail(refused)
+        self.snap = None
+        p.history.reset(snap.zxid)
+        p.last_committed = snap.zxid
+        return [InstallSnapshot(snap.zxid)]
 
     def _snapping(self) -> bool:
-        return self.snap is not None and self.snap.complete is None
+        return self.snap is not None
 
     def _on_snap_chunk(self, m: SnapChunk) -> list[Action]:
         if not self._snapping():
             return self._fail("SNAPCHUNK outside a snapshot transfer")
         assert self.snap is not None
         refused = self.snap.on_chunk(m)
-        return self._fail(refused) if refused else [Send(self.leader, SnapAck(self.snap.received))]
+        if refused:
+            return self._fail(refused)
+        # Acked once written: the learner's disk, not only its link, paces the leader's window.
+        return [SnapWrite(m.data, then=(Send(self.leader, SnapAck(self.snap.received)),))]
 
     def _on_snap_end(self, m: SnapEnd) -> list[Action]:
         if not self._snapping():
             return self._fail("SNAPEND outside a snapshot transfer")
         assert self.snap is not None
         refused = self.snap.on_end(m)
-        if refused:
-            return self._fail(refused)
-        zxid, snapshot = self.snap.zxid, self.snap.complete
-        assert snapshot is not None
-        self.snap = None
-        return self._install(zxid, snapshot)
+        return self._fail(refused) if refused else self._install()
 
     def _append(self, txns: tuple[Txn, ...]) -> tuple[list[Txn], str | None]:
         """Add new transactions to the history; duplicates (already logged) are skipped.
@@ -284,6 +321,18 @@ class LearnerRole:
             return self._fail(f"REFUSED for {m.session_id:#x}/{m.cxid} does not decode: {e}")
         return [Answered(m.session_id, m.cxid, answer)]
 
+    def _on_ensemble_info(self, m: EnsembleInfo) -> list[Action]:
+        # Before SYNC: in discovery when the leader has us in another role than we asked for.
+        if self.sync_started:
+            return self._fail("ENSEMBLEINFO after SYNC")
+        if not Z.zxid_ok(m.version) or (self.epoch is not None and Z.epoch_of(m.version) > self.epoch):
+            return self._fail(f"ENSEMBLEINFO of version {m.version:#x}, beyond the leader's epoch")
+        try:
+            ensemble = parse_spec(m.spec, m.version)
+        except EnsembleError as e:
+            return self._fail(f"ENSEMBLEINFO does not parse: {e}")
+        return self.peer.adopt_ensemble(ensemble)
+
     def _on_reject(self, m: Reject) -> list[Action]:
         return [RequestFailed(m.session_id, m.cxid, "NoLeader")]
 
@@ -304,4 +353,5 @@ _HANDLERS = {
     SnapEnd: LearnerRole._on_snap_end,
     ReadIndexProbe: LearnerRole._on_read_index_probe,
     Refused: LearnerRole._on_refused,
+    EnsembleInfo: LearnerRole._on_ensemble_info,
 }

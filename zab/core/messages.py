@@ -168,10 +168,11 @@ class ReadIndexAck:
 
 @dataclass(slots=True, unsafe_hash=True)
 class SnapChunk:
-    """Leader -> learner: `data` of the snapshot announced by SYNC(SNAP), at byte `offset`
-    (zab/core/snap_transfer.py)."""
+    """Leader -> learner: `data` of the snapshot announced by SYNC(SNAP), at byte `offset`, with
+    `crc`, its CRC-32C, computed where the chunk was encoded (zab/core/snap_transfer.py)."""
     offset: int
     data: bytes
+    crc: int
 
 
 @dataclass(slots=True, unsafe_hash=True)
@@ -188,6 +189,15 @@ class SnapEnd:
 
 
 @dataclass(slots=True, unsafe_hash=True)
+class EnsembleInfo:
+    """Leader -> learner, before SYNC: the leader's committed ensemble (zab/core/ensemble.py server
+    lines, made by the reconfig at zxid `version`). A learner that missed that reconfig (a SNAP
+    folds it away, or it is joining) adopts it (ZooKeeper sends its config in NEWLEADER)."""
+    version: int
+    spec: bytes
+
+
+@dataclass(slots=True, unsafe_hash=True)
 class Refused:
     """Leader -> the learner a request came from: it fails without a transaction
     (statemachine.Refusal). Sent after the COMMIT of `zxid`, the last transaction
@@ -200,4 +210,4 @@ class Refused:
 
 Message = (Notification | FollowerInfo | LeaderInfo | AckEpoch | Sync | SyncTxns | NewLeader | AckNewLeader
            | UpToDate | Proposal | Ack | Commit | Inform | Request | Reject | Ping | SyncRequest | SyncReply
-           | Refused | ReadIndexProbe | ReadIndexAck | SnapChunk | SnapAck | SnapEnd)
+           | Refused | ReadIndexProbe | ReadIndexAck | SnapChunk | SnapAck | SnapEnd | EnsembleInfo)

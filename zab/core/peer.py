@@ -10,13 +10,16 @@ paper: ELECTION, DISCOVERY, SYNCHRONIZATION, BROADCAST.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 
 from zab.core import zxid as Z
-from zab.core.actions import (Action, ClientRequest, ClientSync, Delivered, Event, PeerDisconnected, PersistEpoch, Phase, Received,
-                         RequestFailed, Role, RoleChanged, Send, TakeSnapshot, Tick, TouchSessions)
+from zab.core.actions import (Action, ClientRequest, ClientSync, Delivered, EnsembleChanged, Event, PeerDisconnected,
+                              PersistEpoch, Phase, Received, RequestFailed, Role, RoleChanged, Send, TakeSnapshot, Tick,
+                              TouchSessions)
 from zab.core.config import ZabConfig
 from zab.core.election import FastLeaderElection
+from zab.core.ensemble import Ensemble, EnsembleError, bootstrap, parse_spec
 from zab.core.history import History
 from zab.core.leader import LeaderRole
 from zab.core.learner import LearnerRole
@@ -31,15 +34,21 @@ class DiskState:
     accepted_epoch: int = 0
     current_epoch: int = 0
     snapshot_zxid: int = 0
-    snapshot_state: bytes | None = None
+    # The snapshot's bytes, whole or (from a file, zab/storage/snapshot.py) an iterable of pieces
+    # read as the state machine's restore takes them.
+    snapshot_state: bytes | Iterable[bytes] | None = None
     txns: tuple[Txn, ...] = ()
 
 
 class Peer:
     """One Zab node. Feed it events; execute the actions it returns, in order."""
 
-    def __init__(self, config: ZabConfig, state_machine: StateMachine, recovered: DiskState = DiskState()) -> None:
-        self.cfg = config
+    def __init__(self, config: ZabConfig, state_machine: StateMachine, recovered: DiskState = DiskState(),
+                 ensemble: Ensemble | None = None) -> None:
+        """`ensemble`: the committed ensemble this node last persisted (else the bootstrap one,
+        `config`'s voters and observers); it replaces `config`'s members."""
+        self.ensemble = ensemble if ensemble is not None else bootstrap(config.voters, config.observers)
+        self.cfg = replace(config, voters=self.ensemble.voters, observers=self.ensemble.observers)
         self.id = config.my_id
         self.sm = state_machine
         self.accepted_epoch = recovered.accepted_epoch
@@ -52,7 +61,14 @@ class Peer:
         # committed until a leader says so (UPTODATE / COMMIT).
         self.last_committed = recovered.snapshot_zxid
         self.now = 0
-        self.election = FastLeaderElection(config)
+        self.election = FastLeaderElection(self.cfg)
+        # The ensemble a logged, uncommitted reconfig proposes (derived from the history), and
+        # how far the history has been searched for one.
+        self.pending: Ensemble | None = None
+        self._scanned: tuple[int, int] = (-1, 0)  # (history.rewrites, zxid)
+        self._ensemble_moved = False  # the committed ensemble changed during this step
+        state_machine.show_ensemble(self.ensemble)
+        self._track_pending()
         self.role = Role.LOOKING
         self.phase = Phase.ELECTION
         self.leader_id: int | None = None
@@ -66,6 +82,14 @@ class Peer:
         return self.look()
 
     def step(self, event: Event) -> list[Action]:
+        out = self._step(event)
+        self._track_pending()
+        if self._ensemble_moved:
+            self._ensemble_moved = False
+            out += self._recheck_role()
+        return out
+
+    def _step(self, event: Event) -> list[Action]:
         if isinstance(event, Tick):
             self.now += 1
             return self._on_tick()
@@ -121,7 +145,9 @@ class Peer:
 
     # -- role changes ---------------------------------------------------------
     def look(self) -> list[Action]:
-        """Return to ELECTION (leader lost, quorum lost, protocol error, or start)."""
+        """Return to ELECTION (leader lost, quorum lost, protocol error, a new ensemble, or start).
+        A node outside the ensemble (joining, or removed) looks too, without a vote of its own:
+        it learns who leads once it is a member, and a removed node so stops serving."""
         self.role, self.phase, self.leader_id, self.role_state = Role.LOOKING, Phase.ELECTION, None, None
         self.sm.forget_prepared()
         self._stash.clear()
@@ -175,6 +201,9 @@ class Peer:
             result = self.sm.apply(txn.zxid, txn.data)
             self.last_committed = txn.zxid
             out.append(Delivered(txn, result))
+            spec = self.sm.ensemble_of(txn.data) if txn.zxid > self.ensemble.version else None
+            if spec is not None:
+                out += self.adopt_ensemble(_parsed(spec, txn.zxid))
             self._since_snapshot += 1
         if self._since_snapshot >= self.cfg.snapshot_every_txns:
             self._since_snapshot = 0
@@ -182,5 +211,55 @@ class Peer:
         self.history.trim(self.last_committed, self.cfg.sync_window_txns, self.cfg.sync_window_bytes)
         return out
 
+    # -- the ensemble: reconfiguration -------------------------------------------------
+    def _track_pending(self) -> None:
+        """Find the newest reconfig logged above the committed ensemble (`pending`): every
+        quorum must include a majority of its voters too until it commits."""
+        h = self.history
+        rewrites, scanned = self._scanned
+        if rewrites != h.rewrites:  # truncated or replaced: what we found may be gone
+            self.pending, scanned = None, self.ensemble.version
+        if h.last_zxid > scanned:
+            for txn in h.after(max(scanned, h.base_zxid)):
+                spec = self.sm.ensemble_of(txn.data) if txn.zxid > self.ensemble.version else None
+                if spec is not None:
+                    self.pending = _parsed(spec, txn.zxid)
+            scanned = h.last_zxid
+        self._scanned = (h.rewrites, scanned)
+        self._use_members()
+
+    def _use_members(self) -> None:
+        pending = self.pending
+        cfg = replace(self.cfg, voters=self.ensemble.voters, observers=self.ensemble.observers,
+                      pending_voters=pending.voters if pending else None,
+                      pending_observers=pending.observers if pending else frozenset())
+        if cfg != self.cfg:
+            self.cfg = cfg
+            self.election.cfg = cfg
+
+    def adopt_ensemble(self, ensemble: Ensemble) -> list[Action]:
+        """Make `ensemble` the committed one if it is newer (a reconfig committed, or a leader
+        told a learner that missed it); the caller's step then checks our role against it."""
+        if ensemble.version <= self.ensemble.version:
+            return []
+        self.ensemble = ensemble
+        self._scanned = (-1, ensemble.version)  # search again above it
+        self._ensemble_moved = True
+        self.sm.show_ensemble(ensemble)
+        self._track_pending()
+        return [EnsembleChanged(ensemble)]
+
+    def _recheck_role(self) -> list[Action]:
+        """A new committed ensemble: keep our role only if it still holds (ZooKeeper: a removed
+        leader steps down, and the rest elect among the new voters at once)."""
+        return self.role_state.on_new_ensemble() if self.role_state is not None else []
+
     def describe(self) -> str:
         return f"peer {self.id} {self.role.value}/{self.phase.value} e={self.current_epoch} last={Z.fmt(self.last_zxid)}"
+
+
+def _parsed(spec: bytes, zxid: int) -> Ensemble:
+    try:
+        return parse_spec(spec, zxid)
+    except EnsembleError as e:  # the state machine accepted it: its checks and ours differ (a bug)
+        raise AssertionError(f"the reconfig at {Z.fmt(zxid)} does not parse: {e}") from e

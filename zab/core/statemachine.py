@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from zab.core.ensemble import Ensemble
 
 
 class MalformedState(ValueError):
@@ -35,6 +39,21 @@ class Frozen(Protocol):
 
     def to_bytes(self) -> bytes: ...
 
+    def chunks(self, chunk_bytes: int) -> Iterator[bytes]:
+        """The serialized state in pieces of at most `chunk_bytes` (together: to_bytes()), each
+        encoded when it is taken: a SNAP and a snapshot file never hold the whole (issue 19)."""
+
+
+class Restore(Protocol):
+    """A snapshot arriving in pieces, decoded as it comes (StateMachine.restorer)."""
+
+    def feed(self, chunk: bytes) -> None:
+        """The next piece, of any size; MalformedState as soon as what arrived cannot be a snapshot."""
+
+    def install(self) -> None:
+        """Replace the state machine's whole state with the snapshot fed; MalformedState, with the
+        state unchanged, if it is incomplete, inconsistent or not at the zxid it was begun for."""
+
 
 class StateMachine(Protocol):
     """A deterministic state machine driven by committed transactions in zxid order.
@@ -51,13 +70,16 @@ class StateMachine(Protocol):
 
     last_zxid: int
 
-    def prepare(self, zxid: int, session_id: int, request: bytes, decoded: object = None) -> bytes | Refusal:
+    def prepare(self, zxid: int, session_id: int, request: bytes, decoded: object = None, *,
+                synced: frozenset[int] = frozenset()) -> bytes | Refusal:
         """Leader only: the transaction `zxid` for `request` from `session_id`, given every
         transaction already prepared (and not yet applied); or a Refusal, which must
         leave the prepared view as it was (`zxid` is then used by the next request).
         `decoded`, when not None, is what this process's client edge decoded `request` to
         (ClientRequest.decoded, in the state machine's own form): use it instead of decoding
-        again. Requests forwarded from other nodes always come as bytes alone."""
+        again. Requests forwarded from other nodes always come as bytes alone. `synced`: the
+        members whose logs follow the leader's now (itself included), for a reconfig, which
+        must be refused unless a quorum of its new voters is among them."""
 
     def refused(self, zxid: int, refusal: bytes) -> object:
         """The result for the waiting client of a refused request (Refusal.data), answered
@@ -81,9 +103,23 @@ class StateMachine(Protocol):
     def freeze(self) -> Frozen:
         """A consistent copy at `last_zxid`, cheap to take, serialised later."""
 
-    def restore(self, zxid: int, state: bytes) -> None:
-        """Replace the whole state with a snapshot taken at `zxid`; MalformedState, with
-        the state unchanged, if `state` does not decode to a snapshot at `zxid`."""
+    def restore(self, zxid: int, state: bytes | Iterable[bytes]) -> None:
+        """Replace the whole state with a snapshot taken at `zxid`, whole or in pieces (read
+        from a file as they are taken); MalformedState, with the state unchanged, if `state`
+        does not decode to a snapshot at `zxid`."""
+
+    def restorer(self, zxid: int) -> Restore:
+        """Begin a restore whose pieces come one at a time (a learner's SNAPCHUNKs); nothing
+        changes until its install()."""
 
     def digest(self) -> str:
         """A hash of the whole state: equal on every node at the same zxid."""
+
+    def ensemble_of(self, txn: bytes) -> bytes | None:
+        """The server lines (zab/core/ensemble.py) a reconfig transaction sets, or None for any
+        other transaction. Cheap: Zab asks it of every transaction it logs, to know a pending
+        reconfig (whose ensemble every quorum must then include)."""
+
+    def show_ensemble(self, ensemble: Ensemble) -> None:
+        """This node's committed ensemble is now `ensemble` (at start, or adopted from a
+        leader): a state machine that shows it (ZooKeeper's /zookeeper/config) shows this."""

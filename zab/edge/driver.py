@@ -29,10 +29,13 @@ from typing import Protocol
 
 import trio
 
-from zab.core.actions import (Action, Answered, ClientRequest, ClientSync, Delivered, Disconnect, Event, InstallSnapshot, LogAppend,
+from zab.core.actions import (Action, Answered, ClientRequest, ClientSync, Delivered, Disconnect, EnsembleChanged, Event, InstallSnapshot, LogAppend,
                          LeaderTicked, LogSync, LogTruncate, PersistEpoch, Received, RequestFailed, Role, RoleChanged,
-                         Send, SessionsTouched, Synced, TakeSnapshot, Tick, TouchSessions)
+                         Send, SessionsTouched, SnapBegin, SnapDiscard, SnapWrite, Synced, TakeSnapshot, Tick,
+                         TouchSessions)
 from zab.core.config import ZabConfig
+from zab.core.ensemble import Ensemble, peer_addresses
+from zab.storage.ensemble_file import read_ensemble, write_ensemble
 from zab.storage.epochfile import write_epoch
 from zab.errors import NoLeader, OutcomeUnknown
 from zab.edge.log_writer import DEFAULT_MAX_QUEUED_BYTES, LogWriter
@@ -44,7 +47,7 @@ from zab.core.txn import Txn
 
 log = logging.getLogger("quire.zab.driver")
 
-_LOG_ACTIONS = (LogAppend, LogSync, LogTruncate, InstallSnapshot, TakeSnapshot)
+_LOG_ACTIONS = (LogAppend, LogSync, LogTruncate, SnapBegin, SnapWrite, SnapDiscard, InstallSnapshot, TakeSnapshot)
 
 # The identity a request carries through Zab (its Txn's, REQUEST's and answers' cxid): the
 # origin node's id in the top byte, then a per-driver counter from a random start. Every node
@@ -125,8 +128,11 @@ class PeerDriver:
                  state_machine: StateMachine, *, max_frame_bytes: int, send_queue_max: int,
                  snapshots_retained: int, cluster_name: str = "quire",
                  send_queue_max_bytes: int = DEFAULT_SEND_QUEUE_MAX_BYTES,
-                 log_queue_max_bytes: int = DEFAULT_MAX_QUEUED_BYTES) -> None:
+                 log_queue_max_bytes: int = DEFAULT_MAX_QUEUED_BYTES, bootstrap: Ensemble | None = None) -> None:
+        """`bootstrap`: the ensemble cluster.toml describes (with addresses), used until this node
+        persisted a newer one (zab/storage/ensemble_file.py)."""
         self.cfg = config
+        self.bootstrap = bootstrap
         self.data_dir = Path(data_dir)
         self.state_machine = state_machine
         self.snapshots_retained = snapshots_retained
@@ -160,9 +166,12 @@ class PeerDriver:
         self.writer = LogWriter(recovered.log, recovered.snapshots, snapshots_retained=self.snapshots_retained,
                                 on_done=self._take_synced, send_now=self._send_acks_now,
                                 max_queued_bytes=self.log_queue_max_bytes)
+        ensemble = read_ensemble(self.data_dir) or self.bootstrap
+        if ensemble is not None:
+            self.transport.set_members(peer_addresses(ensemble))
         self.peer = Peer(self.cfg, self.state_machine,
                          DiskState(recovered.accepted_epoch, recovered.current_epoch, recovered.snapshot_zxid,
-                                   recovered.snapshot_state, tuple(recovered.txns)))
+                                   recovered.snapshot_chunks(), tuple(recovered.txns)), ensemble)
         log.info("event=recovered node=%s snapshot=%#x last_zxid=%#x accepted_epoch=%s current_epoch=%s",
                  self.cfg.my_id, recovered.snapshot_zxid, self.peer.last_zxid, recovered.accepted_epoch,
                  recovered.current_epoch)
@@ -323,6 +332,12 @@ class PeerDriver:
             log.info("event=role node=%s role=%s leader=%s epoch=%s", self.cfg.my_id, a.role.value, a.leader, a.epoch)
             self._fail_all(OutcomeUnknown(f"node {self.cfg.my_id} became {a.role.value}; the request may or may "
                                           "not have committed"))
+        elif isinstance(a, EnsembleChanged):
+            # Small and rare: written before anything after it, as the core expects of a persist.
+            write_ensemble(self.data_dir, a.ensemble)
+            self.transport.set_members(peer_addresses(a.ensemble))
+            log.info("event=ensemble node=%s version=%#x voters=%s observers=%s", self.cfg.my_id, a.ensemble.version,
+                     sorted(a.ensemble.voters), sorted(a.ensemble.observers))
         elif isinstance(a, Disconnect):
             log.warning("event=disconnect node=%s peer=%s reason=%r", self.cfg.my_id, a.peer, a.reason)
             self.transport.disconnect(a.peer)

@@ -39,18 +39,21 @@ from collections.abc import Callable
 import trio
 
 from zab.core.acks import coalesce_acks
-from zab.core.actions import Action, InstallSnapshot, LogAppend, LogSync, LogTruncate, Send, TakeSnapshot
+from zab.core.actions import (Action, InstallSnapshot, LogAppend, LogSync, LogTruncate, Send, SnapBegin, SnapDiscard,
+                              SnapWrite, TakeSnapshot)
 from zab.core.history import txn_bytes
 from zab.core.messages import Ack
 from zab.storage.recovery import purge
 from edge.files import fsync_directory
 from edge.group_commit import GroupCommitWriter
-from zab.storage.snapshot import SnapshotStore
+from zab.storage.snapshot import RECEIVING_SUFFIX, SnapshotFile, SnapshotStore
 from zab.storage.txnlog import TxnLog
 
 log = logging.getLogger("quire.zab.log_writer")
 
 DEFAULT_MAX_QUEUED_BYTES = 64 << 20
+# A local snapshot is encoded and written in pieces of this size: the writer never holds the whole.
+SNAPSHOT_WRITE_CHUNK_BYTES = 1 << 20
 
 
 class LogWriter:
@@ -81,6 +84,7 @@ class LogWriter:
         self._stopping = False
         self.fsync_seconds_total = 0.0
         self.snapshots_taken = 0
+        self._receiving: SnapshotFile | None = None  # a SNAP being received (SnapBegin .. Install/Discard)
 
     @property
     def _done(self) -> collections.deque:
@@ -179,13 +183,19 @@ class LogWriter:
     def _write(self, batch: list[Action]) -> list[Action]:
         """Worker thread: perform `batch` in order; one fsync covers all appends."""
         then: list[Action] = []
-        dirty = False
+        dirty = synced = False
         for a in batch:
             if isinstance(a, LogAppend):
                 self.txnlog.append(a.txns)
                 dirty = True
             elif isinstance(a, LogSync):
                 then.extend(a.then)
+                synced = True
+            elif isinstance(a, SnapWrite):
+                self._receive(a)
+                then.extend(a.then)  # a SNAPACK: the chunk is written; the fsync comes at the install
+            elif isinstance(a, (SnapBegin, SnapDiscard)):
+                self._begin_or_discard(a)
             elif isinstance(a, LogTruncate):
                 self._sync(dirty)
                 dirty = False
@@ -199,7 +209,7 @@ class LogWriter:
                 self._snapshot(a)
             else:
                 raise TypeError(f"not a log action: {a!r}")
-        self._sync(dirty or bool(then))
+        self._sync(dirty or synced)
         return then
 
     def _sync(self, dirty: bool) -> None:
@@ -217,10 +227,13 @@ class LogWriter:
         # durable, and older state files go last, so every crash point recovers a
         # consistent state.
         self._sync(dirty)
+        received, self._receiving = self._receiving, None
+        assert received is not None and received.zxid == a.zxid, f"InstallSnapshot({a.zxid:#x}) without its SnapBegin"
         base = self.txnlog.base_zxid
         if base is None or base <= a.zxid:
             self.txnlog.truncate_after(a.zxid)
-        self.snapshots.write(a.zxid, a.state)
+        received.commit()  # fsync, header, rename: the received file is the snapshot now
+        log.info("event=snap_installed zxid=%#x bytes=%d", a.zxid, received.body_length)
         self.txnlog.reset(base_zxid=a.zxid)
         stale = [path for zxid, path in self.snapshots.files() if zxid != a.zxid]
         for path in stale:
@@ -229,12 +242,27 @@ class LogWriter:
             fsync_directory(self.snapshots.directory)
 
     def _snapshot(self, a: TakeSnapshot) -> None:
-        state = a.frozen.to_bytes()
-        self.snapshots.write(a.frozen.zxid, state)
+        # Encoded piece by piece from the frozen view as it is written: never whole in memory.
+        written = self.snapshots.write_chunks(a.frozen.zxid, a.frozen.chunks(SNAPSHOT_WRITE_CHUNK_BYTES))
         self.snapshots_taken += 1
         result = purge(self.snapshots, self.txnlog, self.snapshots_retained)
         log.info("event=snapshot zxid=%#x bytes=%d purged_snapshots=%d purged_segments=%d",
-                 a.frozen.zxid, len(state), len(result.snapshots_removed), result.segments_removed)
+                 a.frozen.zxid, written.body_length, len(result.snapshots_removed), result.segments_removed)
+
+    def _begin_or_discard(self, a: SnapBegin | SnapDiscard) -> None:
+        """A SNAP's partial file: any earlier one goes (a transfer cut before the core said so
+        cannot leave it behind), and SnapBegin starts the new one."""
+        if self._receiving is not None:
+            log.warning("event=snap_discarded zxid=%#x bytes=%d (the transfer was cut; the next sync starts over)",
+                        self._receiving.zxid, self._receiving.body_length)
+            self._receiving.abort()
+            self._receiving = None
+        if isinstance(a, SnapBegin):
+            self._receiving = self.snapshots.begin(a.zxid, RECEIVING_SUFFIX)
+
+    def _receive(self, a: SnapWrite) -> None:
+        assert self._receiving is not None, "SnapWrite without SnapBegin"
+        self._receiving.write(a.data)
 
     def statistics(self) -> dict:
         stats = dict(self.txnlog.statistics())
@@ -248,8 +276,8 @@ def _action_bytes(a: Action) -> int:
     """What a queued log action holds in memory, as the writer's byte bound counts it."""
     if isinstance(a, LogAppend):
         return sum(map(txn_bytes, a.txns))
-    if isinstance(a, InstallSnapshot):
-        return len(a.state)
+    if isinstance(a, SnapWrite):
+        return len(a.data)
     return 0
 
 

@@ -102,19 +102,49 @@ class PeerTransport:
         self._lost_event = trio.Event()
         # Mutual TLS on every link when set (clusterd/daemon/tls_streams.py PeerTls: accept, admit, dial).
         self.tls = None
+        self._nursery: trio.Nursery | None = None
+        self._dialers: dict[int, trio.CancelScope] = {}
 
     # -- running ---------------------------------------------------------------------
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         host, port = self.addresses[self.my_id]
         listeners = await trio.open_tcp_listeners(port, host=host)
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             nursery.start_soon(trio.serve_listeners, self._accept, listeners)
             for peer in self.addresses:
                 if peer != self.my_id:
-                    self._out[peer] = _Outgoing(Outbox(threads=True, stats=self.stats))  # the log writer ACKs
-                    nursery.start_soon(self._dial_loop, peer)
+                    self._start_dialing(peer)
             nursery.start_soon(self._report_losses)
             task_status.started()
+
+    def _start_dialing(self, peer: int) -> None:
+        assert self._nursery is not None
+        self._out[peer] = _Outgoing(Outbox(threads=True, stats=self.stats))  # the log writer ACKs
+        scope = self._dialers[peer] = trio.CancelScope()
+
+        async def dial() -> None:
+            with scope:
+                await self._dial_loop(peer)
+        self._nursery.start_soon(dial)
+
+    def set_members(self, addresses: dict[int, tuple[str, int]]) -> None:
+        """The ensemble changed (a reconfig): dial the new members, drop the links of the
+        removed ones, redial moved ones at their new address. Our own listener stays."""
+        new = {**addresses, self.my_id: self.addresses[self.my_id]}
+        if self._nursery is None:  # not running yet: run() dials whatever is here
+            self.addresses = new
+            return
+        for peer in set(self.addresses) - set(new):
+            self.disconnect(peer)
+            scope = self._dialers.pop(peer, None)
+            if scope is not None:
+                scope.cancel()
+            self._out.pop(peer, None)
+        added = set(new) - set(self.addresses)
+        self.addresses = new
+        for peer in sorted(added):
+            self._start_dialing(peer)
 
     def sending_to(self, peer: int) -> bool:
         """True while our dialed link to `peer` is established."""

@@ -15,12 +15,13 @@ committed transactions (ZOOKEEPER-2325, ZOOKEEPER-3231; FAULTS.md).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from zab.storage.epochfile import read_epochs
 from edge.files import ensure_directory
-from zab.storage.snapshot import SnapshotStore
+from zab.storage.snapshot import SnapshotStore, read_body
 from zab.storage.storage_errors import MissingHistoryError
 from zab.core.txn import Txn
 from zab.storage.txnlog import DEFAULT_SEGMENT_MAX_BYTES, TxnLog
@@ -38,17 +39,23 @@ _WIPE_ADVICE = (
 class Recovered:
     """Everything a node needs to resume: epochs, state, the txns to replay, open stores.
 
-    Replay `txns` (all with zxid > snapshot_zxid, in order) on top of
-    `snapshot_state` (None: the empty initial state). `log` is open for appends.
+    Replay `txns` (all with zxid > snapshot_zxid, in order) on top of the
+    snapshot at `snapshot_path` (None: the empty initial state), read in pieces
+    with snapshot_chunks(). `log` is open for appends.
     """
 
     accepted_epoch: int
     current_epoch: int
     snapshot_zxid: int
-    snapshot_state: bytes | None
+    snapshot_path: Path | None
     txns: list[Txn]
     log: TxnLog
     snapshots: SnapshotStore
+
+    def snapshot_chunks(self) -> Iterator[bytes] | None:
+        """The snapshot's state in bounded pieces, read from its file as they are taken (checked
+        whole once already; its CRC is checked again at the end), or None without a snapshot."""
+        return None if self.snapshot_path is None else read_body(self.snapshot_path)
 
     @property
     def last_zxid(self) -> int:
@@ -75,7 +82,7 @@ def recover(data_dir: Path, *, segment_max_bytes: int = DEFAULT_SEGMENT_MAX_BYTE
     snapshots.discard_temporaries()
     log = TxnLog.open(data_dir / TXNLOG_DIR, segment_max_bytes=segment_max_bytes)
     try:
-        newest = snapshots.newest_valid()
+        newest = snapshots.newest_valid_file()  # checked in bounded pieces, never read whole
         snapshot_zxid, state = newest if newest is not None else (0, None)
         _check_history(snapshots, log, newest is not None, snapshot_zxid)
         if log.last_zxid == 0:

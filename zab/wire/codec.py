@@ -18,7 +18,7 @@ from crc32c import crc32c
 from zab.errors import FrameError
 from zab.core.messages import (Ack, AckEpoch, AckNewLeader, Commit, FollowerInfo, Inform, LeaderInfo, Message, NewLeader,
                           Notification, Ping, Proposal, ReadIndexAck, ReadIndexProbe, Refused, Reject, Request,
-                          ServerState, SnapAck, SnapChunk, SnapEnd, Sync, SyncMode, SyncReply, SyncRequest, SyncTxns,
+                          ServerState, EnsembleInfo, SnapAck, SnapChunk, SnapEnd, Sync, SyncMode, SyncReply, SyncRequest, SyncTxns,
                           UpToDate)
 from zab.core.txn import Txn
 
@@ -27,6 +27,7 @@ HELLO_MAGIC = b"QZAB"
 _FRAME = struct.Struct(">II")
 _TXN = struct.Struct(">QQQI")
 _U64 = struct.Struct(">Q")
+_SNAPCHUNK = struct.Struct(">QI")  # offset, CRC-32C of the data
 _U64x2 = struct.Struct(">QQ")
 DEFAULT_MAX_FRAME_BYTES = 64 << 20
 
@@ -34,7 +35,7 @@ _TYPES: dict[type, int] = {
     Notification: 1, FollowerInfo: 2, LeaderInfo: 3, AckEpoch: 4, Sync: 5, SyncTxns: 6, NewLeader: 7,
     AckNewLeader: 8, UpToDate: 9, Proposal: 10, Ack: 11, Commit: 12, Inform: 13, Request: 14, Reject: 15, Ping: 16,
     SyncRequest: 17, SyncReply: 18, Refused: 19, ReadIndexProbe: 20, ReadIndexAck: 21, SnapChunk: 22, SnapAck: 23,
-    SnapEnd: 24,
+    SnapEnd: 24, EnsembleInfo: 25,
 }
 
 
@@ -118,11 +119,13 @@ def encode_message(msg: Message) -> bytes:
         case ReadIndexProbe() | ReadIndexAck():
             body = _U64.pack(msg.round)
         case SnapChunk():
-            body = _U64.pack(msg.offset) + _blob(msg.data)
+            body = _SNAPCHUNK.pack(msg.offset, msg.crc) + _blob(msg.data)
         case SnapAck():
             body = _U64.pack(msg.received)
         case SnapEnd():
             body = _U64.pack(msg.total) + _blob(msg.digest)
+        case EnsembleInfo():
+            body = _U64.pack(msg.version) + _blob(msg.spec)
         case _:
             raise TypeError(f"not a Zab message: {msg!r}")
     return head + body
@@ -181,10 +184,15 @@ _DECODERS: dict[int, Callable[[_Reader], Message]] = {
     19: lambda r: Refused(*r.unpack(struct.Struct(">QQQ")), r.blob()),
     20: lambda r: ReadIndexProbe(r.u64()),
     21: lambda r: ReadIndexAck(r.u64()),
-    22: lambda r: SnapChunk(r.u64(), r.blob()),
+    22: lambda r: _d_snap_chunk(*r.unpack(_SNAPCHUNK), r.blob()),
     23: lambda r: SnapAck(r.u64()),
     24: lambda r: SnapEnd(r.u64(), r.blob()),
+    25: lambda r: EnsembleInfo(r.u64(), r.blob()),
 }
+
+
+def _d_snap_chunk(offset: int, crc: int, data: bytes) -> SnapChunk:
+    return SnapChunk(offset, data, crc)
 
 
 def decode_message(payload: bytes | memoryview) -> Message:

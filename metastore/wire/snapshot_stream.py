@@ -1,0 +1,253 @@
+"""The metastore's tree snapshot as a stream of bounded pieces (issue 19: streamed snapshots).
+
+`encode_chunks` yields the snapshot of a frozen view (DataTree.freeze) in pieces of at most
+`chunk_bytes`, and `SnapshotDecoder` takes the bytes back in pieces of any size, rebuilding the
+tree znode by znode (metastore/core/tree_assembly.py). The bytes are format version 1 exactly
+as the whole-buffer codec always wrote them (docs/metastore_tree.md, "Snapshot encoding"), so
+old snapshot files load and `b"".join(encode_chunks(...))` equals `encode_snapshot(...)`.
+
+What each side holds beyond the tree itself: the encoder, the sorted list of paths (references)
+and the table of distinct ACLs, plus one chunk and one znode record; the decoder, the bytes of
+at most one chunk plus the one record that straddles it. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Iterator
+
+from metastore.core import paths
+from metastore.core.acl import ACL, encode_acl
+from metastore.core.tree import DataTree, Node, ephemeral_type
+from metastore.core.tree_assembly import TreeAssembler
+from metastore.errors import BadArguments, DecodeError
+from metastore.wire.txn_codec import _SESSION, _U32, Reader, _blob, _text
+
+SNAPSHOT_MAGIC = b"QZNT"
+SNAPSHOT_VERSION = 1
+_SNAP_HEAD = struct.Struct(">4sBQQ")         # magic, version, last_zxid, digest
+_NODE = struct.Struct(">IQQQqqiiiQ")         # acl index, czxid, mzxid, pzxid, ctime, mtime,
+                                             # version, cversion (internal), aversion, owner
+
+
+# -- encoding ----------------------------------------------------------------------------
+
+def encode_pieces(last_zxid: int, nodes: dict[str, Node], sessions: dict[int, int], digest: int) -> Iterator[bytes]:
+    """The snapshot's bytes as one piece per section header, ACL, session and znode, in order."""
+    ordered = sorted(p for p in nodes if p != paths.CONFIG)
+    acl_index: dict[tuple[ACL, ...], int] = {}
+    acl_parts: list[bytes] = []
+    for path in ordered:  # the ACL table comes first in the format: a pass to collect it (few lists)
+        acl = nodes[path].acl
+        if acl not in acl_index:
+            acl_index[acl] = len(acl_parts)
+            acl_parts.append(encode_acl(acl))
+    yield _SNAP_HEAD.pack(SNAPSHOT_MAGIC, SNAPSHOT_VERSION, last_zxid, digest)
+    yield _U32.pack(len(acl_parts))
+    yield from acl_parts
+    yield _U32.pack(len(sessions))
+    for s in sorted(sessions):
+        yield _SESSION.pack(s, sessions[s])
+    yield _U32.pack(len(ordered))
+    for path in ordered:
+        node = nodes[path]
+        yield b"".join((_text(path), _blob(node.data), _NODE.pack(
+            acl_index[node.acl], node.czxid, node.mzxid, node.pzxid, node.ctime, node.mtime,
+            node.version, node.cversion, node.aversion, node.owner)))
+
+
+def rechunk(pieces: Iterable[bytes], chunk_bytes: int) -> Iterator[bytes]:
+    """`pieces` joined and cut again into chunks of exactly `chunk_bytes` (the last one shorter)."""
+    if chunk_bytes <= 0:
+        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+    buf = bytearray()
+    for piece in pieces:
+        buf += piece
+        if len(buf) < chunk_bytes:
+            continue
+        start = 0
+        while len(buf) - start >= chunk_bytes:
+            yield bytes(buf[start:start + chunk_bytes])
+            start += chunk_bytes
+        del buf[:start]  # once per piece: a large znode cut into many chunks stays linear
+    if buf:
+        yield bytes(buf)
+
+
+def encode_chunks(last_zxid: int, nodes: dict[str, Node], sessions: dict[int, int], digest: int,
+                  chunk_bytes: int) -> Iterator[bytes]:
+    """The snapshot in chunks of at most `chunk_bytes`; their concatenation is encode_snapshot's."""
+    return rechunk(encode_pieces(last_zxid, nodes, sessions, digest), chunk_bytes)
+
+
+# -- decoding ----------------------------------------------------------------------------
+
+_HEAD, _ACLS, _SESSIONS, _NODES, _DONE = range(5)
+
+
+class SnapshotDecoder:
+    """Feed a snapshot's bytes in pieces of any size; `finish` returns the tree. DecodeError, as
+    soon as it shows, for anything malformed, inconsistent, truncated, trailing or whose digest is
+    wrong. Only the unparsed tail of what was fed is kept, never what was already turned into
+    znodes."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._pos = 0            # parsed up to here in _buf
+        self._stage = _HEAD
+        self._left = -1          # items of the current section still to come (-1: its count is next)
+        self._acls: list[tuple[ACL, ...]] = []
+        self._sessions: dict[int, int] = {}
+        self._assembler: TreeAssembler | None = None
+        self._zxid = self._digest = 0
+        self.fed = 0
+
+    @property
+    def last_zxid(self) -> int | None:
+        """The snapshot's zxid, once its header arrived."""
+        return None if self._stage == _HEAD else self._zxid
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        if self._pos:
+            del self._buf[:self._pos]  # keep only what is not parsed yet
+            self._pos = 0
+        self._buf += data
+        self.fed += len(data)
+        if self._stage == _DONE:
+            if self._buf:
+                raise DecodeError(f"{len(self._buf)} trailing bytes")
+            return
+        try:
+            while self._step():
+                pass
+        except (ValueError, BadArguments, KeyError) as e:  # the assembler's refusals
+            raise DecodeError(f"inconsistent snapshot: {e}") from None
+
+    def finish(self) -> DataTree:
+        if self._stage != _DONE:
+            raise DecodeError(f"truncated snapshot: it ends after {self.fed} bytes, inside a record")
+        if self._pos != len(self._buf):
+            raise DecodeError(f"{len(self._buf) - self._pos} trailing bytes")
+        assert self._assembler is not None
+        try:
+            tree = self._assembler.finish()
+        except (ValueError, BadArguments, KeyError) as e:
+            raise DecodeError(f"inconsistent snapshot: {e}") from None
+        if tree.digest() != self._digest:
+            raise DecodeError(f"snapshot digest {self._digest:#x} != content digest {tree.digest():#x}")
+        return tree
+
+    def _available(self) -> int:
+        return len(self._buf) - self._pos
+
+    def _count(self) -> bool:
+        """Read the current section's u32 count if it is next; False if its bytes are not here."""
+        if self._left >= 0:
+            return True
+        if self._available() < 4:
+            return False
+        (self._left,) = _U32.unpack_from(self._buf, self._pos)
+        self._pos += 4
+        return True
+
+    def _step(self) -> bool:
+        """Parse what the buffer holds of the current section; True if the next section began."""
+        if self._stage == _HEAD:
+            return self._head()
+        if not self._count():
+            return False
+        if self._stage == _ACLS:
+            self._take_acls()
+        elif self._stage == _SESSIONS:
+            self._take_sessions()
+        else:
+            self._take_nodes()
+        if self._left:
+            return False
+        self._stage += 1
+        self._left = -1
+        if self._stage == _NODES:
+            self._assembler = TreeAssembler(self._zxid, self._sessions)
+        return self._stage != _DONE
+
+    def _head(self) -> bool:
+        if self._available() < _SNAP_HEAD.size:
+            return False
+        magic, version, self._zxid, self._digest = _SNAP_HEAD.unpack_from(self._buf, self._pos)
+        if magic != SNAPSHOT_MAGIC or version != SNAPSHOT_VERSION:
+            raise DecodeError(f"not a version {SNAPSHOT_VERSION} tree snapshot")
+        self._pos += _SNAP_HEAD.size
+        self._stage = _ACLS
+        return True
+
+    def _take_acls(self) -> None:
+        while self._left:
+            end = _acl_end(self._buf, self._pos)
+            if end is None:
+                return
+            self._acls.append(Reader(self._buf[self._pos:end]).acl())
+            self._pos, self._left = end, self._left - 1
+
+    def _take_sessions(self) -> None:
+        buf, sessions = self._buf, self._sessions
+        while self._left and self._available() >= _SESSION.size:
+            session_id, timeout_ms = _SESSION.unpack_from(buf, self._pos)
+            if session_id in sessions or timeout_ms <= 0:
+                raise DecodeError(f"duplicate or invalid session {session_id:#x}")
+            sessions[session_id] = timeout_ms
+            self._pos, self._left = self._pos + _SESSION.size, self._left - 1
+
+    def _take_nodes(self) -> None:
+        buf, pos, end, left = self._buf, self._pos, len(self._buf), self._left
+        add, acls, u32, node = self._assembler.add, self._acls, _U32.unpack_from, _NODE  # type: ignore[union-attr]
+        view = memoryview(buf)
+        try:
+            while left and pos + 4 <= end:
+                data_at = pos + 4 + u32(buf, pos)[0]
+                if data_at + 4 > end:
+                    break
+                fixed_at = data_at + 4 + u32(buf, data_at)[0]
+                if fixed_at + node.size > end:
+                    break
+                try:
+                    path = str(view[pos + 4:data_at], "utf-8")
+                except UnicodeDecodeError as e:
+                    raise DecodeError(f"string is not UTF-8: {e}") from None
+                index, *fields = node.unpack_from(buf, fixed_at)
+                if index >= len(acls):
+                    raise DecodeError(f"{path!r}: ACL index {index} out of range")
+                try:
+                    ephemeral_type(fields[-1])
+                except ValueError as e:
+                    raise DecodeError(str(e)) from None
+                add((path, bytes(view[data_at + 4:fixed_at]), acls[index], *fields))  # type: ignore[arg-type]
+                pos, left = fixed_at + node.size, left - 1
+        finally:
+            view.release()  # the buffer must be resizable again at the next feed
+            self._pos, self._left = pos, left
+
+
+def _acl_end(buf: bytearray, pos: int) -> int | None:
+    """Where the ACL list at `pos` ends, or None if its bytes have not all arrived."""
+    end = len(buf)
+    if pos + 4 > end:
+        return None
+    (n,) = _U32.unpack_from(buf, pos)
+    at = pos + 4
+    for _ in range(n):  # perms, scheme, id: each entry is at least 12 bytes, so this ends
+        at += 4
+        for _ in range(2):
+            if at + 4 > end:
+                return None
+            at += 4 + _U32.unpack_from(buf, at)[0]
+        if at > end:
+            return None
+    return at
+
+
+def decode_chunks(chunks: Iterable[bytes]) -> DataTree:
+    """The tree a snapshot in pieces holds; DecodeError as SnapshotDecoder raises it."""
+    decoder = SnapshotDecoder()
+    for chunk in chunks:
+        decoder.feed(chunk)
+    return decoder.finish()
