@@ -62,7 +62,7 @@ class LearnerRole:
         """Follow on only if the new ensemble keeps us in our role and our leader a voter."""
         mine = self.cfg.role_of(self.peer.id)
         if mine is None or (mine == OBSERVER) != self.observer or self.cfg.role_of(self.leader) != VOTER:
-            return self.peer.look()
+            return self._look()
         return []
 
     def begin(self) -> list[Action]:
