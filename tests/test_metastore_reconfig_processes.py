@@ -142,3 +142,45 @@ def test_grow_by_observers_to_five_voters_then_remove_the_leader_while_kazoo_wri
             assert parse_spec(check.get("/zookeeper/config")[0]).voters == rest
         finally:
             stop_kazoo(check)
+
+
+def members(cluster: Cluster) -> set[int]:
+    zk = client(cluster, (1, 2, 3, 4, 5))
+    try:
+        zk.sync("/zookeeper/config")
+        return parse_spec(zk.get("/zookeeper/config")[0]).voters
+    finally:
+        stop_kazoo(zk)
+
+
+def test_clusterctl_node_replace_takes_a_voter_out_and_puts_the_removed_node_back_while_kazoo_writes(cluster: Cluster):
+    """After the test above: the removed node comes back in a member's place (`clusterctl node
+    replace OLD NEW`: NEW added as observer, synced, made a voter; OLD removed)."""
+    before = members(cluster)
+    (outsider,) = {1, 2, 3, 4, 5} - before
+    old = min(before)
+    zk = client(cluster, (1, 2, 3, 4, 5))
+    writer = Writer(zk)
+    writer.start()
+    try:
+        done = cluster.ctl("node", "replace", str(old), str(outsider), "--super", "super:test", timeout=180)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"node {outsider}: voter, following" in done.stdout and f"node {old}: removed" in done.stdout
+        count = len(writer.acked)
+        assert wait_for(lambda: len(writer.acked) > count + 5, 30)
+    finally:
+        writer.stop.set()
+        writer.join(60)
+        stop_kazoo(zk)
+    after = before - {old} | {outsider}
+    assert members(cluster) == after
+    assert wait_for(lambda: role(cluster, old) == "looking", 10)
+    for i in sorted(after):
+        check = client(cluster, (i,))
+        try:
+            check.sync("/")
+            assert [p for p in writer.acked if check.exists(p) is None] == [], f"node {i}"
+        finally:
+            stop_kazoo(check)
+    refused = cluster.ctl("node", "add", str(old))
+    assert refused.returncode == 2 and "super user" in refused.stderr

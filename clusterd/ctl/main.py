@@ -1,6 +1,6 @@
 """`clusterctl`: start, stop, inspect and use a local cluster described by a cluster.toml.
 
-    clusterctl [--config FILE] up | down | status [--json] | demo
+    clusterctl [--config FILE] up | down | status [--json] | demo | node add|remove|replace
     and the metastore commands of clusterd/ctl/zk.py (ls, get PATH, stat, create, set, rm, cas), the
     bookie, ledger, recovery, verify and tls commands.
 
@@ -18,7 +18,8 @@ from typing import Any
 import trio
 
 from clusterd import localcluster
-from clusterd.ctl import bookie as bookiectl, ledger as ledgerctl, recovery as recoveryctl, tls as tlsctl, verify as verifyctl, zk as zkctl
+from clusterd.ctl import (bookie as bookiectl, ledger as ledgerctl, node as nodectl, recovery as recoveryctl,
+                          tls as tlsctl, verify as verifyctl, zk as zkctl)
 
 from clusterd.demo import main as demo
 from clusterd.config import ClusterConfig, ConfigError, NodeConfig, load
@@ -70,6 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     get.add_argument("key", metavar="PATH")
     get.add_argument("--json", action="store_true", help="print JSON")
     zkctl.add_commands(command)
+    nodectl.add_commands(command)
     bookiectl.add_commands(command)
     ledgerctl.add_commands(command)
     recoveryctl.add_commands(command)

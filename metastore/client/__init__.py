@@ -142,6 +142,17 @@ class MetaClient(SessionDriver):
         assert isinstance(reply, J.SetACLResponse)
         return reply.stat
 
+    async def reconfig(self, joining: str | None = None, leaving: str | None = None, new_members: str | None = None,
+                       from_config: int = -1) -> tuple[bytes, Stat]:
+        """Change the ensemble (ZooKeeper 3.5+'s reconfig; super user only): add `joining`
+        server lines and remove `leaving` ids, or replace every member with `new_members`;
+        `from_config`, unless -1, must be the current version. Returns /zookeeper/config's
+        new data and Stat. docs/operations.md "Changing the ensemble"."""
+        reply = await self._simple(OpCode.RECONFIG, J.ReconfigRequest(joining, leaving, new_members, from_config),
+                                   "/zookeeper/config")
+        assert isinstance(reply, J.GetDataResponse)
+        return reply.data or b"", reply.stat
+
     async def add_auth(self, scheme: str, credential: bytes | str) -> None:
         """Authenticate this session (ZooKeeper's addAuth; the server knows "digest",
         credential "user:password"). Replayed on every reconnect. A refusal ends the

@@ -96,6 +96,10 @@ class SyncMetaClient(BlockingFacade[MetaClient]):
     def set_acl(self, path: str, acl: Sequence[J.ACL], version: Version = ANY_VERSION) -> Stat:
         return self.run(self.client.set_acl, path, acl, version)
 
+    def reconfig(self, joining: str | None = None, leaving: str | None = None, new_members: str | None = None,
+                 from_config: int = -1) -> tuple[bytes, Stat]:
+        return self.run(self.client.reconfig, joining, leaving, new_members, from_config)
+
     def add_auth(self, scheme: str, credential: bytes | str) -> None:
         return self.run(self.client.add_auth, scheme, credential)
 
