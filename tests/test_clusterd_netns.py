@@ -43,11 +43,13 @@ SPARE_BOOKIE = 4
 ROLES = {1: ["voter", "bookie"], 2: ["voter", "bookie"], 3: ["voter", "bookie"], SPARE_BOOKIE: ["bookie"]}
 BIND_ALL = 3  # binds "0.0.0.0", as in a container; the others dial its host
 SESSION_TIMEOUT_S = 4  # kazoo notices a dead server after 2/3 of it
+SUPER_DIGEST = "super:D/InIHSb7yEEbrWz8b9l71RjZJU="  # "super:test": reconfig is the super user's
 
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory) -> Iterator[NetnsRig]:
-    with netns_rig(tmp_path_factory.mktemp("netns"), ROLES, bind_hosts={BIND_ALL: "0.0.0.0"}) as rig:
+    with netns_rig(tmp_path_factory.mktemp("netns"), ROLES, bind_hosts={BIND_ALL: "0.0.0.0"},
+                   cluster_settings=f'super_digest = "{SUPER_DIGEST}"\n') as rig:
         rig.start_all()
         with rig.client():
             rig.wait_settled(timeout_s=60)
@@ -237,6 +239,44 @@ def test_ledger_appends_go_on_while_a_bookie_of_the_ensemble_is_isolated(client_
     with QuickLedgerClient(hosts) as ledgers:  # a fresh client reads every acknowledged entry back
         entries = ledgers.open(writer.ledger_id, b"pw").read(0, 59)
         assert [e.payload for e in entries] == payloads
+
+
+def test_a_follower_removed_then_added_back_by_reconfig_while_kazoo_writes(client_side):
+    """Reconfig under load on separate hosts: a follower leaves the ensemble (it then serves
+    nobody), writes go on with two voters, then it comes back as an observer, syncs, and is made
+    a participant again; every acknowledged write is on every voter."""
+    rig = client_side
+    leader = rig.leader(rig.wait_settled())
+    follower = next(i for i in VOTERS if i != leader)
+    node = rig.config.node(follower)
+
+    def line(kind: str) -> str:
+        return f"server.{follower}={node.host}:{node.peer_port}:{node.peer_port}:{kind};{node.host}:{node.client_port}"
+
+    def role() -> str | None:
+        status = rig.statuses([follower])[follower]
+        return status and status["role"]
+
+    admin = KazooClient(hosts=rig.client_hosts([leader]), timeout=SESSION_TIMEOUT_S, auth_data=[("digest", "super:test")])
+    admin.start(timeout=10)
+    try:
+        with kazoo(rig, [i for i in VOTERS if i != follower]) as zk:
+            acked = write(zk, "/reconfig/before", 20)
+            admin.reconfig(joining=None, leaving=str(follower), new_members=None)
+            assert wait_for(lambda: role() == "looking", 10)
+            acked += write(zk, "/reconfig/without", 30)
+            admin.reconfig(joining=line("observer"), leaving=None, new_members=None)
+            assert wait_for(lambda: role() == "observer", 30)
+            acked += write(zk, "/reconfig/observer", 20)
+            data, _ = admin.reconfig(joining=line("participant"), leaving=None, new_members=None)
+            assert wait_for(lambda: role() == "follower", 30)
+            assert f"server.{follower}=" in data.decode() and "participant" in data.decode()
+            acked += write(zk, "/reconfig/after", 20)
+    finally:
+        stop_kazoo(admin)
+    rig.wait_settled()
+    wait_caught_up(rig)
+    assert_everywhere(rig, acked)
 
 
 @pytest.mark.soak
