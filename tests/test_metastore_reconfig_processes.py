@@ -6,7 +6,10 @@ A kazoo client writes all along. Through kazoo's `reconfig` (as the super user):
 observers and sync, become participants (3 -> 5 voters), and the leader is removed (the others
 elect at once); /zookeeper/config and its watch follow; a reconfig that would lose quorum is
 refused; every acknowledged write is on every member at the end, and the removed node serves
-nobody."""
+nobody. Then `clusterctl node replace` swaps a voter for the removed node, one reconfig shrinks
+the ensemble to 3 voters other than the first three, and `clusterctl node add --observer` brings
+a removed node back as an observer: the issue's reconfig-under-load story, one test per step, in
+order, on one cluster."""
 
 from __future__ import annotations
 
@@ -184,3 +187,41 @@ def test_clusterctl_node_replace_takes_a_voter_out_and_puts_the_removed_node_bac
             stop_kazoo(check)
     refused = cluster.ctl("node", "add", str(old))
     assert refused.returncode == 2 and "super user" in refused.stderr
+
+
+def test_shrink_to_three_other_members_then_gain_an_observer_while_kazoo_writes(cluster: Cluster):
+    """After the tests above: one reconfig with a whole new member list shrinks the ensemble to 3
+    voters that are not the original three (4 and 5 among them), then `clusterctl node add ID
+    --observer` brings one of the removed nodes back as an observer, which serves reads."""
+    before = members(cluster)
+    keep = sorted({4, 5} | {min(before - {4, 5})})
+    dropped = before - set(keep)
+    zk = client(cluster, (1, 2, 3, 4, 5))
+    admin = client(cluster, keep, auth_data=[("digest", "super:test")])
+    writer = Writer(zk)
+    writer.start()
+    try:
+        try:
+            admin.reconfig(joining=None, leaving=None,
+                           new_members=",".join(server_line(cluster, i, "participant") for i in keep))
+        except ConnectionLoss:
+            pass  # the leader was among the dropped: outcome read back below
+        assert wait_for(lambda: members(cluster) == set(keep), 30)
+        assert wait_for(lambda: any(role(cluster, i) == "leader" for i in keep), 30)
+        observer = min(dropped)
+        done = cluster.ctl("node", "add", str(observer), "--observer", "--super", "super:test", timeout=180)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert role(cluster, observer) == "observer"
+        count = len(writer.acked)
+        assert wait_for(lambda: len(writer.acked) > count + 5, 30)
+    finally:
+        writer.stop.set()
+        writer.join(60)
+        stop_kazoo(zk, admin)
+    for i in keep + [observer]:
+        check = client(cluster, (i,))
+        try:
+            check.sync("/")
+            assert [p for p in writer.acked if check.exists(p) is None] == [], f"node {i}"
+        finally:
+            stop_kazoo(check)
