@@ -45,7 +45,7 @@ txns = st.builds(Txn, u64, u64, u64, blobs)
 MESSAGES: dict[type, st.SearchStrategy] = {
     Notification: st.builds(Notification, i64, u64, i64, u64, st.sampled_from(ServerState)),
     FollowerInfo: st.builds(FollowerInfo, u64, u64, st.booleans(), u64),
-    LeaderInfo: st.builds(LeaderInfo, u64),
+    LeaderInfo: st.builds(LeaderInfo, u64, st.booleans()),
     AckEpoch: st.builds(AckEpoch, u64, u64),
     Sync: st.builds(Sync, st.sampled_from(SyncMode), u64, st.none() | blobs),
     SyncTxns: st.builds(SyncTxns, st.lists(txns, max_size=5).map(tuple)),

@@ -173,3 +173,31 @@ def test_a_crash_at_a_random_moment_of_a_reconfig_loses_nothing_acknowledged(see
     for o in ops:
         if o.status == "acked":
             assert all(c.read(i, o.key) == (o.value, 0) for i in members), (o, c.describe_failure())
+
+
+@pytest.mark.parametrize("seed", range(30, 36))
+def test_the_leader_crashes_as_a_promotion_commits_and_the_rest_go_on(seed: int) -> None:
+    """Observers 4 and 5 are promoted (3 -> 5 voters) and the leader crashes the moment it applies
+    that: the survivors elect and serve, whichever of them had the reconfig committed, logged or not
+    yet, and all end with the new ensemble. A second old voter crashing too is more than the old
+    ensemble tolerates (the others cannot know the reconfig committed, so they need a majority of
+    the old voters as well): writes wait until it is back, and then nothing acknowledged is lost."""
+    c = started(seed)
+    leader = c.leader()
+    other = next(i for i in (1, 2, 3) if i != leader)
+    grow = reconfig(c, leader, joining=f"{line(4)},{line(5)}")
+    assert c.run_until(lambda: grow.status != "pending", 5_000), c.describe_failure()
+    c.crash(leader)
+    survivors = {1, 2, 3, 4, 5} - {leader}
+    ops = write_some(c, "z", 5)
+    assert c.run_until(lambda: members_converged(c, survivors) and all(o.status != "pending" for o in ops),
+                       20_000), c.describe_failure()
+    assert all(c.peer(i).ensemble.voters == {1, 2, 3, 4, 5} for i in survivors)
+    c.crash(other)
+    c.restart(leader)
+    assert c.run_until(lambda: members_converged(c, {1, 2, 3, 4, 5} - {other}), 20_000), c.describe_failure()
+    late = write_some(c, "y", 5)
+    assert c.run_until(lambda: all(o.status == "acked" for o in late), 10_000), c.describe_failure()
+    c.restart(other)
+    assert c.run_until(lambda: members_converged(c, {1, 2, 3, 4, 5}), 20_000), c.describe_failure()
+    c.check_final()

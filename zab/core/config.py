@@ -82,9 +82,10 @@ class ZabConfig:
 
     @property
     def is_observer(self) -> bool:
-        """True when this node learns without voting: an observer, or not (or no longer) a member,
-        which may only learn who leads (zab/core/election.py)."""
-        return self.role_of(self.my_id) != VOTER
+        """True when this node neither votes nor follows: a voter of the committed or of the pending
+        ensemble votes in elections and follows (its ACKs count where it is a voter); anyone else
+        observes, or, outside both, only learns who leads (zab/core/election.py)."""
+        return self.my_id not in self.voting
 
     def role_of(self, node: int) -> str | None:
         """VOTER, OBSERVER or None: the committed ensemble's word, else the pending one's (a

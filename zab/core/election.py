@@ -125,15 +125,18 @@ class FastLeaderElection:
             self.logical_clock = seen.election_epoch
             self._recv.clear()
             self._finalize_at = None
+            # An observer backs the best vote it has seen (never itself): a voter of a reconfig it
+            # has not seen yet counts it toward the new ensemble's quorum (zab/core/config.py).
+            self.proposal = max(self._initial, seen.vote) if not self.cfg.is_observer else seen.vote
             if not self.cfg.is_observer:
-                self.proposal = max(self._initial, seen.vote)
                 self._recv[self.cfg.my_id] = _Seen(self.proposal, self.logical_clock, ServerState.LOOKING)
             out = self._broadcast(now)
         elif seen.election_epoch < self.logical_clock:
             return [(frm, self._notification())]  # help the straggler catch up
-        elif not self.cfg.is_observer and seen.vote > self.proposal:
+        elif seen.vote > self.proposal:
             self.proposal = seen.vote
-            self._recv[self.cfg.my_id] = _Seen(self.proposal, self.logical_clock, ServerState.LOOKING)
+            if not self.cfg.is_observer:
+                self._recv[self.cfg.my_id] = _Seen(self.proposal, self.logical_clock, ServerState.LOOKING)
             self._finalize_at = None
             out = self._broadcast(now)
         elif seen.vote != self.proposal:

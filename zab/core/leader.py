@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from zab.core import zxid as Z
-from zab.core.config import OBSERVER, VOTER, ZabConfig
+from zab.core.config import VOTER, ZabConfig
 from zab.core.actions import (Action, Answered, ClientRequest, ClientSync, Disconnect, LogAppend, LogSync, Phase,
                          LeaderTicked, RequestFailed, Role, RoleChanged, Send, SessionsTouched, Synced)
 from zab.core.messages import (Ack, EnsembleInfo, AckEpoch, AckNewLeader, Commit, FollowerInfo, Inform, LeaderInfo, Message, NewLeader,
@@ -106,7 +106,7 @@ class LeaderRole:
             return []
         self.epoch = epoch
         out: list[Action] = [self.peer.set_accepted_epoch(self.epoch)]
-        out += [Send(f, LeaderInfo(self.epoch)) for f in self.learners]
+        out += [Send(f, LeaderInfo(self.epoch, h.observer)) for f, h in self.learners.items()]
         self.epoch_acked.add(self.id)
         return out + self._maybe_epoch_quorum()
 
@@ -117,16 +117,14 @@ class LeaderRole:
         h = self.learners.get(frm)
         if h is not None and h.attempt == fi.attempt:  # a resend crossing our answer
             if self.epoch is not None and h.state is LearnerState.INFO:
-                return [Send(frm, LeaderInfo(self.epoch))]
+                return [Send(frm, LeaderInfo(self.epoch, h.observer))]
             return []
         self._drop(frm)
-        role = self.cfg.role_of(frm)
-        if role is None:
+        if self.cfg.role_of(frm) is None:
             return [Disconnect(frm, "FOLLOWERINFO from a node outside the ensemble")]
-        if fi.observer != (role == OBSERVER):
-            # It missed the reconfig that changed its role: tell it, and it comes back in its role.
-            return [self._ensemble_info(frm)]
-        self.learners[frm] = LearnerHandle(fi.observer, fi.attempt, LearnerState.INFO, self.peer.now)
+        # We decide how it learns (LEADERINFO says): it may have missed the reconfig that changed it.
+        observer = frm not in self.cfg.voting
+        self.learners[frm] = LearnerHandle(observer, fi.attempt, LearnerState.INFO, self.peer.now)
         if self.epoch is None:
             self.connecting[frm] = fi.accepted_epoch
             return self._maybe_choose_epoch()
@@ -134,7 +132,7 @@ class LeaderRole:
             # It accepted a newer epoch from a leader that never got established; it can
             # never follow us, so let a new election pick an epoch above its.
             return self.peer.look()
-        return [Send(frm, LeaderInfo(self.epoch))]
+        return [Send(frm, LeaderInfo(self.epoch, observer))]
 
     def _on_ack_epoch(self, frm: int, ae: AckEpoch) -> list[Action]:
         h = self.learners.get(frm)
@@ -340,16 +338,18 @@ class LeaderRole:
                                       and now - self.learners[f].last_heard <= limit])
 
     def on_new_ensemble(self) -> list[Action]:
-        """Step down if we are no longer a voter (the new voters elect at once); drop learners
-        the new ensemble removed or gave another role: they rejoin in it."""
+        """The committed or the pending ensemble changed. Step down if we are no longer a voter
+        (the new voters elect at once); drop learners it removed, or whose way of learning it
+        changed (an observer a pending reconfig makes a voter must follow, and ACK it): they
+        rejoin, and LEADERINFO tells them how."""
         if self.cfg.role_of(self.id) != VOTER:
             return self.peer.look()
         out: list[Action] = []
         for f, h in list(self.learners.items()):
             role = self.cfg.role_of(f)
-            if role is None or h.observer != (role == OBSERVER):
+            if role is None or h.observer != (f not in self.cfg.voting):
                 self._drop(f)
-                out.append(Disconnect(f, f"the new ensemble has it as {role or 'no member'}"))
+                out.append(Disconnect(f, f"the ensemble now has it as {role or 'no member'}; it rejoins so"))
         return out
 
     # -- liveness ---------------------------------------------------------------

@@ -27,7 +27,7 @@ from zab.core.messages import (Ack, EnsembleInfo, AckEpoch, AckNewLeader, Commit
                           Notification, Ping, Proposal, ReadIndexAck, ReadIndexProbe, Refused, Reject, Request,
                           ServerState, SnapAck, SnapChunk, SnapEnd, Sync, SyncMode, SyncReply, SyncRequest, SyncTxns,
                           UpToDate)
-from zab.core.config import OBSERVER, VOTER, ZabConfig
+from zab.core.config import ZabConfig
 from zab.core.ensemble import EnsembleError, parse_spec
 from zab.core.snap_transfer import SnapReceiver
 from zab.core.statemachine import MalformedState
@@ -60,8 +60,9 @@ class LearnerRole:
 
     def on_new_ensemble(self) -> list[Action]:
         """Follow on only if the new ensemble keeps us in our role and our leader a voter."""
-        mine = self.cfg.role_of(self.peer.id)
-        if mine is None or (mine == OBSERVER) != self.observer or self.cfg.role_of(self.leader) != VOTER:
+        cfg = self.cfg
+        if (cfg.role_of(self.peer.id) is None or (self.peer.id not in cfg.voting) != self.observer
+                or self.leader not in cfg.voting):
             return self._look()
         return []
 
@@ -131,6 +132,11 @@ class LearnerRole:
         out: list[Action] = []
         if m.new_epoch > p.accepted_epoch:
             out.append(p.set_accepted_epoch(m.new_epoch))
+        if m.observer != self.observer:  # the leader knows a reconfig we have not seen yet
+            self.observer = m.observer
+            self.role = Role.OBSERVING if self.observer else Role.FOLLOWING
+            p.role = self.role
+            out.append(RoleChanged(self.role, self.leader, p.current_epoch))
         self.epoch = m.new_epoch
         p.phase = Phase.SYNCHRONIZATION
         out.append(Send(self.leader, AckEpoch(p.current_epoch, p.last_zxid)))

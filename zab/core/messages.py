@@ -55,7 +55,11 @@ class FollowerInfo:
 
 @dataclass(slots=True, unsafe_hash=True)
 class LeaderInfo:
+    """Leader -> learner: the new epoch, and whether the learner learns as an observer (INFORM)
+    or as a follower (PROPOSAL, COMMIT, its ACKs counted): the leader decides, from the ensemble
+    it knows, which a learner that missed a reconfig cannot (zab/core/config.py `is_observer`)."""
     new_epoch: int
+    observer: bool = False
 
 
 @dataclass(slots=True, unsafe_hash=True)

@@ -226,16 +226,19 @@ class Peer:
                     self.pending = _parsed(spec, txn.zxid)
             scanned = h.last_zxid
         self._scanned = (h.rewrites, scanned)
-        self._use_members()
+        if self._use_members():
+            self._ensemble_moved = True  # who votes changed: the role checks its learners or its leader
 
-    def _use_members(self) -> None:
+    def _use_members(self) -> bool:
         pending = self.pending
         cfg = replace(self.cfg, voters=self.ensemble.voters, observers=self.ensemble.observers,
                       pending_voters=pending.voters if pending else None,
                       pending_observers=pending.observers if pending else frozenset())
-        if cfg != self.cfg:
-            self.cfg = cfg
-            self.election.cfg = cfg
+        if cfg == self.cfg:
+            return False
+        self.cfg = cfg
+        self.election.cfg = cfg
+        return True
 
     def adopt_ensemble(self, ensemble: Ensemble) -> list[Action]:
         """Make `ensemble` the committed one if it is newer (a reconfig committed, or a leader

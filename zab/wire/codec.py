@@ -86,7 +86,7 @@ def encode_message(msg: Message) -> bytes:
         case FollowerInfo():
             body = struct.pack(">QQ?Q", msg.accepted_epoch, msg.last_zxid, msg.observer, msg.attempt)
         case LeaderInfo():
-            body = _U64.pack(msg.new_epoch)
+            body = struct.pack(">Q?", msg.new_epoch, msg.observer)
         case AckEpoch():
             body = _U64x2.pack(msg.current_epoch, msg.last_zxid)
         case Sync():
@@ -165,7 +165,7 @@ def _d_ping(r: _Reader) -> Message:
 _DECODERS: dict[int, Callable[[_Reader], Message]] = {
     1: _d_notification,
     2: lambda r: FollowerInfo(*r.unpack(struct.Struct(">QQ?Q"))),
-    3: lambda r: LeaderInfo(r.u64()),
+    3: lambda r: LeaderInfo(*r.unpack(struct.Struct(">Q?"))),
     4: lambda r: AckEpoch(*r.unpack(_U64x2)),
     5: _d_sync,
     6: _d_sync_txns,
