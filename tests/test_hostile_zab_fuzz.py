@@ -21,7 +21,7 @@ from replay.invariants import InvariantViolation
 from zab.core import zxid as Z
 from zab.core.actions import Action, Delivered, PersistEpoch, RoleChanged, Send
 from zab.wire.codec import encode_frame
-from zab.core.messages import (Ack, AckEpoch, AckNewLeader, Commit, FollowerInfo, Inform, LeaderInfo, NewLeader,
+from zab.core.messages import (Ack, EnsembleInfo, AckEpoch, AckNewLeader, Commit, FollowerInfo, Inform, LeaderInfo, NewLeader,
                           Notification, Ping, Proposal, Refused, Reject, Request, ServerState, Sync, SyncMode,
                           SyncReply, SyncRequest, SyncTxns, UpToDate)
 from zab.core.txn import Txn
@@ -41,7 +41,7 @@ txns = st.builds(Txn, ints, ints, ints, blobs)
 MESSAGES = st.one_of(
     st.builds(Notification, ints, ints, ints, ints, st.sampled_from(ServerState)),
     st.builds(FollowerInfo, ints, ints, st.booleans(), ints),
-    st.builds(LeaderInfo, ints),
+    st.builds(LeaderInfo, ints, st.booleans()),
     st.builds(AckEpoch, ints, ints),
     st.builds(Sync, st.sampled_from(SyncMode), ints, st.none() | blobs),
     st.builds(SyncTxns, st.lists(txns, max_size=3).map(tuple)),
@@ -58,6 +58,9 @@ MESSAGES = st.one_of(
     st.builds(SyncRequest, ints, ints),
     st.builds(SyncReply, ints, ints, ints),
     st.builds(Refused, ints, ints, ints, blobs),
+    st.builds(EnsembleInfo, ints, st.one_of(blobs, st.sampled_from((
+        b"server.1=h:1:1:participant", b"server.9=h:1:1:participant\nserver.8=h:2:2:observer",
+        b"server.1=h:1:1:observer,server.2=h:2:2:observer")))),
 )
 
 # One step of the hostile run: a message forged to both live nodes (sender, message, simulated
