@@ -25,7 +25,7 @@ from metastore.core import paths
 from metastore.errors import BadArguments, BadVersion, NewConfigNoQuorum, NoAuth, ReconfigInProgress
 from metastore.core.txn import Reconfig
 from metastore.wire import jute_records as J
-from zab.core.ensemble import Ensemble, EnsembleError, reconfigured
+from zab.core.ensemble import MAX_SPEC_BYTES, Ensemble, EnsembleError, reconfigured
 
 ANY_CONFIG = -1
 
@@ -46,8 +46,11 @@ def prepare_reconfig(current: Ensemble, in_progress: bool, auth: Sequence[A.Id],
                                           request.new_members))
     except EnsembleError as e:
         raise BadArguments(None, str(e)) from None
+    spec = new.spec().encode()
+    if len(spec) > MAX_SPEC_BYTES:  # every node must be able to decode it (zab/core/ensemble.py)
+        raise BadArguments(None, f"an ensemble of {len(spec)} bytes is beyond {MAX_SPEC_BYTES}")
     voters = new.voters
     if len(voters & synced) * 2 <= len(voters):
         raise NewConfigNoQuorum(None, f"of the new voters {sorted(voters)} only {sorted(voters & synced)} follow "
                                       "the leader now: start and sync the new servers first")
-    return Reconfig(new.spec().encode())
+    return Reconfig(spec)
