@@ -69,6 +69,7 @@ class Peer:
         self._ensemble_moved = False  # the committed ensemble changed during this step
         state_machine.show_ensemble(self.ensemble)
         self._track_pending()
+        self._ensemble_moved = False
         self.role = Role.LOOKING
         self.phase = Phase.ELECTION
         self.leader_id: int | None = None
@@ -217,17 +218,21 @@ class Peer:
         quorum must include a majority of its voters too until it commits."""
         h = self.history
         rewrites, scanned = self._scanned
+        if rewrites == h.rewrites and h.last_zxid == scanned:
+            return  # every step passes here: nothing new was logged
+        pending = self.pending
         if rewrites != h.rewrites:  # truncated or replaced: what we found may be gone
-            self.pending, scanned = None, self.ensemble.version
+            pending, scanned = None, self.ensemble.version
         if h.last_zxid > scanned:
             for txn in h.after(max(scanned, h.base_zxid)):
                 spec = self.sm.ensemble_of(txn.data) if txn.zxid > self.ensemble.version else None
                 if spec is not None:
-                    self.pending = _parsed(spec, txn.zxid)
-            scanned = h.last_zxid
-        self._scanned = (h.rewrites, scanned)
-        if self._use_members():
-            self._ensemble_moved = True  # who votes changed: the role checks its learners or its leader
+                    pending = _parsed(spec, txn.zxid)
+        self._scanned = (h.rewrites, h.last_zxid)
+        if pending != self.pending:
+            self.pending = pending
+            if self._use_members():
+                self._ensemble_moved = True  # who votes changed: the role checks its learners or its leader
 
     def _use_members(self) -> bool:
         pending = self.pending
@@ -250,6 +255,7 @@ class Peer:
         self._ensemble_moved = True
         self.sm.show_ensemble(ensemble)
         self._track_pending()
+        self._use_members()
         return [EnsembleChanged(ensemble)]
 
     def _recheck_role(self) -> list[Action]:
