@@ -20,9 +20,10 @@ an address of its own, so the ports need not differ) and data under the rig's fo
 Partitions: `isolate(n)` sets the switch's port of node n down: the cable is pulled at the switch,
 so node n's link loses carrier and its packets (and everyone's packets to it) are dropped, with
 no error anyone's socket sees at once: connections hang and time out, as on a real network.
-`heal(n)` sets it up again. This kernel has no netem qdisc, no tc classifiers or actions, no
-iptables or nftables, so delay, loss of one direction only, reordering and duplication cannot be
-made here; only whole links go down and up.
+`heal(n)` sets it up again. One-way loss: `lose_one_way(n, to)` gives node n's neighbour table
+a MAC nobody has for each of `to`, so what n sends them is dropped and what they send n arrives.
+This kernel has no netem qdisc, no tc classifiers or actions, no iptables or nftables, so delay,
+reordering and duplication cannot be made here.
 
 The test process reaches the nodes from the client namespace: `with rig.client():` enters it
 in the calling thread (setns(2) through ctypes: Python 3.11 has no os.setns) and returns to the
@@ -61,6 +62,7 @@ CLIENT_ADDRESS = f"{SUBNET}.2"
 # The shipped ports: every node has an address of its own, so they may be the same on every node.
 PORTS = {"peer_port": 2888, "client_port": 2181, "admin_port": 8080, "bookie_port": 3181}
 _RIGS = itertools.count()
+NOWHERE_MAC = "02:00:00:00:00:01"  # locally administered, on no interface of the rig
 
 
 class RigError(Exception):
@@ -225,6 +227,19 @@ class NetnsRig:
 
     def heal(self, node_id: int) -> None:
         ip("-n", self.switch, "link", "set", f"{self.prefix}s{node_id}", "up")
+
+    def lose_one_way(self, frm: int, to: list[int]) -> None:
+        """Asymmetric loss: from now on everything node `frm` sends to `to` is lost, while what
+        they send it arrives. Its neighbour entry for each of them names a MAC nobody has, so the
+        bridge floods those frames and every port drops them (no netem or packet filter needed:
+        this kernel has neither). TCP then loses its ACKs too, as on a real one-way fault."""
+        for node_id in to:
+            ip("-n", self.node_ns(frm), "neigh", "replace", self.address(node_id), "lladdr", NOWHERE_MAC,
+               "nud", "permanent", "dev", f"{self.prefix}e{frm}")
+
+    def restore_one_way(self, frm: int, to: list[int]) -> None:
+        for node_id in to:
+            ip("-n", self.node_ns(frm), "neigh", "del", self.address(node_id), "dev", f"{self.prefix}e{frm}")
 
     # -- being somewhere ------------------------------------------------------------------------
     @contextmanager

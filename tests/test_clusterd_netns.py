@@ -190,6 +190,36 @@ def test_an_isolated_follower_misses_writes_and_catches_up_after_the_heal(client
     assert_everywhere(rig, acked)
 
 
+def test_asymmetric_loss_the_leaders_packets_are_lost_while_the_followers_reach_it(client_side):
+    """One-way loss (tests/netns_rig.py `lose_one_way`): what the leader sends to both followers is
+    lost, what they send arrives. They stop hearing it and elect one of them; the old leader stops
+    acknowledging (it hears no ACK: TCP's own are lost too); clients fail over; after the fault
+    ends, nothing acknowledged is lost and the old leader's stale write never shows."""
+    rig = client_side
+    leader = rig.leader(rig.wait_settled())
+    followers = [i for i in VOTERS if i != leader]
+    with kazoo(rig, first=leader) as zk:
+        acked = write(zk, "/one-way/before", 20)
+        with rig.inside(leader):
+            beside = KazooClient(hosts=rig.client_hosts([leader]), timeout=SESSION_TIMEOUT_S)
+            beside.start(timeout=10)
+        try:
+            rig.lose_one_way(leader, followers)
+            stale = beside.create_async("/one-way/stale", b"x")
+            with pytest.raises((KazooException, KazooTimeoutError)):
+                stale.get(timeout=SESSION_TIMEOUT_S)
+            majority = rig.wait_settled(followers)
+            assert rig.leader(majority) in followers
+            acked += write(zk, "/one-way/during", 20)
+        finally:
+            beside.stop()
+            beside.close()
+            rig.restore_one_way(leader, followers)
+    rig.wait_settled()
+    wait_caught_up(rig)
+    assert_everywhere(rig, acked, absent=("/one-way/stale",))
+
+
 def test_a_sigkilled_leader_is_replaced_and_rejoins(client_side):
     rig = client_side
     leader = rig.leader(rig.wait_settled())
