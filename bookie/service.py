@@ -34,7 +34,6 @@ import inspect
 import itertools
 import logging
 import math
-import threading
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
@@ -43,7 +42,8 @@ import trio
 from bookie import protocol as P
 from bookie.errors import BookieError, EntryCorrupt, EntryTooLarge, NoSuchEntry, Overloaded, StorageError
 from bookie.service_config import BookieServiceConfig
-from edge.outbox import Outbox
+from bookie.service_connection import BookieConnection, ThreadAnswer
+from edge.outbox import ByteBudget
 from edge.sockets import ConnectionCounts
 
 if TYPE_CHECKING:
@@ -52,80 +52,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("quire.bookie.service")
 
 FLUSH_BEFORE_CLOSE_S = 1.0  # how long a BAD_REQUEST answer may take to leave before the connection closes
-
-
-class _Connection:
-    """One client connection: its Outbox (edge/outbox.py, through which the storage's worker
-    thread writes add answers too: `_ThreadAnswer`) and its in-flight count."""
-
-    def __init__(self, conn_id: int, stream: trio.SocketStream, max_outgoing_bytes: int) -> None:
-        self.id = conn_id
-        self.stream = stream
-        self.out = Outbox(max_bytes=max_outgoing_bytes, threads=True)  # the storage worker answers adds
-        self.claims = threading.Lock()  # which side sends a _ThreadAnswer: the worker thread or the loop
-        self.in_flight = 0
-        self.closing = False
-        self.drained = trio.Event()  # set once the writer task is done
-        self.scope: trio.CancelScope | None = None  # the connection's nursery
-        self.splitter: P.FrameSplitter | None = None
-        self.in_flight_bytes = 0  # of adds waiting for their journal fsync
-        self.cut_off = False  # closed for not reading its answers
-
-    def send(self, frame: bytes) -> None:
-        if self.closing and self.scope is None:
-            return
-        # Once closing, answers queue behind the BAD_REQUEST that the writer task drains last.
-        if not self.out.send(frame, direct=not self.closing) and self.scope is not None:
-            log.warning("event=slow_reader_cut_off conn=%s queued_bytes=%s", self.id, self.out.queued_bytes)
-            self.cut_off = True
-            self.scope.cancel()  # a client that does not read its answers is cut off, never waited for
-
-    async def write_loop(self) -> None:
-        """The connection's writer task: sends what is queued until the outbox is closed and drained."""
-        try:
-            await self.out.pump(self.stream)
-        finally:
-            self.drained.set()
-
-    def send_many(self, frames: list[bytes]) -> None:
-        if frames:
-            self.send(b"".join(frames))
-
-    def fail_ids(self, request_id: int, ledger_id: int, kind: P.Kind, error: BookieError) -> None:
-        self.send(P.encode_response(P.Response(request_id, kind, P.status_of(error), ledger_id, message=str(error))))
-
-    def answer(self, resp: P.Response) -> None:
-        self.send(P.encode_response(resp))
-
-    def fail(self, req: P.Request, kind: P.Kind, error: BookieError) -> None:
-        self.send(P.encode_response(P.Response(req.request_id, kind, P.status_of(error), req.ledger_id,
-                                               message=str(error))))
-
-
-class _ThreadAnswer:
-    """The answers to one socket read's adds, written by the storage's worker thread right after the
-    batch's fsync when the connection is idle (Batch.after_sync); otherwise by the event loop.
-    Whichever side claims it first, under the connection's `claims` lock, sends it: the event loop
-    may apply the batch (settle) before the thread has got to its answers."""
-
-    __slots__ = ("conn", "data", "by_thread")
-
-    def __init__(self, conn: _Connection, data: bytes) -> None:
-        self.conn, self.data = conn, data
-        self.by_thread: bool | None = None  # None: not claimed yet
-
-    def send_from_thread(self) -> None:
-        conn = self.conn
-        with conn.claims:
-            if self.by_thread is None:  # else the event loop claimed it
-                self.by_thread = not conn.closing and conn.out.send_from_thread(self.data)
-
-    def claim_for_loop(self) -> bool:
-        """In the event loop: whether it must send the answer (the thread did not, and now never will)."""
-        with self.conn.claims:
-            if self.by_thread is None:
-                self.by_thread = False
-            return not self.by_thread
 
 
 class BookieService:
@@ -143,8 +69,12 @@ class BookieService:
         self.host = host
         self.port = port
         self.cfg = config or BookieServiceConfig()
-        self.connections: dict[int, _Connection] = {}
+        self.connections: dict[int, BookieConnection] = {}
         self._ids = itertools.count(1)
+        # Node-wide bounds over every connection (each connection has its own too): answers queued
+        # for clients that do not read, and the bytes of adds waiting for their fsync.
+        self._answers_budget = ByteBudget(self.cfg.max_outgoing_bytes_total)
+        self.in_flight_bytes_total = 0
         self.stats: Counter[str] = Counter()
         self._fatal: StorageError | None = None  # a batch of adds failed to reach the disk: stop serving
         self._fatal_event = trio.Event()
@@ -222,7 +152,7 @@ class BookieService:
             self._connections.release(address)
 
     async def _serve_connection(self, stream: trio.SocketStream, handshake_deadline: float) -> None:
-        conn = _Connection(next(self._ids), stream, self.cfg.max_outgoing_bytes)
+        conn = BookieConnection(next(self._ids), stream, self.cfg.max_outgoing_bytes, self._answers_budget)
         self.connections[conn.id] = conn
         self.stats["connections"] += 1
         try:
@@ -250,7 +180,7 @@ class BookieService:
             self.stats["slow_readers_cut_off"] += conn.cut_off
             await stream.aclose()
 
-    async def _read_loop(self, conn: _Connection, nursery: trio.Nursery, handshake_deadline: float) -> None:
+    async def _read_loop(self, conn: BookieConnection, nursery: trio.Nursery, handshake_deadline: float) -> None:
         """Read and dispatch frames until the peer closes, sends a bad frame or times out: until its
         first whole frame, by the handshake deadline; after it, only while a frame is incomplete."""
         splitter = conn.splitter = P.FrameSplitter(self.cfg.max_frame_bytes)
@@ -277,7 +207,7 @@ class BookieService:
         log.warning("event=connection_timeout conn=%s phase=%s pending_bytes=%s action=close", conn.id,
                     "frame" if shaken else "handshake", splitter.pending_bytes)
 
-    def _bad_request(self, conn: _Connection, e: P.DecodeError) -> None:
+    def _bad_request(self, conn: BookieConnection, e: P.DecodeError) -> None:
         self.stats["bad_frames"] += 1
         log.warning("event=bad_frame conn=%s error=%r action=close", conn.id, e)
         if e.request_id is not None:
@@ -285,7 +215,7 @@ class BookieService:
                                                    message=f"{e}; closing the connection")))
         conn.closing = True
 
-    def _dispatch(self, conn: _Connection, nursery: trio.Nursery, bodies: list[bytes]) -> bool:
+    def _dispatch(self, conn: BookieConnection, nursery: trio.Nursery, bodies: list[bytes]) -> bool:
         """Start every request of one socket read; False once the connection must close."""
         self.storage.settle()  # an add answered from the worker thread is indexed before anything after it
         adds: list[tuple[int, int, bytes, bytes, bool]] = []  # storage.add_fields tuples
@@ -302,6 +232,7 @@ class BookieService:
                     add_ids.append(rid)
                     conn.in_flight += 1
                     conn.in_flight_bytes += len(data)
+                    self.in_flight_bytes_total += len(data)
                     continue
                 req = P.decode_request(body)
             except P.DecodeError as e:
@@ -330,7 +261,7 @@ class BookieService:
             nursery.start_soon(self._serve_in_order, conn, ordered)
         return ok
 
-    def _admit_add(self, conn: _Connection, rid: int, ledger_id: int, size: int) -> bool:
+    def _admit_add(self, conn: BookieConnection, rid: int, ledger_id: int, size: int) -> bool:
         """Whether a decoded ADD may go to the storage (else it is answered OVERLOADED or TOO_LARGE)."""
         self.stats["requests"] += 1
         if conn.in_flight >= self.cfg.max_in_flight:
@@ -344,6 +275,12 @@ class BookieService:
                 f"{conn.in_flight_bytes} bytes of adds in flight on this connection (max_in_flight_bytes); "
                 "retry later"))
             return False
+        total = self.in_flight_bytes_total
+        if total and total + size > self.cfg.max_in_flight_bytes_total:
+            self.stats["overloaded"] += 1
+            conn.fail_ids(rid, ledger_id, P.Kind.ADD, Overloaded(
+                f"{total} bytes of adds in flight on this bookie (max_in_flight_bytes_total); retry later"))
+            return False
         if size > self.cfg.max_entry_bytes:
             conn.fail_ids(rid, ledger_id, P.Kind.ADD, EntryTooLarge(
                 f"entry of {size} bytes exceeds max_entry_bytes={self.cfg.max_entry_bytes}"))
@@ -351,13 +288,13 @@ class BookieService:
         return True
 
     # -- requests -----------------------------------------------------------------------
-    def _add_batch(self, conn: _Connection, add_ids: list[int], adds: list[tuple]) -> None:
+    def _add_batch(self, conn: BookieConnection, add_ids: list[int], adds: list[tuple]) -> None:
         """Admit the adds of one socket read and put them in the storage's open batch (its write starts
         at once if the disk is free); they are answered when that batch is durable, by its callback."""
         self.stats["adds"] += len(adds)
         nbytes = sum(len(add[3]) for add in adds)
         ok = P.encode_add_ok  # encoded now: the writer's thread may send it right after the fsync
-        answer = _ThreadAnswer(conn, b"".join([ok(rid, add[0], add[1]) for rid, add in zip(add_ids, adds)]))
+        answer = ThreadAnswer(conn, b"".join([ok(rid, add[0], add[1]) for rid, add in zip(add_ids, adds)]))
         try:
             outcomes, batch = self.storage.join_adds(adds, answer.send_from_thread)
         except BookieError as e:  # the whole batch refused (e.g. read-only)
@@ -365,6 +302,7 @@ class BookieService:
         except BaseException:
             conn.in_flight -= len(adds)
             conn.in_flight_bytes -= nbytes
+            self.in_flight_bytes_total -= nbytes
             raise
         if batch is None:
             self._answer_adds(conn, add_ids, adds, nbytes, outcomes, None)
@@ -373,19 +311,21 @@ class BookieService:
         else:
             batch.on_done(functools.partial(self._answer_adds, conn, add_ids, adds, nbytes, outcomes))
 
-    def _answered_adds(self, conn: _Connection, count: int, nbytes: int, answer: _ThreadAnswer,
+    def _answered_adds(self, conn: BookieConnection, count: int, nbytes: int, answer: ThreadAnswer,
                        error: StorageError | None) -> None:
         conn.in_flight -= count
         conn.in_flight_bytes -= nbytes
+        self.in_flight_bytes_total -= nbytes
         if error is not None:
             self._storage_failed(error)
         elif answer.claim_for_loop():
             conn.send(answer.data)
 
-    def _answer_adds(self, conn: _Connection, add_ids: list[int], adds: list[tuple], nbytes: int,
+    def _answer_adds(self, conn: BookieConnection, add_ids: list[int], adds: list[tuple], nbytes: int,
                      outcomes: list[BookieError | None], error: StorageError | None) -> None:
         conn.in_flight -= len(adds)
         conn.in_flight_bytes -= nbytes
+        self.in_flight_bytes_total -= nbytes
         if error is not None:
             self._storage_failed(error)
             return
@@ -405,7 +345,7 @@ class BookieService:
             self._fatal = error
             self._fatal_event.set()
 
-    async def _serve_in_order(self, conn: _Connection, requests: list[P.Request]) -> None:
+    async def _serve_in_order(self, conn: BookieConnection, requests: list[P.Request]) -> None:
         for req in requests:
             try:
                 conn.answer(await self._serve_one(req))
@@ -446,7 +386,7 @@ class BookieService:
                                "read it from another replica") from None
         return data
 
-    def _read_lac(self, conn: _Connection, req: P.ReadLac) -> None:
+    def _read_lac(self, conn: BookieConnection, req: P.ReadLac) -> None:
         try:
             lac = self.storage.lac(req.ledger_id)
         except BookieError as e:
@@ -454,7 +394,7 @@ class BookieService:
             return
         conn.answer(P.Response(req.request_id, P.Kind.READ_LAC, P.Status.OK, req.ledger_id, lac=lac))
 
-    def _write_lac_now(self, conn: _Connection, req: P.WriteLac) -> bool:
+    def _write_lac_now(self, conn: BookieConnection, req: P.WriteLac) -> bool:
         """Serve an explicit LAC without a task when it need not wait (the ledger's key is bound here):
         long polls wake at once. False: serve it in order (it binds the key durably first)."""
         try:
@@ -467,7 +407,7 @@ class BookieService:
         conn.answer(P.Response(req.request_id, P.Kind.WRITE_LAC, P.Status.OK, req.ledger_id))
         return True
 
-    async def _long_poll(self, conn: _Connection, req: P.LongPoll) -> None:
+    async def _long_poll(self, conn: BookieConnection, req: P.LongPoll) -> None:
         """Answer once the LAC passes previous_lac (with the entry after it, if stored here)
         or at the timeout with the current LAC. The answer leaves from the step that raises the LAC
         (storage.watch_lac): no wake-up of this task in between; the task only bounds the wait."""
@@ -490,7 +430,7 @@ class BookieService:
                 cancel()
             conn.in_flight -= 1
 
-    def _answer_long_poll(self, conn: _Connection, req: P.LongPoll) -> None:
+    def _answer_long_poll(self, conn: BookieConnection, req: P.LongPoll) -> None:
         """The long poll's answer: the LAC, and the entry after previous_lac if the LAC passed it and
         this bookie can read it (else the reader fetches it from another replica)."""
         try:

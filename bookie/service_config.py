@@ -23,13 +23,20 @@ class BookieServiceConfig:
     - read_timeout_ms: a connection that stops in the middle of a frame for this long is closed
       (one idle between frames is not: pooled clients keep their connections open).
     - max_connections, max_connections_per_address: beyond them, a new connection is closed at once.
-    So one connection holds at most max_frame_bytes + max_in_flight_bytes + max_outgoing_bytes.
+    - max_outgoing_bytes_total, max_in_flight_bytes_total: the same two over every connection of the
+      bookie together (a connection whose answer would pass the first is cut off; an add past the
+      second is answered OVERLOADED, one add always admitted).
+    So one connection holds at most max_frame_bytes + max_in_flight_bytes + max_outgoing_bytes, and
+    all of them together at most connections x max_frame_bytes + max_in_flight_bytes_total +
+    max_outgoing_bytes_total plus one answer per connection.
     """
 
     max_entry_bytes: int = 5 << 20
     max_in_flight: int = 10_000
     max_in_flight_bytes: int = 256 << 20
     max_outgoing_bytes: int = 64 << 20
+    max_outgoing_bytes_total: int = 1 << 30
+    max_in_flight_bytes_total: int = 1 << 30
     max_long_poll_ms: int = 60_000
     receive_bytes: int = 1 << 18
     handshake_timeout_ms: int = 10_000

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from bookie.checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
+from bookie.checkpoint import PIECE_BYTES, Checkpoint, decode_checkpoint_from, encode_checkpoint
 from bookie.cookie import Cookie, check_cookie, decode_cookie, encode_cookie
 from bookie.entry import parse_header
 from bookie.entrylog import EntryLogs
@@ -136,16 +136,20 @@ def _check_journal_cookie(directory: Path, cookie: Cookie, *, holds_data: bool) 
     write_atomically(path, [encode_cookie(cookie)])
 
 
-def read_checkpoint(path: Path) -> Checkpoint:
-    """The checkpoint file, or the empty state of a fresh directory (journal from segment 1)."""
+def read_checkpoint(path: Path, piece_bytes: int = PIECE_BYTES) -> Checkpoint:
+    """The checkpoint file, or the empty state of a fresh directory (journal from segment 1).
+
+    Streamed (decode_checkpoint_from): the file is read `piece_bytes` at a time and the index built
+    as it comes, so loading costs the index plus one piece, never the file's bytes whole."""
     for leftover in path.parent.glob(path.name + ".tmp"):
         leftover.unlink()
     try:
-        buf = path.read_bytes()
+        file = path.open("rb")
     except FileNotFoundError:
         return Checkpoint(journal_seq=1, next_log_id=1)
     try:
-        return decode_checkpoint(buf)
+        with file:
+            return decode_checkpoint_from(file.read, piece_bytes)
     except StorageError as err:
         raise StorageError(f"{path}: {err}; the journal before it is trimmed, so the index cannot be rebuilt "
                            "here: wipe the bookie directory and decommission its identity") from None

@@ -120,6 +120,7 @@ class ClusterConfig:
     # The client port's limits (metastore/edge/edge_guard.py ClientLimits), ZooKeeper's names in docs/operations.md.
     jute_max_buffer_bytes: int = 0xFFFFF  # jute.maxbuffer: the largest buffer in a request or reply
     client_outgoing_max_bytes: int = 32 << 20  # replies queued for a client that does not read; more: cut off
+    client_reply_max_bytes: int = 1 << 30  # ... for every client connection of the node together
     max_client_connections: int = 60  # maxClientCnxns: connections from one client address
     max_client_connections_total: int = 4096  # maxCnxns: client connections to one node
     client_handshake_timeout_ms: int = 10_000  # accept to a whole ConnectRequest, idle time included
@@ -142,6 +143,8 @@ class ClusterConfig:
     # The bookie port's limits (bookie/service_config.py): per connection, then per address and in total.
     bookie_max_in_flight_bytes: int = 256 << 20  # adds of one connection awaiting their fsync; more: OVERLOADED
     bookie_max_outgoing_bytes: int = 64 << 20  # answers queued for a client that does not read; more: cut off
+    bookie_max_outgoing_bytes_total: int = 1 << 30  # ... for every connection of the bookie together
+    bookie_max_in_flight_bytes_total: int = 1 << 30  # adds of every connection awaiting their fsync; more: OVERLOADED
     bookie_handshake_timeout_ms: int = 10_000  # a new connection must send a whole frame (and TLS handshake) by then
     bookie_read_timeout_ms: int = 30_000  # a connection stopped this long in the middle of a frame is closed
     bookie_max_connections: int = 1024  # connections to the bookie port at once; more are closed at once

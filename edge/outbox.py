@@ -27,7 +27,9 @@ skip the lock):
 
 Bounds: with `max_bytes` / `max_frames`, `send` refuses (returns False) what
 would take a non-empty queue past either; one item always fits an empty
-queue. The caller decides what a refusal means (Zab disconnects a follower
+queue. A `ByteBudget` shared by the outboxes of a port bounds them together:
+what they hold queued and in their writer tasks' hands, each past its first
+queued item, stays within its limit (a refusal counts in `refusals`). The caller decides what a refusal means (Zab disconnects a follower
 that cannot keep up; the client and bookie ports cut off a client that does
 not read). What is in the writer task's hands is no longer counted.
 """
@@ -52,12 +54,33 @@ class OutboxStats:
     thread_frames_sent: int = 0  # by send_from_thread (counted under the lock)
 
 
+class ByteBudget:
+    """Bytes the outboxes sharing it may hold together, queued or in their writer task's hands:
+    a node-wide bound on what clients that do not read can make a port hold (each outbox's own
+    `max_bytes` bounds one connection only). Thread-safe: outboxes with threads share it."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self.refusals = 0
+        self._lock = threading.Lock()
+
+    def charge(self, nbytes: int) -> None:
+        with self._lock:
+            self.used += nbytes
+
+    def release(self, nbytes: int) -> None:
+        with self._lock:
+            self.used -= nbytes
+
+
 class Outbox:
     """The outgoing side of one link. `send` from trio's thread, `send_from_thread` from any
     other, and one writer task `await outbox.pump(stream)` per attached stream."""
 
     def __init__(self, *, max_bytes: int | None = None, max_frames: int | None = None, threads: bool = False,
-                 record_per_item: bool = False, stats: OutboxStats | None = None) -> None:
+                 record_per_item: bool = False, stats: OutboxStats | None = None,
+                 budget: ByteBudget | None = None) -> None:
         self.lock = threading.Lock()
         # Whether another thread may write (send_from_thread). Without, the per-frame sends skip the
         # lock: on the bookie client's pipelined adds it cost more than the rest of a send together.
@@ -72,7 +95,9 @@ class Outbox:
         self.closed = False  # no more sends; the writer task ends once the queue is drained
         self.queued_bytes = 0
         self.queued_frames = 0
-        self._bounded = max_bytes is not None or max_frames is not None
+        self.budget = budget
+        self._held = 0  # bytes charged to `budget`: queued, or taken by the writer task and not yet written
+        self._bounded = max_bytes is not None or max_frames is not None or budget is not None
         self._queue: collections.deque[bytes | memoryview] = collections.deque()
         self._backlog = False  # a push left bytes: no more pushes until the writer task has them
         self._wake = trio.Event()
@@ -127,8 +152,24 @@ class Outbox:
         queue.append(data)
         self.queued_bytes += len(data)
         self.queued_frames += frames
+        if self.budget is not None:
+            self._charge(len(data))
+
+    def _charge(self, nbytes: int) -> None:
+        if self.budget is not None:
+            self.budget.charge(nbytes)
+            self._held += nbytes
+
+    def _release(self, nbytes: int) -> None:
+        nbytes = min(nbytes, self._held)  # a detach released everything already
+        if nbytes > 0:
+            self.budget.release(nbytes)  # type: ignore[union-attr]  (_held > 0 only with a budget)
+            self._held -= nbytes
 
     def _over(self, nbytes: int, frames: int) -> bool:
+        if self.budget is not None and self.budget.used + nbytes > self.budget.limit:
+            self.budget.refusals += 1
+            return True
         return ((self.max_bytes is not None and self.queued_bytes + nbytes > self.max_bytes)
                 or (self.max_frames is not None and self.queued_frames + frames > self.max_frames))
 
@@ -147,6 +188,7 @@ class Outbox:
             stats.bytes_sent += len(data) - len(rest)
             stats.frames_sent += self.queued_frames
             self.queued_bytes, self.queued_frames = len(rest), 0
+            self._release(len(data) - len(rest))
             if rest:
                 queue.append(rest)
                 self._backlog = True
@@ -168,6 +210,7 @@ class Outbox:
                 return True
             self._queue.append(rest)
             self.queued_bytes += len(rest)
+            self._charge(len(rest))
             token = self._token
         try:
             token.run_sync_soon(self._wake.set)
@@ -181,6 +224,7 @@ class Outbox:
             self.stream, self.sending, self._backlog = None, False, False
             self._queue.clear()
             self.queued_bytes = self.queued_frames = 0
+            self._release(self._held)  # what the writer task holds goes with it
         self._wake.set()
 
     def close(self) -> None:
@@ -229,6 +273,7 @@ class Outbox:
                     with self.lock:
                         if self.stream is stream:
                             self.sending = False
+                        self._release(nbytes)
                 stats = self.stats
                 stats.writes += 1
                 stats.bytes_sent += nbytes

@@ -30,7 +30,7 @@ from replay.verify_ledger_decode import DIGEST_BAD, entry_log_file, journal_file
 from replay.verify_replay import replay, restore
 from replay.verify_report import MAX_EXAMPLES, CheckResult
 from zab.core import zxid as Z
-from zab.storage.snapshot import read_snapshot
+from zab.storage.snapshot import read_body
 
 ENTRY_DIGESTS, REPLICAS, CLOSED = "EntryDigests", "AckQuorumReplicas", "ClosedLedgers"
 _ENTRY_SCHEMA = ("bookie int, source string, file string, ledger bigint, entry bigint, lac bigint, length bigint, "
@@ -45,8 +45,7 @@ def _final_tree_task(task: tuple) -> tuple[list, list[str], str]:
     the segments are read from the chunk holding the first zxid after the snapshot.
     """
     snapshot, start, end, segments, chunk_starts = task
-    state = read_snapshot(Path(snapshot))[1] if snapshot else None
-    sm = restore(start, state)
+    sm = restore(start, read_body(Path(snapshot)) if snapshot else None, str(snapshot))  # in pieces
     outcome = replay(sm, start, end, log_txns(segments, start, chunk_starts), ())
     found, broken = ledgers_in(sm.tree, DEFAULT_ROOT)
     return found, broken, outcome.error

@@ -21,9 +21,9 @@ from typing import BinaryIO
 from pyspark.sql import SparkSession
 
 from replay.verify_decode import iter_chunk, zxid_before
-from replay.verify_replay import replay, restore
+from replay.verify_replay import SnapshotDoesNotRestore, replay, restore
 from zab.storage.record import MAX_RECORD_BYTES, RECORD_HEADER_BYTES, checked_length
-from zab.storage.snapshot import read_snapshot
+from zab.storage.snapshot import read_body
 from zab.storage.storage_errors import RecordError, SnapshotCorruptError
 from zab.storage.txnlog import SEGMENT_HEADER_BYTES
 
@@ -169,13 +169,11 @@ def _first_zxid(file: BinaryIO, start: int) -> int | None:
 def run_task(task: ReplayTask) -> list[ReplayRow]:
     """Run one replay (in a Spark task, or directly)."""
     source = f"replay from {'snapshot ' + hex(task.start) if task.snapshot else 'zxid 0'}"
-    state = None
-    if task.snapshot is not None:
-        try:
-            _, state = read_snapshot(Path(task.snapshot))
-        except SnapshotCorruptError as err:
-            return [ReplayRow(task.node, source, task.start, None, str(err))]
-    sm = restore(task.start, state)
+    body = None if task.snapshot is None else read_body(Path(task.snapshot))  # in pieces, never whole
+    try:
+        sm = restore(task.start, body, str(task.snapshot))
+    except (SnapshotCorruptError, SnapshotDoesNotRestore) as err:
+        return [ReplayRow(task.node, source, task.start, None, str(err))]
     txns = log_txns(task.segments, task.start, task.chunk_starts, task.end)
     outcome = replay(sm, task.start, task.end, txns, task.checkpoints)
     rows = [ReplayRow(task.node, source, zxid, digest, "") for zxid, digest in outcome.digests]

@@ -10,10 +10,11 @@ Work is split by file, and big segments by chunks of records, so it spreads over
 every core (or executor): a first Spark stage walks each segment's record lengths
 and cuts it into chunks; a second decodes each chunk (CRC, order, metastore
 transaction type and path, a 128-bit BLAKE2b digest of the record body, as the
-signed halves `hash_hi`, `hash_lo`); a third
-checks and restores each snapshot. Tasks read files with plain Python I/O, so
-every path must be readable where the tasks run (local disks in local mode, a
-shared filesystem with a cluster master).
+signed halves `hash_hi`, `hash_lo`); a third checks and restores each snapshot, reading
+it in 1 MiB pieces (zab.storage.snapshot.read_body) and rebuilding the tree as they come,
+never the file whole. Tasks read files with plain Python I/O, so every path must be
+readable where the tasks run (local disks in local mode, a shared filesystem with a cluster
+master).
 
 Column meanings: `checksum` is "ok", "corrupt" (CRC mismatch: zxid and the
 columns after it are null) or "torn" (the walk stopped: the bytes end mid-record
@@ -40,6 +41,7 @@ from replay.verify_decode import (CHECKSUM_CORRUPT, CHECKSUM_OK, CHECKSUM_TORN, 
                                   Chunk, SegmentLayout, VerifyInputError, decode_chunk, walk_segment, zxid_before)
 from replay.verify_replay import check_snapshot
 from zab.storage.recovery import SNAPSHOT_DIR, TXNLOG_DIR
+from zab.storage.snapshot import read_body
 
 _SEGMENT = re.compile(r"log\.([0-9a-f]{16})")
 _SNAPSHOT = re.compile(r"snapshot\.([0-9a-f]{16})")
@@ -158,7 +160,7 @@ def _decode_task(items, with_raw: bool, with_txn: bool):  # noqa: ANN001, ANN202
 
 def _snapshot_task(item: tuple[int, str, int]) -> tuple:
     node, path, name_zxid = item
-    info = check_snapshot(Path(path).read_bytes(), name_zxid, path)
+    info = check_snapshot(read_body(Path(path)), name_zxid, path)  # in 1 MiB pieces, never whole
     return (node, Path(path).name, name_zxid, info.zxid, info.status, info.digest, info.error)
 
 

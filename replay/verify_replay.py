@@ -4,6 +4,10 @@ through the state machine's own code, tree digests taken at chosen zxids. Pure.
 The metastore's `MetastoreStateMachine` does the work, exactly as a node does
 at recovery: `restore(zxid, state)` from a snapshot, then `apply(zxid, data)` for
 every later transaction, then `digest()`.
+
+A snapshot's body comes in pieces (issue 19): the callers pass zab.storage.snapshot.read_body,
+which checks the file's header before the first piece and its CRC after the last, and the tree
+is rebuilt as the pieces are taken, so a snapshot file is never held whole.
 """
 
 from __future__ import annotations
@@ -13,7 +17,6 @@ from dataclasses import dataclass
 
 from metastore.errors import MetastoreError, TxnConflict
 from metastore.core.state_machine import MetastoreStateMachine
-from zab.storage.snapshot import decode_snapshot
 from zab.storage.storage_errors import SnapshotCorruptError
 from zab.core.txn import Txn
 
@@ -33,26 +36,40 @@ class SnapshotInfo:
     error: str
 
 
-def check_snapshot(buf: bytes, name_zxid: int, source: str) -> SnapshotInfo:
-    """Verify a snapshot file's bytes (zab.storage.snapshot) and restore its state to get its digest."""
+class SnapshotDoesNotRestore(Exception):
+    """A snapshot file passes its checks, but its state does not decode or fit a tree: a bug of
+    the node that wrote it (or the file changed since it was checked)."""
+
+
+def check_snapshot(body: Iterable[bytes], name_zxid: int, source: str) -> SnapshotInfo:
+    """Verify a snapshot file whose body `body` yields in pieces (read_body: SnapshotCorruptError
+    for a bad header, name or CRC) and restore its state, as it comes, to get its digest."""
     try:
-        zxid, state = decode_snapshot(buf, source=source)
+        sm = restore(name_zxid, body, source)
     except SnapshotCorruptError as err:
         return SnapshotInfo(None, "corrupt", None, str(err))
-    if zxid != name_zxid:
-        return SnapshotInfo(zxid, "corrupt", None, f"snapshot {source}: header zxid {zxid:#x} differs from its name")
-    try:
-        sm = restore(zxid, state)
-    except _APPLY_ERRORS as err:
-        return SnapshotInfo(zxid, "corrupt", None, f"snapshot {source}: state does not restore: {err}")
-    return SnapshotInfo(zxid, "ok", sm.digest(), "")
+    except SnapshotDoesNotRestore as err:
+        return SnapshotInfo(name_zxid, "corrupt", None, str(err))
+    return SnapshotInfo(name_zxid, "ok", sm.digest(), "")
 
 
-def restore(zxid: int, state: bytes | None) -> MetastoreStateMachine:
-    """A state machine at `zxid`: restored from `state`, or empty when `state` is None."""
+def restore(zxid: int, state: bytes | Iterable[bytes] | None, source: str = "snapshot") -> MetastoreStateMachine:
+    """A state machine at `zxid`: restored from `state` (a snapshot's body, whole or in pieces
+    decoded as they are taken), or empty when `state` is None.
+
+    SnapshotDoesNotRestore for a state that does not decode or fit. When decoding stops before
+    the last piece, the rest is still read, so that a damaged file is reported by its CRC
+    (SnapshotCorruptError from read_body), as a check of the whole file before decoding would."""
     sm = MetastoreStateMachine()
-    if state is not None:
-        sm.restore(zxid, state)
+    if state is None:
+        return sm
+    pieces = iter((state,) if isinstance(state, (bytes, bytearray, memoryview)) else state)
+    try:
+        sm.restore(zxid, pieces)
+    except _APPLY_ERRORS as err:
+        for _ in pieces:  # a damaged file raises its CRC mismatch at the end of its pieces
+            pass
+        raise SnapshotDoesNotRestore(f"snapshot {source}: state does not restore: {err}") from None
     return sm
 
 

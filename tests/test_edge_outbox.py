@@ -9,7 +9,7 @@ import socket
 import trio
 import trio.testing
 
-from edge.outbox import Outbox
+from edge.outbox import ByteBudget, Outbox
 from bookie_fixtures import trio_test
 
 
@@ -176,4 +176,30 @@ async def test_an_outbox_made_without_threads_never_takes_a_threads_write():
         box.append(b"a")
         box.append(b"b")  # queued behind the first, in order
         assert await receive(right, 2) == b"ab"
+        nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_a_shared_byte_budget_bounds_what_outboxes_hold_together_and_is_given_back():
+    """Two outboxes share a ByteBudget of 100 bytes: past each one's first queued item, a send that
+    would take their bytes together (queued, or in the writer task's hands) beyond it is refused;
+    the bytes come back once written, or when an outbox is detached."""
+    budget = ByteBudget(100)
+    one, two = Outbox(budget=budget), Outbox(budget=budget)
+    assert one.send(b"a" * 60) and two.send(b"b" * 30)  # no stream yet: queued, first items always fit
+    assert budget.used == 90
+    assert not one.send(b"c" * 20) and budget.refusals == 1  # 110 > 100: refused, nothing queued
+    assert one.send(b"c" * 10) and budget.used == 100
+    two.detach()
+    assert budget.used == 70
+    stream, right = pair(sndbuf=4096)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(one.pump, stream)
+        assert await receive(right, 70) == b"a" * 60 + b"c" * 10
+        await trio.testing.wait_all_tasks_blocked()
+        assert budget.used == 0  # written: given back
+        # A reader that stops: the writer task's bytes in hand still count.
+        one.send(b"x" * 50, direct=False)
+        one.send(b"y" * 40, direct=False)
+        assert budget.used == 90
         nursery.cancel_scope.cancel()

@@ -205,6 +205,7 @@ def test_more_than_65535_auth_ids_then_a_write_ends_no_node(ensemble: Cluster, a
 # -- 3. byte and count limits -------------------------------------------------------------------
 LIMITS = """jute_max_buffer_bytes = 65536
 client_outgoing_max_bytes = 1048576
+client_reply_max_bytes = 2097152
 client_handshake_timeout_ms = 1500
 global_outstanding_limit = 20
 global_outstanding_bytes = 262144
@@ -231,6 +232,44 @@ def client_stats(node: cfg.NodeConfig) -> dict:
 def rss_bytes(node: cfg.NodeConfig) -> int:
     status = open(f"/proc/{localcluster.running_pid(node)}/status").read()
     return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) * 1024
+
+
+def test_many_clients_that_never_read_are_bounded_together_by_client_reply_max_bytes(limited: Cluster):
+    """client_outgoing_max_bytes (1 MiB) bounds one connection; client_reply_max_bytes (2 MiB)
+    bounds all of a node's together: eight silent clients pipelining reads of a 60 kB znode
+    would make it hold 8 MiB; past 2 MiB the connection whose reply does not fit is cut off
+    (`reply_refusals` in /status), the bytes held never pass the bound by more than a reply per
+    connection, and another client goes on."""
+    node = cfg.load(limited.path).nodes[1]
+    zk = kazoo(limited, node.id)
+    zk.ensure_path("/big2")
+    zk.set("/big2", b"y" * 60_000)
+    get = jute.frame(jute.encode_request(jute.RequestHeader(1, OpCode.GET_DATA), jute.GetDataRequest("/big2", False)))
+    silent = []
+    try:
+        for _ in range(8):
+            s = open_raw(node, timeout_s=30)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            assert connect_raw(s, 0).time_out > 0
+            s.setblocking(False)
+            silent.append(s)
+        peak = 0
+        for _ in range(60):
+            for s in silent:
+                try:
+                    s.sendall(get * 4)
+                except (BlockingIOError, BrokenPipeError, ConnectionResetError):
+                    pass
+            peak = max(peak, client_stats(node)["reply_bytes"])
+        assert wait_for(lambda: client_stats(node)["reply_refusals"] >= 1, timeout_s=30), client_stats(node)
+        assert peak <= (2 << 20) + 8 * 70_000, peak
+        assert zk.get("/big2")[0] == b"y" * 60_000
+    finally:
+        for s in silent:
+            s.close()
+        zk.stop()
+        zk.close()
+    assert wait_for(lambda: client_stats(node)["reply_bytes"] == 0, timeout_s=30), "closed connections gave back nothing"
 
 
 def test_a_client_that_never_reads_is_cut_off_and_the_node_holds_little(limited: Cluster):

@@ -24,7 +24,7 @@ EDGE = {
     "zab/storage/ensemble_file.py",
     "bookie/journal.py", "bookie/entrylog.py", "bookie/storage.py", "bookie/storage_commit.py",
     "bookie/storage_recovery.py",
-    "bookie/service.py", "bookie/client.py", "bookie/registration.py",
+    "bookie/service.py", "bookie/service_connection.py", "bookie/client.py", "bookie/registration.py",
     "ledger/manager.py", "ledger/client.py", "ledger/client_sync.py", "ledger/driver.py", "ledger/handles.py",
     "ledger/service_loop.py", "ledger/autorecovery/tasks.py", "ledger/autorecovery/auditor.py",
     "ledger/autorecovery/worker.py",
@@ -37,7 +37,6 @@ MAX_MODULE_LINES = 500
 # Modules over MAX_MODULE_LINES when the cap came (issue 21), each at most its size then. The list
 # may only shrink: a module split below the cap must leave it (test_long_module_exceptions_only_shrink).
 LONG_MODULES = {
-    "bookie/service.py": 520,
     "bookie/client.py": 559,
     "metastore/client/session.py": 582,
     "metastore/edge/service.py": 537,

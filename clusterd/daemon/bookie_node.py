@@ -64,6 +64,8 @@ def service_config(config: ClusterConfig) -> BookieServiceConfig:
                                max_in_flight=config.bookie_max_in_flight,
                                max_in_flight_bytes=config.bookie_max_in_flight_bytes,
                                max_outgoing_bytes=config.bookie_max_outgoing_bytes,
+                               max_outgoing_bytes_total=config.bookie_max_outgoing_bytes_total,
+                               max_in_flight_bytes_total=config.bookie_max_in_flight_bytes_total,
                                handshake_timeout_ms=config.bookie_handshake_timeout_ms,
                                read_timeout_ms=config.bookie_read_timeout_ms,
                                max_connections=config.bookie_max_connections,

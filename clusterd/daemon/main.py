@@ -160,7 +160,8 @@ async def _start_ensemble_services(nursery: trio.Nursery, config: ClusterConfig,
         await nursery.start(service.run)
     except OSError as e:
         raise StartupError(f"cannot listen for clients on {node.bind_host}:{node.client_port}: {e}") from None
-    return {"status": driver.status, "clients": lambda: dict(service.stats)}
+    return {"status": driver.status, "clients": lambda: dict(service.stats, reply_bytes=service.reply_budget.used,
+                                                              reply_refusals=service.reply_budget.refusals)}
 
 
 def sasl_settings(config: ClusterConfig) -> SaslSettings:
@@ -175,6 +176,7 @@ def client_limits(config: ClusterConfig) -> ClientLimits:
     """The client port's limits (metastore.edge.edge_guard) from cluster.toml."""
     return ClientLimits(
         jute_max_buffer_bytes=config.jute_max_buffer_bytes, outgoing_max_bytes=config.client_outgoing_max_bytes,
+        reply_max_bytes=config.client_reply_max_bytes,
         max_client_connections=config.max_client_connections, max_connections=config.max_client_connections_total,
         handshake_timeout_ms=config.client_handshake_timeout_ms,
         global_outstanding_limit=config.global_outstanding_limit,

@@ -2,7 +2,8 @@
 edge/outbox.py Outbox, counted in bytes) and the task that writes it.
 
 A client that stops reading its replies is cut off once what is queued for it
-exceeds `ClientLimits.outgoing_max_bytes` (never waited for: the queue is what
+exceeds `ClientLimits.outgoing_max_bytes`, or once what every connection of the port
+holds exceeds `ClientLimits.reply_max_bytes` (never waited for: the queue is what
 the node would otherwise hold for it without bound).
 """
 
@@ -17,7 +18,7 @@ import trio
 
 from metastore.wire import jute
 from metastore.core.acl import Id
-from edge.outbox import Outbox
+from edge.outbox import ByteBudget, Outbox
 
 log = logging.getLogger("quire.metastore")
 Job = tuple[object, Callable[[], bool]]  # (the Pending write it waits for or None, answer it: False closes)
@@ -41,10 +42,11 @@ class Connection:
     read_only: bool = False  # a read-only session (metastore/edge/handshake.py): reads only
     out: Outbox | None = None
     writer_scope: trio.CancelScope | None = None
+    budget: ByteBudget | None = None  # the node-wide bound all client connections share
 
     def __post_init__(self) -> None:
         # One TLS record per reply: kazoo select()s on the socket before each read (see Outbox).
-        self.out = Outbox(max_bytes=self.outgoing_max_bytes, record_per_item=True)
+        self.out = Outbox(max_bytes=self.outgoing_max_bytes, record_per_item=True, budget=self.budget)
 
     @property
     def host(self) -> str:
@@ -60,8 +62,10 @@ class Connection:
         # Written now only when no other reply is known to be coming: a burst of replies goes
         # through the writer task, which sends whatever one loop turn produced in one write.
         if not self.out.send(data, direct=not self.replies):
-            log.info("event=client_dropped conn=%s peer=%s reason=outgoing_bytes queued=%d limit=%d",
-                     self.id, self.peer, self.out.queued_bytes + len(data), self.outgoing_max_bytes)
+            budget = self.budget
+            log.info("event=client_dropped conn=%s peer=%s reason=outgoing_bytes queued=%d limit=%d node_queued=%s "
+                     "node_limit=%s", self.id, self.peer, self.out.queued_bytes + len(data), self.outgoing_max_bytes,
+                     budget and budget.used, budget and budget.limit)
             self.cut_off = True
             self.abort()  # a client that does not read its replies is cut off, never waited for
 

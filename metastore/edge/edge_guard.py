@@ -57,6 +57,7 @@ class ClientLimits:
 
     jute_max_buffer_bytes: int = DEFAULT_MAX_BUFFER_BYTES  # jute.maxbuffer
     outgoing_max_bytes: int = 32 << 20  # replies queued for one connection that does not read
+    reply_max_bytes: int = 1 << 30  # ... for every connection of the node together
     max_client_connections: int = 60  # per client address: maxClientCnxns
     max_connections: int = 4096  # in total: maxCnxns
     handshake_timeout_ms: int = 10_000  # accept to complete ConnectRequest, first bytes included

@@ -42,6 +42,7 @@ from zab.core.actions import Role
 from zab.edge.driver import Pending, PeerDriver
 from zab.errors import NoLeader, OutcomeUnknown
 from edge.sockets import ConnectionCounts, peer_address
+from edge.outbox import ByteBudget
 
 log = logging.getLogger("quire.metastore")
 
@@ -84,6 +85,7 @@ class MetastoreService:
         self.connections: dict[int, Connection] = {}
         self.by_session: dict[int, Connection] = {}
         self._conn_ids = itertools.count(1)
+        self.reply_budget = ByteBudget(config.limits.reply_max_bytes)  # replies queued, all connections
         self._cxids = itertools.count(1)
         self._handshake = SessionHandshake(self)
         driver.listen(self)
@@ -231,7 +233,8 @@ class MetastoreService:
             stream = await self.cfg.tls.accept(stream)  # None: refused, closed and logged by the TLS layer
             if stream is None:
                 return
-        conn = Connection(next(self._conn_ids), stream, peer_address(stream), self.cfg.limits.outgoing_max_bytes)
+        conn = Connection(next(self._conn_ids), stream, peer_address(stream), self.cfg.limits.outgoing_max_bytes,
+                          budget=self.reply_budget)
         # As in ZooKeeper, every connection is authenticated by its address (the ip scheme).
         conn.auth.append(Id("ip", conn.host))
         if self.cfg.tls is not None:  # and by its certificate, as ZooKeeper's x509 scheme
