@@ -247,6 +247,36 @@ async def test_adds_beyond_max_in_flight_bytes_are_overloaded_until_the_journal_
 
 
 @trio_test
+async def test_adds_of_all_connections_are_bounded_together_by_max_in_flight_bytes_total(tmp_path):
+    """Each connection stays within its own max_in_flight_bytes, but together they pass the bookie's
+    max_in_flight_bytes_total: the add that would take them past it is answered OVERLOADED, on
+    whichever connection it comes; once the journal catches up, adds are taken again."""
+    config = BookieServiceConfig(max_in_flight_bytes=10_000_000, max_in_flight_bytes_total=1_000_000)
+    with trio.fail_after(30):
+        async with serving_bookie(tmp_path, config) as service:
+            journal = service.storage._journal
+            real_sync, release = journal.sync, threading.Event()
+
+            def held_sync() -> None:
+                release.wait(20)
+                real_sync()
+
+            journal.sync = held_sync
+            async with BookieClient("127.0.0.1", service.port) as one, BookieClient("127.0.0.1", service.port) as two:
+                first = [one.start_add(7, i, KEY, entry(7, i, b"a" * 300_000)) for i in range(3)]
+                await trio.testing.wait_all_tasks_blocked()
+                with pytest.raises(Overloaded):
+                    await two.start_add(8, 0, KEY, entry(8, 0, b"b" * 300_000)).result()
+                release.set()
+                for p in first:
+                    assert await p.result() is None
+                journal.sync = real_sync
+                await two.add(8, 0, KEY, entry(8, 0, b"b" * 300_000))
+                while service.in_flight_bytes_total:  # the answer leaves from the writer's thread first
+                    await trio.sleep(0.01)
+
+
+@trio_test
 async def test_a_frame_announcing_more_than_the_maximum_is_refused_before_it_is_buffered(tmp_path):
     """BookKeeper's nettyMaxFrameSizeBytes: a header claiming 2 GiB is answered BAD_REQUEST and
     closed at once, without waiting for (or holding) its body."""
@@ -266,7 +296,8 @@ async def test_a_frame_announcing_more_than_the_maximum_is_refused_before_it_is_
 def test_the_bookie_port_limits_come_from_cluster_toml(tmp_path):
     text = ("[cluster]\nbookie_handshake_timeout_ms = 1500\nbookie_read_timeout_ms = 2500\n"
             "bookie_max_connections = 40\nbookie_max_connections_per_address = 4\n"
-            "bookie_max_in_flight_bytes = 9000000\nbookie_max_outgoing_bytes = 8000000\n\n")
+            "bookie_max_in_flight_bytes = 9000000\nbookie_max_outgoing_bytes = 8000000\n"
+            "bookie_max_in_flight_bytes_total = 70000000\nbookie_max_outgoing_bytes_total = 60000000\n\n")
     for i in (1, 2, 3):
         text += (f'[[node]]\nid = {i}\nhost = "127.0.0.1"\npeer_port = {30000 + i}\nclient_port = {31000 + i}\n'
                  f'admin_port = {32000 + i}\nbookie_port = {33000 + i}\nroles = ["voter", "bookie"]\n'
@@ -276,6 +307,7 @@ def test_the_bookie_port_limits_come_from_cluster_toml(tmp_path):
     assert (config.handshake_timeout_ms, config.read_timeout_ms) == (1500, 2500)
     assert (config.max_connections, config.max_connections_per_address) == (40, 4)
     assert (config.max_in_flight_bytes, config.max_outgoing_bytes) == (9_000_000, 8_000_000)
+    assert (config.max_in_flight_bytes_total, config.max_outgoing_bytes_total) == (70_000_000, 60_000_000)
 
 
 # -- 3. fuzz after decoding: well-formed requests with extreme values -------------------------
