@@ -26,7 +26,7 @@ from zab.core.ensemble import Ensemble, bootstrap
 from metastore.errors import (BadArguments, BadVersion, NoChildrenForEphemerals, NodeExists, NoNode, NotEmpty,
                               RuntimeInconsistency, SessionExpired, SessionMoved, Unimplemented, ZooKeeperError)
 from metastore.wire.jute_defs import CreateMode, OpCode
-from metastore.wire.snapshot_codec import decode_snapshot, encode_tree
+from metastore.core.tree_fork import fork
 from metastore.core.tree import (CONTAINER_OWNER, DataTree, EphemeralType, Node, ephemeral_type, i32, is_session_id,
                             next_version, ttl_owner)
 from metastore.core.txn import (Check, CloseSession, Create, CreateSession, Delete, Error, Multi, SetACL, SetData,
@@ -75,8 +75,8 @@ class Preparer:
 
     def _view(self) -> DataTree:
         if self._future is None:
-            # O(size of the tree): only when leadership changes.
-            self._future = decode_snapshot(encode_tree(self.tree))
+            # When leadership changes: a copy of references (tree_fork.py), never of the znodes.
+            self._future = fork(self.tree)
             for zxid, txn in self._pending:
                 apply(self._future, zxid, txn)
         return self._future

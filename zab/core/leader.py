@@ -296,6 +296,10 @@ class LeaderRole:
     def _on_ack(self, frm: int, a: Ack) -> list[Action]:
         if frm != self.id and (frm not in self.forwarding or self.learners[frm].observer):
             return []
+        if frm == self.id and Z.epoch_of(a.zxid) != self.epoch:
+            # Our log writer's ACK of a proposal of an earlier leadership, fsynced after we stepped
+            # down (and perhaps were truncated) and came to lead again: nothing to count.
+            return []
         if not 0 <= a.zxid <= self.peer.last_zxid:
             # A learner logs only what we sent it: this ACK must never count toward a quorum.
             return self._refuse(frm, f"ACK of {a.zxid:#x}, which this leader never proposed")
