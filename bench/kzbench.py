@@ -293,13 +293,14 @@ class Results:
 
 
 class _Worker:
-    def __init__(self, name: str, spec: dict, log: Path) -> None:
+    def __init__(self, name: str, spec: dict, log: Path, *, module: str = "bench.kzworker") -> None:
+        """`python -m <module> '<spec as JSON>'`: bench/kzworker.py by default (bench/tree_loader.py too)."""
         self.name = name
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
         self.stderr = open(log, "ab")  # noqa: SIM115 - closed in close()
         self.log = log
-        self.proc = subprocess.Popen([sys.executable, "-m", "bench.kzworker", json.dumps(spec)], cwd=REPO, env=env,
+        self.proc = subprocess.Popen([sys.executable, "-m", module, json.dumps(spec)], cwd=REPO, env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True)
         self.lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()

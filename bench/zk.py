@@ -134,8 +134,10 @@ class ZkEnsemble:
     """Three ZooKeeper servers; `stop()` (or the context manager) ends them all."""
 
     def __init__(self, folder: Path, size: int = 3, *, tls: ZkTls | None = None, netty: bool = False,
-                 context: ssl.SSLContext | None = None) -> None:
+                 context: ssl.SSLContext | None = None, jvm_options: tuple[str, ...] = JVM_OPTIONS) -> None:
+        """`jvm_options`: in place of JVM_OPTIONS (bench/large_tree.py gives the servers a larger heap)."""
         self.folder = folder
+        self.jvm_options = jvm_options
         self.tls = tls
         self.netty = netty or tls is not None  # TLS on the client port needs Netty's connection factory
         self.context = context  # for the four-letter words on a TLS client port
@@ -187,7 +189,7 @@ class ZkEnsemble:
 
     def _spawn(self, i: int) -> subprocess.Popen[bytes]:
         node = self.node_dir(i)
-        options = [*JVM_OPTIONS]
+        options = [*self.jvm_options]
         if self.netty:
             options.append(f"-Dzookeeper.serverCnxnFactory={NETTY_FACTORY}")
         if self.tls is not None:
