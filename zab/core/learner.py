@@ -328,7 +328,7 @@ class LearnerRole:
         return [Answered(m.session_id, m.cxid, answer)]
 
     def _on_ensemble_info(self, m: EnsembleInfo) -> list[Action]:
-        # Before SYNC: in discovery when the leader has us in another role than we asked for.
+        # The leader's committed ensemble, sent just before SYNC: we may have missed its reconfig.
         if self.sync_started:
             return self._fail("ENSEMBLEINFO after SYNC")
         if not Z.zxid_ok(m.version) or (self.epoch is not None and Z.epoch_of(m.version) > self.epoch):
