@@ -1,5 +1,5 @@
-"""Add answers written by the storage's worker thread right after the fsync (bookie/service.py's
-_ThreadAnswer, bookie/storage_commit.py's after_sync and settle): they leave while the event loop
+"""Add answers written by the storage's worker thread right after the fsync (ThreadAnswer in
+bookie/service_connection.py, bookie/storage_commit.py's after_sync and settle): they leave while the event loop
 is busy, a batch answered that way is indexed before any later request is served, and what the
 socket does not take goes out first, whole, from the event loop. Real sockets, real fsync."""
 
@@ -15,7 +15,7 @@ import trio.testing
 from bookie import protocol as P
 from bookie.entry import Digester, DigestType, master_key
 from bookie.errors import NoSuchEntry
-from bookie.service import _Connection, _ThreadAnswer
+from bookie.service_connection import BookieConnection, ThreadAnswer
 from bookie_fixtures import open_storage, serving_bookie, trio_test
 
 KEY = master_key(b"secret")
@@ -46,13 +46,13 @@ def recv_answers(sock: socket.socket, count: int) -> list[P.Response]:
 @trio_test
 async def test_adds_are_answered_from_the_worker_thread_while_the_event_loop_is_held(tmp_path, monkeypatch):
     held = threading.Event()
-    answer_from_thread = _ThreadAnswer.send_from_thread
+    answer_from_thread = ThreadAnswer.send_from_thread
 
-    def answer_once_held(self: _ThreadAnswer) -> None:
+    def answer_once_held(self: ThreadAnswer) -> None:
         held.wait(10)  # the batch's wake-up, queued after this, cannot apply it before the check below
         answer_from_thread(self)
 
-    monkeypatch.setattr(_ThreadAnswer, "send_from_thread", answer_once_held)
+    monkeypatch.setattr(ThreadAnswer, "send_from_thread", answer_once_held)
     with trio.fail_after(20):
         async with serving_bookie(tmp_path) as service:
             storage = service.storage
@@ -77,13 +77,13 @@ async def test_adds_are_answered_from_the_worker_thread_while_the_event_loop_is_
 @trio_test
 async def test_a_read_after_an_answer_from_the_thread_finds_the_entry_before_the_wake_up(tmp_path, monkeypatch):
     gate = threading.Event()
-    answer_from_thread = _ThreadAnswer.send_from_thread
+    answer_from_thread = ThreadAnswer.send_from_thread
 
-    def answer_then_hold(self: _ThreadAnswer) -> None:
+    def answer_then_hold(self: ThreadAnswer) -> None:
         answer_from_thread(self)
         gate.wait(10)  # the batch's wake-up is queued only once this returns
 
-    monkeypatch.setattr(_ThreadAnswer, "send_from_thread", answer_then_hold)
+    monkeypatch.setattr(ThreadAnswer, "send_from_thread", answer_then_hold)
     with trio.fail_after(20):
         async with serving_bookie(tmp_path) as service:
             storage = service.storage
@@ -110,15 +110,15 @@ async def test_a_read_after_an_answer_from_the_thread_finds_the_entry_before_the
 @trio_test
 async def test_an_answer_the_event_loop_claimed_by_settling_first_is_sent_once(tmp_path, monkeypatch):
     arrived, gate, went_on = threading.Event(), threading.Event(), threading.Event()
-    answer_from_thread = _ThreadAnswer.send_from_thread
+    answer_from_thread = ThreadAnswer.send_from_thread
 
-    def wait_then_answer(self: _ThreadAnswer) -> None:
+    def wait_then_answer(self: ThreadAnswer) -> None:
         arrived.set()  # the batch is durable and settle()-able from here
         gate.wait(10)
         answer_from_thread(self)
         went_on.set()
 
-    monkeypatch.setattr(_ThreadAnswer, "send_from_thread", wait_then_answer)
+    monkeypatch.setattr(ThreadAnswer, "send_from_thread", wait_then_answer)
     with trio.fail_after(20):
         async with serving_bookie(tmp_path) as service:
             writer = connect(service)
@@ -147,15 +147,15 @@ async def test_an_answer_the_event_loop_claimed_by_settling_first_is_sent_once(t
 @trio_test
 async def test_the_thread_and_the_event_loop_claim_an_answer_once():
     left, right = socket.socketpair()
-    conn = _Connection(1, trio.SocketStream(trio.socket.from_stdlib_socket(left)), max_outgoing_bytes=1 << 20)
+    conn = BookieConnection(1, trio.SocketStream(trio.socket.from_stdlib_socket(left)), max_outgoing_bytes=1 << 20)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(conn.write_loop)  # attaches the stream: thread writes go only to a pumped link
         await trio.testing.wait_all_tasks_blocked()
-        first = _ThreadAnswer(conn, b"x")
+        first = ThreadAnswer(conn, b"x")
         assert first.claim_for_loop()
         await trio.to_thread.run_sync(first.send_from_thread)  # too late: the event loop sends it
         assert first.by_thread is False
-        second = _ThreadAnswer(conn, b"y")
+        second = ThreadAnswer(conn, b"y")
         await trio.to_thread.run_sync(second.send_from_thread)
         assert second.by_thread and not second.claim_for_loop()
         assert right.recv(16) == b"y"
@@ -189,15 +189,15 @@ async def test_what_the_socket_does_not_take_from_the_thread_goes_first_and_whol
     with trio.fail_after(20):
         left, right = trio.socket.socketpair()
         left.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-        conn = _Connection(1, trio.SocketStream(left), max_outgoing_bytes=1 << 30)
+        conn = BookieConnection(1, trio.SocketStream(left), max_outgoing_bytes=1 << 30)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(conn.write_loop)
             await trio.testing.wait_all_tasks_blocked()
-            answer = _ThreadAnswer(conn, b"A" * 200_000)  # more than the kernel buffers hold
+            answer = ThreadAnswer(conn, b"A" * 200_000)  # more than the kernel buffers hold
             await trio.to_thread.run_sync(answer.send_from_thread)
             assert answer.by_thread, "the thread wrote what fit and left the rest to the writer task"
             conn.send(b"B" * 1000)  # the event loop's next answer: after the rest, never inside it
-            blocked = _ThreadAnswer(conn, b"C")
+            blocked = ThreadAnswer(conn, b"C")
             await trio.to_thread.run_sync(blocked.send_from_thread)  # nobody reads: the rest is still unsent
             assert blocked.by_thread is False and blocked.claim_for_loop(), "never while something is unsent"
             received = bytearray()
@@ -209,9 +209,9 @@ async def test_what_the_socket_does_not_take_from_the_thread_goes_first_and_whol
 
 def test_an_answer_for_a_closed_connection_is_never_written_by_the_thread():
     left, right = socket.socketpair()
-    conn = _Connection(1, trio.SocketStream(trio.socket.from_stdlib_socket(left)), max_outgoing_bytes=1 << 20)
+    conn = BookieConnection(1, trio.SocketStream(trio.socket.from_stdlib_socket(left)), max_outgoing_bytes=1 << 20)
     conn.closing = True
-    answer = _ThreadAnswer(conn, struct.pack(">I", 7))
+    answer = ThreadAnswer(conn, struct.pack(">I", 7))
     answer.send_from_thread()
     assert answer.by_thread is False and conn.out.queued_bytes == 0
     right.setblocking(False)
