@@ -273,8 +273,7 @@ class Bench:
             while sent < ZK_MAX_TRIGGER_WRITES:
                 _pipelined_sets(client, MARK, MARK_VALUE, ZK_BURST)
                 sent += ZK_BURST
-                seen += tail.lines()
-                tail.offset = tail.path.stat().st_size
+                seen += tail.take()
                 if _zk_snapshotting(seen, loaded_zxid) is not None:
                     break
             f.trigger_writes = sent
@@ -298,8 +297,7 @@ class Bench:
                     raise RuntimeError(f"no periodic snapshot past {loaded_zxid:#x} on the leader after "
                                        f"{sent:,} writes")
                 time.sleep(0.05)
-                seen += tail.lines()
-                tail.offset = tail.path.stat().st_size
+                seen += tail.take()
         finally:
             _close(client)
 

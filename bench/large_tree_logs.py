@@ -25,6 +25,18 @@ class LogTail:
             f.seek(self.offset)
             return f.read().decode(errors="replace").splitlines()
 
+    def take(self) -> list[str]:
+        """The whole lines gained since the last take, and the point moved past them: a line
+        written while we read is read next time, never skipped."""
+        if not self.path.exists():
+            return []
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        whole = data.rfind(b"\n") + 1
+        self.offset += whole
+        return data[:whole].decode(errors="replace").splitlines()
+
 
 _QUIRE_TS = re.compile(r"^ts=(\S+)Z ")
 _ZK_TS = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
