@@ -13,6 +13,8 @@ import socket
 import stat
 import struct
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -219,6 +221,25 @@ async def test_a_client_that_never_reads_its_answers_is_cut_off(tmp_path):
             await _served(service)
 
 
+@contextmanager
+def journal_held(service) -> Iterator[threading.Event]:
+    """The bookie's journal fsync waits until the event given is set (adds stay in flight meanwhile);
+    the real fsync is back after the block."""
+    journal = service.storage._journal
+    real_sync, release = journal.sync, threading.Event()
+
+    def held_sync() -> None:
+        release.wait(20)
+        real_sync()
+
+    journal.sync = held_sync
+    try:
+        yield release
+    finally:
+        release.set()
+        journal.sync = real_sync
+
+
 @trio_test
 async def test_adds_beyond_max_in_flight_bytes_are_overloaded_until_the_journal_catches_up(tmp_path):
     """Adds a connection has in flight (held until their journal fsync) are bounded in bytes: past the
@@ -226,22 +247,14 @@ async def test_adds_beyond_max_in_flight_bytes_are_overloaded_until_the_journal_
     config = BookieServiceConfig(max_in_flight_bytes=1_000_000)
     with trio.fail_after(30):
         async with serving_bookie(tmp_path, config) as service:
-            journal = service.storage._journal
-            real_sync, release = journal.sync, threading.Event()
-
-            def held_sync() -> None:
-                release.wait(20)
-                real_sync()
-
-            journal.sync = held_sync
             async with BookieClient("127.0.0.1", service.port) as c:
-                adds = [c.start_add(7, i, KEY, entry(7, i, b"a" * 300_000)) for i in range(4)]
-                with pytest.raises(Overloaded):
-                    await adds[3].result()
-                release.set()
-                for p in adds[:3]:
-                    assert await p.result() is None
-                journal.sync = real_sync
+                with journal_held(service) as release:
+                    adds = [c.start_add(7, i, KEY, entry(7, i, b"a" * 300_000)) for i in range(4)]
+                    with pytest.raises(Overloaded):
+                        await adds[3].result()
+                    release.set()
+                    for p in adds[:3]:
+                        assert await p.result() is None
                 await c.add(7, 3, KEY, entry(7, 3, b"a" * 300_000))
                 assert DIGESTER.verify(await c.read(7, 3)).entry_id == 3
 
@@ -254,23 +267,15 @@ async def test_adds_of_all_connections_are_bounded_together_by_max_in_flight_byt
     config = BookieServiceConfig(max_in_flight_bytes=10_000_000, max_in_flight_bytes_total=1_000_000)
     with trio.fail_after(30):
         async with serving_bookie(tmp_path, config) as service:
-            journal = service.storage._journal
-            real_sync, release = journal.sync, threading.Event()
-
-            def held_sync() -> None:
-                release.wait(20)
-                real_sync()
-
-            journal.sync = held_sync
             async with BookieClient("127.0.0.1", service.port) as one, BookieClient("127.0.0.1", service.port) as two:
-                first = [one.start_add(7, i, KEY, entry(7, i, b"a" * 300_000)) for i in range(3)]
-                await trio.testing.wait_all_tasks_blocked()
-                with pytest.raises(Overloaded):
-                    await two.start_add(8, 0, KEY, entry(8, 0, b"b" * 300_000)).result()
-                release.set()
-                for p in first:
-                    assert await p.result() is None
-                journal.sync = real_sync
+                with journal_held(service) as release:
+                    first = [one.start_add(7, i, KEY, entry(7, i, b"a" * 300_000)) for i in range(3)]
+                    await trio.testing.wait_all_tasks_blocked()
+                    with pytest.raises(Overloaded):
+                        await two.start_add(8, 0, KEY, entry(8, 0, b"b" * 300_000)).result()
+                    release.set()
+                    for p in first:
+                        assert await p.result() is None
                 await two.add(8, 0, KEY, entry(8, 0, b"b" * 300_000))
                 while service.in_flight_bytes_total:  # the answer leaves from the writer's thread first
                     await trio.sleep(0.01)

@@ -72,6 +72,21 @@ class Writer(threading.Thread):
             n += 1
 
 
+def assert_on_every_node(cluster: Cluster, ids, acked: list[str], voters: set[int] | None = None) -> None:
+    """Each of `ids`, read alone after a sync, has every acknowledged path (and, if given, shows
+    `voters` in /zookeeper/config)."""
+    for i in sorted(ids):
+        check = client(cluster, (i,))
+        try:
+            check.sync("/")
+            missing = [p for p in acked if check.exists(p) is None]
+            assert not missing, f"node {i} lacks {len(missing)} acknowledged writes"
+            if voters is not None:
+                assert parse_spec(check.get("/zookeeper/config")[0]).voters == voters
+        finally:
+            stop_kazoo(check)
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> Iterator[Cluster]:
     path = copy_config(tmp_path_factory.mktemp("reconfig"))
@@ -136,15 +151,7 @@ def test_grow_by_observers_to_five_voters_then_remove_the_leader_while_kazoo_wri
         writer.join(60)
         stop_kazoo(zk, admin)
     assert writer.acked
-    for i in sorted(rest):
-        check = client(cluster, (i,))
-        try:
-            check.sync("/")
-            missing = [p for p in writer.acked if check.exists(p) is None]
-            assert not missing, f"node {i} lacks {len(missing)} acknowledged writes"
-            assert parse_spec(check.get("/zookeeper/config")[0]).voters == rest
-        finally:
-            stop_kazoo(check)
+    assert_on_every_node(cluster, rest, writer.acked, voters=rest)
 
 
 def members(cluster: Cluster) -> set[int]:
@@ -178,13 +185,7 @@ def test_clusterctl_node_replace_takes_a_voter_out_and_puts_the_removed_node_bac
     after = before - {old} | {outsider}
     assert members(cluster) == after
     assert wait_for(lambda: role(cluster, old) == "looking", 10)
-    for i in sorted(after):
-        check = client(cluster, (i,))
-        try:
-            check.sync("/")
-            assert [p for p in writer.acked if check.exists(p) is None] == [], f"node {i}"
-        finally:
-            stop_kazoo(check)
+    assert_on_every_node(cluster, after, writer.acked)
     refused = cluster.ctl("node", "add", str(old))
     assert refused.returncode == 2 and "super user" in refused.stderr
 
@@ -218,10 +219,4 @@ def test_shrink_to_three_other_members_then_gain_an_observer_while_kazoo_writes(
         writer.stop.set()
         writer.join(60)
         stop_kazoo(zk, admin)
-    for i in keep + [observer]:
-        check = client(cluster, (i,))
-        try:
-            check.sync("/")
-            assert [p for p in writer.acked if check.exists(p) is None] == [], f"node {i}"
-        finally:
-            stop_kazoo(check)
+    assert_on_every_node(cluster, set(keep) | {observer}, writer.acked)
