@@ -161,6 +161,7 @@ async def running_writer(data_dir: Path):
         released.clear()
         return out
 
+    perform.writer = writer
     async with trio.open_nursery() as nursery:
         nursery.start_soon(writer.run)
         yield perform
@@ -262,6 +263,7 @@ def test_a_local_snapshot_is_written_in_pieces_and_a_restart_restores_it_in_piec
     async def main() -> None:
         async with running_writer(tmp_path) as perform:
             await perform([TakeSnapshot(sm.freeze())])
+            await perform.writer.snapshotter.wait_taken(1)  # written beside the log, on its own thread
 
     trio.run(main)
     recovered = recover(tmp_path)

@@ -18,6 +18,11 @@ which writes them to the leader's link right after the fsync when the link is
 idle; then the event loop is not woken at all. Whatever `send_now` leaves
 goes back to the trio thread in order, as before.
 
+A local snapshot is not written here: the batch that meets TakeSnapshot makes the log durable
+up to it and hands the frozen view to zab/edge/snapshotter.py, whose own thread writes it while
+appends go on; its purge of older snapshots and log segments comes back here, in order with the
+log's other changes.
+
 What a finished batch releases waits in `take_done()` for the trio thread,
 and `on_done` (a run_sync_soon callback) tells the driver to take it. The
 driver also takes it before it steps any other event: on a leader, whose own
@@ -35,6 +40,7 @@ import collections
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import trio
 
@@ -43,17 +49,24 @@ from zab.core.actions import (Action, InstallSnapshot, LogAppend, LogSync, LogTr
                               SnapWrite, TakeSnapshot)
 from zab.core.history import txn_bytes
 from zab.core.messages import Ack
-from zab.storage.recovery import purge
-from edge.files import fsync_directory
+from zab.edge.snapshotter import SnapshotDue, Snapshotter
+from zab.storage.recovery import apply_purge
 from edge.group_commit import GroupCommitWriter
-from zab.storage.snapshot import RECEIVING_SUFFIX, SnapshotFile, SnapshotStore
+from zab.storage.snapshot import RECEIVING_SUFFIX, PurgePlan, SnapshotFile, SnapshotStore
 from zab.storage.txnlog import TxnLog
 
 log = logging.getLogger("quire.zab.log_writer")
 
 DEFAULT_MAX_QUEUED_BYTES = 64 << 20
-# A local snapshot is encoded and written in pieces of this size: the writer never holds the whole.
-SNAPSHOT_WRITE_CHUNK_BYTES = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class PurgeAfterSnapshot:
+    """Snapshotter -> log writer: the snapshot at `zxid` is durable; `plan`'s older snapshots and
+    the log segments only they needed may go (in the writer's thread, the one owner of the log's
+    files; the plan was made, reading the kept snapshots through, on the snapshotter's)."""
+    zxid: int
+    plan: PurgePlan
 
 
 class LogWriter:
@@ -83,7 +96,7 @@ class LogWriter:
         self._error_event = trio.Event()
         self._stopping = False
         self.fsync_seconds_total = 0.0
-        self.snapshots_taken = 0
+        self.snapshotter = Snapshotter(snapshots, snapshots_retained, self._purge_after)
         self._receiving: SnapshotFile | None = None  # a SNAP being received (SnapBegin .. Install/Discard)
 
     @property
@@ -126,9 +139,14 @@ class LogWriter:
         thread or in on_done). On the way out, a write in progress finishes first."""
         self._commit.start()
         try:
-            await self._error_event.wait()
-            assert self._error is not None
-            raise self._error  # the disk failed (or a bug): the node stops rather than ack what it may not have
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.snapshotter.run)
+                try:
+                    await self._error_event.wait()
+                    assert self._error is not None
+                    raise self._error  # the disk failed (or a bug): the node stops rather than ack what it may not have
+                finally:
+                    self.snapshotter.stop()  # a snapshot being written ends at its next piece
         finally:
             self._stopping = True
             self._commit.close()
@@ -156,8 +174,18 @@ class LogWriter:
             if written.error is not None:
                 self._fail(written.error)  # what was written before it is still run, in order
                 break
-            done.append(written.value)
+            then = written.value
+            if any(type(a) is SnapshotDue for a in then):
+                for due in then:
+                    if type(due) is SnapshotDue:
+                        self.snapshotter.offer(due)
+                then = [a for a in then if type(a) is not SnapshotDue]
+            done.append(then)
         return done
+
+    def _purge_after(self, zxid: int, plan: PurgePlan) -> None:
+        """In the trio thread, from the snapshotter: queue the purge the snapshot at `zxid` allows."""
+        self._commit.submit([PurgeAfterSnapshot(zxid, plan)])
 
     def _batch_done(self) -> None:
         """In the trio thread, as the engine's wake-up: has the driver run what waited for the
@@ -204,9 +232,11 @@ class LogWriter:
                 self._install(a, dirty)
                 dirty = False
             elif isinstance(a, TakeSnapshot):
-                self._sync(dirty)
+                self._sync(dirty)  # the log is durable up to the snapshot before it is written
                 dirty = False
-                self._snapshot(a)
+                then.append(SnapshotDue(a.frozen))
+            elif isinstance(a, PurgeAfterSnapshot):
+                self._purge(a)
             else:
                 raise TypeError(f"not a log action: {a!r}")
         self._sync(dirty or synced)
@@ -235,19 +265,12 @@ class LogWriter:
         received.commit()  # fsync, header, rename: the received file is the snapshot now
         log.info("event=snap_installed zxid=%#x bytes=%d", a.zxid, received.body_length)
         self.txnlog.reset(base_zxid=a.zxid)
-        stale = [path for zxid, path in self.snapshots.files() if zxid != a.zxid]
-        for path in stale:
-            path.unlink()
-        if stale:
-            fsync_directory(self.snapshots.directory)
+        self.snapshots.remove([path for zxid, path in self.snapshots.files() if zxid != a.zxid])
 
-    def _snapshot(self, a: TakeSnapshot) -> None:
-        # Encoded piece by piece from the frozen view as it is written: never whole in memory.
-        written = self.snapshots.write_chunks(a.frozen.zxid, a.frozen.chunks(SNAPSHOT_WRITE_CHUNK_BYTES))
-        self.snapshots_taken += 1
-        result = purge(self.snapshots, self.txnlog, self.snapshots_retained)
-        log.info("event=snapshot zxid=%#x bytes=%d purged_snapshots=%d purged_segments=%d",
-                 a.frozen.zxid, written.body_length, len(result.snapshots_removed), result.segments_removed)
+    def _purge(self, a: PurgeAfterSnapshot) -> None:
+        result = apply_purge(a.plan, self.snapshots, self.txnlog)
+        log.info("event=snapshot_purge zxid=%#x purged_snapshots=%d purged_segments=%d",
+                 a.zxid, len(result.snapshots_removed), result.segments_removed)
 
     def _begin_or_discard(self, a: SnapBegin | SnapDiscard) -> None:
         """A SNAP's partial file: any earlier one goes (a transfer cut before the core said so
@@ -267,7 +290,8 @@ class LogWriter:
     def statistics(self) -> dict:
         stats = dict(self.txnlog.statistics())
         stats.update(batches=self.batches, fsync_seconds_total=round(self.fsync_seconds_total, 6),
-                     snapshots_taken=self.snapshots_taken, acks_sent_from_thread=self.acks_sent_from_thread,
+                     snapshots_taken=self.snapshotter.taken, snapshots_skipped=self.snapshotter.skipped,
+                     acks_sent_from_thread=self.acks_sent_from_thread,
                      queued=self._commit.queued + len(self._pending), queued_bytes=self.queued_bytes)
         return stats
 

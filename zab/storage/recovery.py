@@ -21,7 +21,7 @@ from pathlib import Path
 
 from zab.storage.epochfile import read_epochs
 from edge.files import ensure_directory
-from zab.storage.snapshot import SnapshotStore, read_body
+from zab.storage.snapshot import PurgePlan, SnapshotStore, read_body
 from zab.storage.storage_errors import MissingHistoryError
 from zab.core.txn import Txn
 from zab.storage.txnlog import DEFAULT_SEGMENT_MAX_BYTES, TxnLog
@@ -125,8 +125,15 @@ def purge(snapshots: SnapshotStore, log: TxnLog, keep: int) -> PurgeResult:
     the segment being appended to always stays. With no valid snapshot nothing
     is deleted: the log is then the only copy of history.
     """
-    removed = snapshots.purge(keep)
-    valid = snapshots.valid_zxids()
-    if not valid:
-        return PurgeResult(removed, 0)
-    return PurgeResult(removed, log.purge_through(valid[0]))
+    return apply_purge(snapshots.plan_purge(keep), snapshots, log)
+
+
+def apply_purge(plan: PurgePlan, snapshots: SnapshotStore, log: TxnLog) -> PurgeResult:
+    """Delete what `plan` (SnapshotStore.plan_purge, perhaps made on another thread) names, and
+    the log segments before its oldest kept snapshot. Nothing at all if that file is gone: a SNAP
+    installed since the plan was made replaced the snapshots, the log is the new one's history,
+    and the plan's files are no longer what it saw (the next purge plans again)."""
+    if plan.oldest_kept is None or not snapshots.path_for(plan.oldest_kept).exists():
+        return PurgeResult([], 0)
+    snapshots.remove(plan.remove)
+    return PurgeResult(plan.remove, log.purge_through(plan.oldest_kept))

@@ -32,6 +32,7 @@ import os
 import re
 import struct
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from crc32c import crc32c
@@ -215,6 +216,14 @@ class SnapshotFile:
         self.tmp.unlink(missing_ok=True)
 
 
+@dataclass(frozen=True, slots=True)
+class PurgePlan:
+    """What a purge deletes: `remove`, the snapshot files older than `oldest_kept`, the oldest of
+    the valid ones it keeps (None: no valid snapshot, nothing may go, the log included)."""
+    remove: list[Path]
+    oldest_kept: int | None
+
+
 class SnapshotStore:
     """The snapshot files of one node, in `directory` (created if missing)."""
 
@@ -285,19 +294,33 @@ class SnapshotStore:
         Invalid files newer than the oldest kept one stay for the operator to
         inspect. With no valid snapshot, nothing is removed.
         """
+        plan = self.plan_purge(keep)
+        self.remove(plan.remove)
+        return plan.remove
+
+    def plan_purge(self, keep: int) -> PurgePlan:
+        """What purge(keep) would delete, without deleting it: the reading part (each of the newest
+        files is verified whole until `keep` valid ones are found), which the node does off its
+        log writer's thread; the files older than the oldest of those are not read at all."""
         if keep < 1:
             raise ValueError("keep must be >= 1: purging every snapshot would lose history")
         files = self.files()
-        valid = [zxid for zxid, path in files if _is_valid(path)]
-        if not valid:
-            return []
-        oldest_kept = valid[-keep:][0]
-        removed = [path for zxid, path in files if zxid < oldest_kept]
-        for path in removed:
-            path.unlink()
-        if removed:
+        kept: list[int] = []
+        for zxid, path in reversed(files):
+            if len(kept) == keep:
+                break
+            if _is_valid(path):
+                kept.append(zxid)
+        if not kept:
+            return PurgePlan([], None)
+        return PurgePlan([path for zxid, path in files if zxid < kept[-1]], kept[-1])
+
+    def remove(self, paths: list[Path]) -> None:
+        """Delete these snapshot files (gone already is fine) and make that durable."""
+        for path in paths:
+            path.unlink(missing_ok=True)
+        if paths:
             fsync_directory(self.directory)
-        return removed
 
     def discard_temporaries(self) -> list[Path]:
         """Remove `*.tmp` files a crash left behind mid-write; return them."""
