@@ -16,6 +16,17 @@ place of `clientPort` (clients must present a certificate of the CA), and
 `sslQuorum=true` with `zookeeper.ssl.quorum.*` on the quorum and election ports,
 PEM key stores throughout. `netty=True` without TLS runs the same factory in
 plain text, so that a plain/TLS ratio measures TLS alone.
+
+`reconfig=True` starts the ensemble the way ZooKeeper 3.5+ needs it for dynamic reconfiguration
+(zookeeperReconfig.md): `reconfigEnabled=true`, `standaloneEnabled=false`, and server lines in
+the 3.5 form `server.N=127.0.0.1:<quorum>:<election>:participant|observer;127.0.0.1:<client>`
+with the client address in the line, so zoo.cfg has no `clientPort`/`clientPortAddress` (the
+documented form; on first boot ZooKeeper itself moves the server lines into
+`zoo.cfg.dynamic.<version>`, backs zoo.cfg up as zoo.cfg.bak and points it at the dynamic file).
+`observers=K` makes the last K servers observers (`:observer` in every server line, and
+`peerType=observer` in their own zoo.cfg). `super_digest` (user:base64(sha1(user:password)))
+passes `-Dzookeeper.DigestAuthenticationProvider.superDigest`, so that a client that
+`add_auth("digest", "super:<password>")` may write /zookeeper/config, that is call reconfig.
 """
 
 from __future__ import annotations
@@ -45,6 +56,7 @@ INIT_LIMIT = 10
 SYNC_LIMIT = 5
 JVM_OPTIONS = ("-Xms256m", "-Xmx1g", "-Dzookeeper.admin.enableServer=false", "-Djava.net.preferIPv4Stack=true")
 NETTY_FACTORY = "org.apache.zookeeper.server.NettyServerCnxnFactory"
+SUPER_DIGEST = "super:D/InIHSb7yEEbrWz8b9l71RjZJU="  # user "super", password "test"
 
 
 @dataclass(frozen=True)
@@ -131,18 +143,28 @@ def mntr(port: int) -> dict[str, str]:
 
 
 class ZkEnsemble:
-    """Three ZooKeeper servers; `stop()` (or the context manager) ends them all."""
+    """`size` ZooKeeper servers (three by default); `stop()` (or the context manager) ends them all."""
 
     def __init__(self, folder: Path, size: int = 3, *, tls: ZkTls | None = None, netty: bool = False,
-                 context: ssl.SSLContext | None = None, jvm_options: tuple[str, ...] = JVM_OPTIONS) -> None:
-        """`jvm_options`: in place of JVM_OPTIONS (bench/large_tree.py gives the servers a larger heap)."""
+                 context: ssl.SSLContext | None = None, jvm_options: tuple[str, ...] = JVM_OPTIONS,
+                 reconfig: bool = False, observers: int = 0, super_digest: str | None = None) -> None:
+        """`jvm_options`: in place of JVM_OPTIONS (bench/large_tree.py gives the servers a larger heap).
+        `reconfig`: a dynamic-config ensemble (see the module docstring); `observers`: the last that
+        many servers are observers; `super_digest`: ZooKeeper's super user, "user:digest"."""
+        if not 0 <= observers < size:
+            raise ValueError(f"observers must leave at least one participant: {observers} of {size}")
+        if reconfig and tls is not None:
+            raise ValueError("reconfig with TLS is not set up: the 3.5 server lines carry the plain client port")
         self.folder = folder
+        self.reconfig = reconfig
+        self.super_digest = super_digest
         self.jvm_options = jvm_options
         self.tls = tls
         self.netty = netty or tls is not None  # TLS on the client port needs Netty's connection factory
         self.context = context  # for the four-letter words on a TLS client port
         self.cp = classpath()
         self.ids = list(range(1, size + 1))
+        self.observers = set(self.ids[size - observers:]) if observers else set()
         ports = iter(localcluster.free_ports(3 * size))
         self.client_ports = {i: next(ports) for i in self.ids}
         self.quorum_ports = {i: next(ports) for i in self.ids}
@@ -172,13 +194,27 @@ class ZkEnsemble:
         lines = [f"tickTime={TICK_TIME_MS}", f"initLimit={INIT_LIMIT}", f"syncLimit={SYNC_LIMIT}",
                  f"dataDir={self.data_dir(i)}", "forceSync=yes", f"4lw.commands.whitelist={FOUR_LETTER_WORDS}", "admin.enableServer=false",
                  "maxClientCnxns=0", "autopurge.purgeInterval=0"]
-        if self.tls is None:
-            lines += [f"clientPort={self.client_ports[i]}", "clientPortAddress=127.0.0.1"]
-        else:
+        if self.reconfig:
+            lines += ["reconfigEnabled=true", "standaloneEnabled=false"]
+        if i in self.observers:
+            lines.append("peerType=observer")
+        if self.tls is not None:
             lines += [f"secureClientPort={self.client_ports[i]}", "secureClientPortAddress=127.0.0.1", "sslQuorum=true"]
-        lines += [f"server.{j}=127.0.0.1:{self.quorum_ports[j]}:{self.election_ports[j]}" for j in self.ids]
+        elif not self.reconfig:
+            lines += [f"clientPort={self.client_ports[i]}", "clientPortAddress=127.0.0.1"]
+        lines += [self.server_line(j) for j in self.ids]
         (self.node_dir(i) / "zoo.cfg").write_text("\n".join(lines) + "\n")
         (self.node_dir(i) / "log4j.properties").write_text(LOG4J)
+
+    def server_line(self, j: int, role: str | None = None) -> str:
+        """Server j's `server.N=` line: 3.4 form (quorum and election ports; `:observer` for an
+        observer), or with `reconfig` the 3.5 form with role and client address, `role` in place of
+        its own (bench/reconfig.py promotes an observer with it)."""
+        line = f"server.{j}=127.0.0.1:{self.quorum_ports[j]}:{self.election_ports[j]}"
+        if self.reconfig:
+            role = role or ("observer" if j in self.observers else "participant")
+            return f"{line}:{role};127.0.0.1:{self.client_ports[j]}"
+        return f"{line}:observer" if j in self.observers else line
 
     # -- processes -------------------------------------------------------------------
     def start(self, i: int | None = None) -> None:
@@ -194,6 +230,8 @@ class ZkEnsemble:
             options.append(f"-Dzookeeper.serverCnxnFactory={NETTY_FACTORY}")
         if self.tls is not None:
             options += self.tls.jvm_options(i)
+        if self.super_digest is not None:
+            options.append(f"-Dzookeeper.DigestAuthenticationProvider.superDigest={self.super_digest}")
         command = ["java", *options, f"-Dzookeeper.log.dir={node}",
                    f"-Dlog4j.configuration=file:{node / 'log4j.properties'}",
                    "-cp", self.cp, MAIN_CLASS, str(node / "zoo.cfg")]
@@ -219,7 +257,7 @@ class ZkEnsemble:
         return {i: mode(self.client_ports[i], context=self.context) for i in self.ids}
 
     def wait_serving(self, *, timeout_s: float = 60.0) -> int:
-        """Until one server leads and the others follow; returns the leader's id."""
+        """Until one server leads, the others follow and the observers observe; returns the leader's id."""
         deadline = time.monotonic() + timeout_s
         while True:
             for i, proc in self.procs.items():
@@ -228,7 +266,8 @@ class ZkEnsemble:
                                         f"see {self.log_path(i)} and {self.node_dir(i) / 'zookeeper.out'}")
             modes = self.modes()
             values = list(modes.values())
-            if values.count("leader") == 1 and values.count("follower") == len(values) - 1:
+            if (values.count("leader") == 1 and values.count("follower") == len(values) - 1 - len(self.observers)
+                    and all(modes[j] == "observer" for j in self.observers)):
                 return next(i for i, m in modes.items() if m == "leader")
             if time.monotonic() > deadline:
                 raise ZkUnavailable(f"ensemble not serving after {timeout_s:g} s: modes {modes}; "
