@@ -248,6 +248,8 @@ class Bench:
                         end = quire_ts(line)
                         assert end is not None
                         f.snapshot_s = end - t0
+                        if (synced := re.search(r"sync_s=([0-9.]+)", line)) is not None:
+                            f.snapshot_sync_s = float(synced[1])
                         f.snapshot_file_bytes = int(m[2])
                         f.snapshot_note = (f"leader {system.label(leader)}, snapshot at zxid {m[1]} after "
                                            f"{f.trigger_writes:,} more setData (every {system.snapshot_every:,} txns)")

@@ -73,6 +73,7 @@ class Figures:
     rss_before: dict[str, int] = field(default_factory=dict)  # VmRSS just before the load
     rss_loaded: dict[str, int] = field(default_factory=dict)  # VmRSS once the load settled
     snapshot_s: float | None = None
+    snapshot_sync_s: float | None = None  # Quire: of snapshot_s, its fsync, header and rename (ZooKeeper has none)
     snapshot_note: str = ""
     snapshot_file_bytes: int | None = None
     trigger_writes: int = 0
@@ -90,6 +91,13 @@ class Figures:
     peaks: dict[str, dict[str, int]] = field(default_factory=dict)  # phase -> server -> peak RSS (bytes)
     loadavg: dict[str, float] = field(default_factory=dict)  # phase -> 1-minute load average at its start
     failures: list[str] = field(default_factory=list)
+
+    @property
+    def snapshot_unsynced_s(self) -> float | None:
+        """The snapshot write without its fsync: what ZooKeeper's periodic snapshot does."""
+        if self.snapshot_s is None:
+            return None
+        return self.snapshot_s - (self.snapshot_sync_s or 0.0)
 
     @property
     def load_rate(self) -> float | None:

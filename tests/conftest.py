@@ -42,3 +42,12 @@ def spark():
     session = build_session("local[2]", app_name="quire-tests", shuffle_partitions=2)
     yield session
     session.stop()
+
+
+@pytest.fixture(autouse=True)
+def _collect_everything_again():
+    """A driver run in this process freezes what is alive (edge/long_lived.py); thawed after each
+    test, so that what the test left behind is collected like anything else."""
+    yield
+    import gc
+    gc.unfreeze()

@@ -17,7 +17,7 @@ PACKAGES = ["edge", "zab", "metastore", "bookie", "ledger", "clusterd", "replay"
 
 # Edge modules: the only ones allowed to touch sockets, files, clocks and threads.
 EDGE = {
-    "edge/files.py", "edge/group_commit.py", "edge/outbox.py", "edge/segments.py", "edge/sockets.py", "edge/tls_stream.py",
+    "edge/files.py", "edge/long_lived.py", "edge/group_commit.py", "edge/outbox.py", "edge/segments.py", "edge/sockets.py", "edge/tls_stream.py",
     "edge/trio_thread.py",
     "zab/edge/driver.py", "zab/edge/transport.py", "zab/edge/log_writer.py", "zab/edge/snapshotter.py",
     "zab/storage/txnlog.py", "zab/storage/snapshot.py", "zab/storage/epochfile.py", "zab/storage/recovery.py",

@@ -1,6 +1,6 @@
 """The metastore's tree snapshot as a stream of bounded pieces (issue 19: streamed snapshots).
 
-`encode_chunks` yields the snapshot of a frozen view (DataTree.freeze) in pieces of at most
+`encode_chunks` yields the snapshot of a frozen view (DataTree.freeze) in chunks of at most
 `chunk_bytes`, and `SnapshotDecoder` takes the bytes back in pieces of any size, rebuilding the
 tree znode by znode (metastore/core/tree_assembly.py). The bytes are format version 1 exactly
 as the whole-buffer codec always wrote them (docs/metastore_tree.md, "Snapshot encoding"), so
@@ -34,64 +34,86 @@ _NODE = struct.Struct(">IQQQqqiiiQ")         # acl index, czxid, mzxid, pzxid, c
 
 # -- encoding ----------------------------------------------------------------------------
 
+# A znode record's bytes beyond its path and data: the two length prefixes and the fixed fields.
+_RECORD_OVERHEAD = 4 + 4 + _NODE.size
+
+
 def encode_pieces(last_zxid: int, nodes: dict[str, Node], sessions: dict[int, int], digest: int) -> Iterator[bytes]:
-    """The snapshot's bytes as one piece per section header, ACL, session and znode, in order."""
+    """The snapshot's bytes in pieces of at most 1 MiB (encode_chunks's)."""
+    return encode_chunks(last_zxid, nodes, sessions, digest, 1 << 20)
+
+
+def encode_chunks(last_zxid: int, nodes: dict[str, Node], sessions: dict[int, int], digest: int,
+                  chunk_bytes: int) -> Iterator[bytes]:
+    """The snapshot in chunks of at most `chunk_bytes`, each encoded when it is taken; their
+    concatenation is encode_snapshot's.
+
+    Chunks are cut at record boundaries when the next record does not fit (so most are nearly,
+    not exactly, full), and a record larger than a chunk is cut across several: every byte is
+    copied once into its chunk, and about one list append per field is all a small znode costs
+    (a snapshot of a million znodes is seconds of Python, on the snapshotter's thread beside the
+    event loop)."""
+    if chunk_bytes <= 0:
+        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
     ordered = sorted_paths(nodes)
+    records = [nodes[path] for path in ordered]
     acl_index: dict[tuple[ACL, ...], int] = {}
     acl_parts: list[bytes] = []
-    for path in ordered:  # the ACL table comes first in the format: a pass to collect it (few lists)
-        acl = nodes[path].acl
-        if acl not in acl_index:
-            acl_index[acl] = len(acl_parts)
-            acl_parts.append(encode_acl(acl))
-    yield _SNAP_HEAD.pack(SNAPSHOT_MAGIC, SNAPSHOT_VERSION, last_zxid, digest)
-    yield _U32.pack(len(acl_parts))
-    yield from acl_parts
-    yield _U32.pack(len(sessions))
-    for s in sorted(sessions):
-        yield _SESSION.pack(s, sessions[s])
-    yield _U32.pack(len(ordered))
-    for path in ordered:
-        node = nodes[path]
-        yield b"".join((_text(path), _blob(node.data), _NODE.pack(
+    for node in records:  # the ACL table comes first in the format: a pass to collect it (few lists)
+        if node.acl not in acl_index:
+            acl_index[node.acl] = len(acl_parts)
+            acl_parts.append(encode_acl(node.acl))
+    head = [_SNAP_HEAD.pack(SNAPSHOT_MAGIC, SNAPSHOT_VERSION, last_zxid, digest), _U32.pack(len(acl_parts)),
+            *acl_parts, _U32.pack(len(sessions))]
+    head += [_SESSION.pack(s, sessions[s]) for s in sorted(sessions)]
+    head.append(_U32.pack(len(ordered)))
+
+    parts: list[bytes] = []
+    size = 0
+    for piece in head:  # small pieces; only a huge session table fills chunks here
+        if size + len(piece) > chunk_bytes and parts:
+            yield b"".join(parts)
+            parts, size = [], 0
+        if len(piece) > chunk_bytes:
+            yield from _cut(piece, chunk_bytes)
+            continue
+        parts.append(piece)
+        size += len(piece)
+
+    pack_len, pack_node = _U32.pack, _NODE.pack
+    for path, node in zip(ordered, records):
+        name, data = path.encode(), node.data
+        n = len(name) + len(data) + _RECORD_OVERHEAD
+        if size + n > chunk_bytes and parts:
+            yield b"".join(parts)
+            parts, size = [], 0
+        record = (pack_len(len(name)), name, pack_len(len(data)), data, pack_node(
             acl_index[node.acl], node.czxid, node.mzxid, node.pzxid, node.ctime, node.mtime,
-            node.version, node.cversion, node.aversion, node.owner)))
+            node.version, node.cversion, node.aversion, node.owner))
+        if n > chunk_bytes:
+            yield from _cut(b"".join(record), chunk_bytes)
+            continue
+        parts += record
+        size += n
+    if parts:
+        yield b"".join(parts)
+
+
+def _cut(piece: bytes, chunk_bytes: int) -> Iterator[bytes]:
+    for at in range(0, len(piece), chunk_bytes):
+        yield piece[at:at + chunk_bytes]
 
 
 def sorted_paths(nodes: dict[str, Node]) -> list[str]:
     """The snapshot's paths in order, sorted in runs of SORT_RUN merged in Python: one sort of a
     million paths is a single call that holds the GIL for about a second, and the snapshot is
-    encoded on the log writer's thread beside the event loop, whose followers then give up on it
-    after sync_limit_ticks (bench/large_tree.py saw the leader go quiet that long)."""
+    encoded on a thread beside the event loop, whose followers then give up on it after
+    sync_limit_ticks (bench/large_tree.py saw the leader go quiet that long)."""
     keys = [p for p in nodes if p != paths.CONFIG]
     if len(keys) <= SORT_RUN:
         return sorted(keys)
     runs = [sorted(keys[i:i + SORT_RUN]) for i in range(0, len(keys), SORT_RUN)]
     return list(heapq.merge(*runs))
-
-
-def rechunk(pieces: Iterable[bytes], chunk_bytes: int) -> Iterator[bytes]:
-    """`pieces` joined and cut again into chunks of exactly `chunk_bytes` (the last one shorter)."""
-    if chunk_bytes <= 0:
-        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
-    buf = bytearray()
-    for piece in pieces:
-        buf += piece
-        if len(buf) < chunk_bytes:
-            continue
-        start = 0
-        while len(buf) - start >= chunk_bytes:
-            yield bytes(buf[start:start + chunk_bytes])
-            start += chunk_bytes
-        del buf[:start]  # once per piece: a large znode cut into many chunks stays linear
-    if buf:
-        yield bytes(buf)
-
-
-def encode_chunks(last_zxid: int, nodes: dict[str, Node], sessions: dict[int, int], digest: int,
-                  chunk_bytes: int) -> Iterator[bytes]:
-    """The snapshot in chunks of at most `chunk_bytes`; their concatenation is encode_snapshot's."""
-    return rechunk(encode_pieces(last_zxid, nodes, sessions, digest), chunk_bytes)
 
 
 # -- decoding ----------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from zab.core.ensemble import Ensemble, peer_addresses
 from zab.storage.ensemble_file import read_ensemble, write_ensemble
 from zab.storage.epochfile import write_epoch
 from zab.errors import NoLeader, OutcomeUnknown
+from edge import long_lived
 from zab.edge.log_writer import DEFAULT_MAX_QUEUED_BYTES, LogWriter
 from zab.core.peer import DiskState, Peer
 from zab.storage.recovery import recover
@@ -175,6 +176,7 @@ class PeerDriver:
         log.info("event=recovered node=%s snapshot=%#x last_zxid=%#x accepted_epoch=%s current_epoch=%s",
                  self.cfg.my_id, recovered.snapshot_zxid, self.peer.last_zxid, recovered.accepted_epoch,
                  recovered.current_epoch)
+        long_lived.settle("recovered")
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.transport.run)
@@ -292,6 +294,8 @@ class PeerDriver:
         assert self.writer is not None
         for i, a in enumerate(actions):
             if isinstance(a, _LOG_ACTIONS):
+                if isinstance(a, (TakeSnapshot, InstallSnapshot)):
+                    long_lived.settle(type(a).__name__)  # the state is long-lived: out of the collector's way
                 self.writer.submit(a)
             elif isinstance(a, Send):
                 if a.to == self.cfg.my_id:
@@ -448,4 +452,5 @@ class PeerDriver:
         s["peers"] = self.transport.connected_peers()
         s["log"] = self.writer.statistics() if self.writer else {}
         s["transport"] = dict(vars(self.transport.stats))
+        s["gc_frozen_objects"] = long_lived.frozen_objects()
         return s
