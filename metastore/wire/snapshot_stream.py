@@ -22,7 +22,7 @@ from metastore.core.acl import ACL, encode_acl
 from metastore.core.tree import DataTree, Node, ephemeral_type
 from metastore.core.tree_assembly import TreeAssembler
 from metastore.errors import BadArguments, DecodeError
-from metastore.wire.txn_codec import _SESSION, _U32, Reader, _blob, _text
+from metastore.wire.txn_codec import _SESSION, _U32, Reader
 
 SNAPSHOT_MAGIC = b"QZNT"
 SNAPSHOT_VERSION = 1
