@@ -21,6 +21,11 @@ there is none: with cluster.toml's settings and `snapshot_every_txns` = 500, nin
 four clients connecting, creating an ephemeral znode, writing, watching and closing in a loop
 left no such cycle (a thaw every 20 snapshots collected 0 objects each time).
 `frozen_objects()` is in /status for an operator who wants to watch it.
+
+While a large state is being built (restored at start, or from a SNAP as its chunks arrive) the
+collector is off altogether (`suspend`/`resume`): every quarter's growth of a tree of a million
+new znodes would cost a full collection of all of them, about four times the tree's size in
+collector work before the node serves, and none of it finds garbage (refcounting frees the rest).
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from __future__ import annotations
 import gc
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 log = logging.getLogger("quire.edge.long_lived")
 
@@ -45,3 +52,33 @@ def frozen_objects() -> int:
     """Objects in the permanent generation (gc.freeze): the node's long-lived state, and any
     reference cycle frozen while alive that has become garbage since."""
     return gc.get_freeze_count()
+
+
+_suspended = False  # by us: the collector is back on at resume (a caller that had it off keeps it off)
+
+
+def suspend() -> None:
+    """Turn the cyclic collector off while a large state is built (idempotent)."""
+    global _suspended
+    if not _suspended and gc.isenabled():
+        gc.disable()
+        _suspended = True
+
+
+def resume() -> None:
+    """Turn it back on if `suspend` turned it off (idempotent)."""
+    global _suspended
+    if _suspended:
+        _suspended = False
+        gc.enable()
+
+
+@contextmanager
+def building(reason: str) -> Iterator[None]:
+    """The collector off while the block builds a large state; then on again, and the state settled."""
+    suspend()
+    try:
+        yield
+    finally:
+        resume()
+    settle(reason)

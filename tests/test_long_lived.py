@@ -34,3 +34,26 @@ def test_what_is_alive_at_a_settle_is_frozen_and_new_garbage_is_still_collected(
     long_lived.settle("test")  # collects what is not frozen yet
     assert gone() is None
     assert len(alive) == 1000
+
+
+def test_the_collector_is_off_while_a_state_is_built_and_back_on_after():
+    assert gc.isenabled()
+    with long_lived.building("test"):
+        assert not gc.isenabled()
+        long_lived.suspend()  # a SnapBegin after another: still off, one resume turns it on
+    assert gc.isenabled()
+    long_lived.suspend()
+    long_lived.resume()
+    long_lived.resume()  # a SnapDiscard after the install: harmless
+    assert gc.isenabled()
+
+
+def test_a_collector_someone_else_turned_off_stays_off():
+    gc.disable()
+    try:
+        with long_lived.building("test"):
+            pass
+        long_lived.resume()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

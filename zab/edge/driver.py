@@ -170,13 +170,13 @@ class PeerDriver:
         ensemble = read_ensemble(self.data_dir) or self.bootstrap
         if ensemble is not None:
             self.transport.set_members(peer_addresses(ensemble))
-        self.peer = Peer(self.cfg, self.state_machine,
-                         DiskState(recovered.accepted_epoch, recovered.current_epoch, recovered.snapshot_zxid,
-                                   recovered.snapshot_chunks(), tuple(recovered.txns)), ensemble)
+        with long_lived.building("recovered"):  # the snapshot is restored and the log replayed here
+            self.peer = Peer(self.cfg, self.state_machine,
+                             DiskState(recovered.accepted_epoch, recovered.current_epoch, recovered.snapshot_zxid,
+                                       recovered.snapshot_chunks(), tuple(recovered.txns)), ensemble)
         log.info("event=recovered node=%s snapshot=%#x last_zxid=%#x accepted_epoch=%s current_epoch=%s",
                  self.cfg.my_id, recovered.snapshot_zxid, self.peer.last_zxid, recovered.accepted_epoch,
                  recovered.current_epoch)
-        long_lived.settle("recovered")
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.transport.run)
@@ -294,8 +294,15 @@ class PeerDriver:
         assert self.writer is not None
         for i, a in enumerate(actions):
             if isinstance(a, _LOG_ACTIONS):
-                if isinstance(a, (TakeSnapshot, InstallSnapshot)):
-                    long_lived.settle(type(a).__name__)  # the state is long-lived: out of the collector's way
+                if isinstance(a, SnapBegin):
+                    long_lived.suspend()  # a new tree is built from the chunks: no collections meanwhile
+                elif isinstance(a, SnapDiscard):
+                    long_lived.resume()
+                elif isinstance(a, InstallSnapshot):
+                    long_lived.resume()
+                    long_lived.settle("snap installed")  # the new tree is long-lived: out of the collector's way
+                elif isinstance(a, TakeSnapshot):
+                    long_lived.settle("snapshot")
                 self.writer.submit(a)
             elif isinstance(a, Send):
                 if a.to == self.cfg.my_id:
