@@ -57,12 +57,22 @@ def encode_chunks(last_zxid: int, nodes: dict[str, Node], sessions: dict[int, in
         raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
     ordered = sorted_paths(nodes)
     records = [nodes[path] for path in ordered]
+    # The ACL table comes first in the format: a pass to collect it (few lists). Looked up by the
+    # list object (the tree interns them) before its value: hashing a tuple of ACLs per znode
+    # was a third of the encoding.
     acl_index: dict[tuple[ACL, ...], int] = {}
+    by_object: dict[int, int] = {}
     acl_parts: list[bytes] = []
-    for node in records:  # the ACL table comes first in the format: a pass to collect it (few lists)
-        if node.acl not in acl_index:
-            acl_index[node.acl] = len(acl_parts)
-            acl_parts.append(encode_acl(node.acl))
+    indexes = []
+    for node in records:
+        index = by_object.get(id(node.acl))
+        if index is None:
+            index = acl_index.get(node.acl)
+            if index is None:
+                index = acl_index[node.acl] = len(acl_parts)
+                acl_parts.append(encode_acl(node.acl))
+            by_object[id(node.acl)] = index
+        indexes.append(index)
     head = [_SNAP_HEAD.pack(SNAPSHOT_MAGIC, SNAPSHOT_VERSION, last_zxid, digest), _U32.pack(len(acl_parts)),
             *acl_parts, _U32.pack(len(sessions))]
     head += [_SESSION.pack(s, sessions[s]) for s in sorted(sessions)]
@@ -81,14 +91,14 @@ def encode_chunks(last_zxid: int, nodes: dict[str, Node], sessions: dict[int, in
         size += len(piece)
 
     pack_len, pack_node = _U32.pack, _NODE.pack
-    for path, node in zip(ordered, records):
+    for path, node, acl in zip(ordered, records, indexes):
         name, data = path.encode(), node.data
         n = len(name) + len(data) + _RECORD_OVERHEAD
         if size + n > chunk_bytes and parts:
             yield b"".join(parts)
             parts, size = [], 0
         record = (pack_len(len(name)), name, pack_len(len(data)), data, pack_node(
-            acl_index[node.acl], node.czxid, node.mzxid, node.pzxid, node.ctime, node.mtime,
+            acl, node.czxid, node.mzxid, node.pzxid, node.ctime, node.mtime,
             node.version, node.cversion, node.aversion, node.owner))
         if n > chunk_bytes:
             yield from _cut(b"".join(record), chunk_bytes)
@@ -235,7 +245,8 @@ class SnapshotDecoder:
 
     def _take_nodes(self) -> None:
         buf, pos, end, left = self._buf, self._pos, len(self._buf), self._left
-        add, acls, u32, node = self._assembler.add, self._acls, _U32.unpack_from, _NODE  # type: ignore[union-attr]
+        add, acls, u32, node = self._assembler.add_fields, self._acls, _U32.unpack_from, _NODE  # type: ignore[union-attr]
+        unpack_node = node.unpack_from
         view = memoryview(buf)
         try:
             while left and pos + 4 <= end:
@@ -249,14 +260,17 @@ class SnapshotDecoder:
                     path = str(view[pos + 4:data_at], "utf-8")
                 except UnicodeDecodeError as e:
                     raise DecodeError(f"string is not UTF-8: {e}") from None
-                index, *fields = node.unpack_from(buf, fixed_at)
+                index, czxid, mzxid, pzxid, ctime, mtime, version, cversion, aversion, owner = \
+                    unpack_node(buf, fixed_at)
                 if index >= len(acls):
                     raise DecodeError(f"{path!r}: ACL index {index} out of range")
-                try:
-                    ephemeral_type(fields[-1])
-                except ValueError as e:
-                    raise DecodeError(str(e)) from None
-                add((path, bytes(view[data_at + 4:fixed_at]), acls[index], *fields))  # type: ignore[arg-type]
+                if owner:
+                    try:
+                        ephemeral_type(owner)
+                    except ValueError as e:
+                        raise DecodeError(str(e)) from None
+                add(path, bytes(view[data_at + 4:fixed_at]), acls[index], czxid, mzxid, pzxid, ctime, mtime,
+                    version, cversion, aversion, owner)
                 pos, left = fixed_at + node.size, left - 1
         finally:
             view.release()  # the buffer must be resizable again at the next feed
