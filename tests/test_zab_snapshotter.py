@@ -9,6 +9,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import pytest
 import trio
 
 from metastore.core.state_machine import MetastoreStateMachine
@@ -118,3 +119,25 @@ def test_a_node_stopping_mid_snapshot_leaves_no_partial_file_and_recovers_from_i
         assert [t.zxid for t in recovered.txns] == [txn(1).zxid]
 
     trio.run(main)
+
+
+def test_a_snapshot_the_disk_refuses_stops_the_writer_and_leaves_no_partial_file(tmp_path):
+    class Refused:
+        zxid = ZXID
+
+        def to_bytes(self) -> bytes:
+            return b""
+
+        def chunks(self, chunk_bytes: int) -> Iterator[bytes]:
+            yield b"x" * 100
+            raise OSError(28, "No space left on device")
+
+    async def main() -> None:
+        async with running_writer(tmp_path) as perform:
+            await perform([TakeSnapshot(Refused())])
+            await trio.sleep_forever()  # ended by the writer's failure: fail-stop, like a log write's
+
+    with pytest.raises(BaseExceptionGroup) as caught:
+        trio.run(main)
+    assert caught.group_contains(OSError, match="No space left")
+    assert snapshot_files(tmp_path) == []
