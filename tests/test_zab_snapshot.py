@@ -176,26 +176,3 @@ def test_fuzz_read_snapshot_from_file(tmp_path_factory, buf):
         assert read_snapshot(path)[0] == 1
     except SnapshotCorruptError:
         pass
-
-
-def test_a_growing_file_is_flushed_as_it_grows_so_its_commit_has_little_left(store, monkeypatch):
-    import os
-
-    from zab.storage import snapshot as snapshot_module
-    monkeypatch.setattr(snapshot_module, "SYNC_EVERY_BYTES", 1000)
-    flushed: list[int] = []
-    real_fdatasync = os.fdatasync
-
-    def counting_fdatasync(fd: int) -> None:
-        flushed.append(os.fstat(fd).st_size)
-        real_fdatasync(fd)
-
-    monkeypatch.setattr(snapshot_module.os, "fdatasync", counting_fdatasync)
-    body = bytes(range(256)) * 20  # 5,120 bytes in pieces of 700
-    file = store.begin(9)
-    for at in range(0, len(body), 700):
-        file.write(body[at:at + 700])
-    path = file.commit()
-    # Flushed once 1,000 bytes were unflushed: after 1,400, 2,800 and 4,200 bytes of body (+ the header).
-    assert flushed == [32 + 1400, 32 + 2800, 32 + 4200]
-    assert read_snapshot(path) == (9, body)

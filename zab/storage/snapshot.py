@@ -48,10 +48,6 @@ _HEADER = struct.Struct(">4sIQQII")
 HEADER_BYTES = _HEADER.size  # 32
 _NAME = re.compile(r"snapshot\.([0-9a-f]{16})")
 READ_CHUNK_BYTES = 1 << 20
-# A file being written is fdatasynced after each this many bytes, so that its commit's fsync has at
-# most this much left to flush instead of the whole file (a gigabyte: seconds at the end of a SNAP,
-# while the transfer itself left the disk idle).
-SYNC_EVERY_BYTES = 64 << 20
 RECEIVING_SUFFIX = ".receiving" + TMP_SUFFIX  # a SNAP in transfer: removed at start like any *.tmp
 
 
@@ -168,8 +164,7 @@ def _corrupt(source: str, what: str) -> SnapshotCorruptError:
 class SnapshotFile:
     """One snapshot file written in pieces under a temporary name: `write` the body as it comes,
     then `commit` (fsync, header, rename, directory fsync) or `abort` (the temporary file goes).
-    Holds nothing of the body: a running length and CRC-32C. The body is flushed to the disk as
-    it grows (SYNC_EVERY_BYTES), so that the commit's fsync is short."""
+    Holds nothing of the body: a running length and CRC-32C."""
 
     def __init__(self, path: Path, zxid: int, suffix: str = TMP_SUFFIX) -> None:
         if not 0 <= zxid < 1 << 64:
@@ -178,24 +173,15 @@ class SnapshotFile:
         self.tmp = self.path.with_name(self.path.name + suffix)
         self.body_length = 0
         self._crc = 0
-        self._unsynced = 0
         self._fd: int | None = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
         # A placeholder, replaced at commit: zeros never pass the header check.
         self._append(bytes(HEADER_BYTES))
 
     def write(self, data: bytes) -> None:
-        """Append `data` to the body (durable only at commit; flushed early every SYNC_EVERY_BYTES)."""
+        """Append `data` to the body (page cache only: commit fsyncs once)."""
         self._append(data)
         self._crc = crc32c(data, self._crc)
         self.body_length += len(data)
-        self._unsynced += len(data)
-        if self._unsynced >= SYNC_EVERY_BYTES:
-            self._unsynced = 0
-            try:
-                os.fdatasync(self._fd)  # type: ignore[arg-type]
-            except BaseException:
-                self.abort()
-                raise
 
     def _append(self, data: bytes) -> None:
         assert self._fd is not None, f"{self.tmp} was committed or aborted"
