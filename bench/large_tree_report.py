@@ -62,7 +62,8 @@ def _intro(r: Results) -> list[str]:
         "purge comes after), and, without fsync, minus the line's `sync_s`. ZooKeeper: setData in "
         "bursts of 1,000 until the leader logs `Snapshotting` for a zxid past the load; the figure is "
         "ZooKeeper's own `Snapshot taken in N ms` for it (its snapshot thread serializing and writing the file; "
-        "ZooKeeper does not fsync periodic snapshots, Quire does: the row without fsync is the one judged). Both systems snapshot on every node at about "
+        "ZooKeeper does not fsync periodic snapshots, Quire does: the row without fsync is the one judged). "
+        "Both systems snapshot on every node at about "
         "the same time (Quire at the same count everywhere, ZooKeeper at a random count per server), so "
         "followers may be snapshotting meanwhile on the same two cores.",
         "- **wiped follower** (before the restart, so that its figure does not depend on the restart): SIGTERM "

@@ -1,4 +1,6 @@
-"""Write unavailability during a reconfig, Quire beside ZooKeeper: `python -m bench.reconfig [--rounds N] [--output FILE]`.
+"""Write unavailability during a reconfig, Quire beside ZooKeeper.
+
+    python -m bench.reconfig [--rounds N] [--output FILE]
 
 Issue 19's measure: how long writes stop while a voter is added and while the leader is removed,
 against the election time after a leader SIGKILL (the target: no longer than that), on Quire and
