@@ -13,18 +13,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from metastore.core.tree import DataTree, Node
-from metastore.wire.snapshot_stream import (SNAPSHOT_MAGIC, SNAPSHOT_VERSION, decode_chunks, encode_chunks,  # noqa: F401
-                                            encode_pieces)
+from metastore.wire.snapshot_stream import SNAPSHOT_MAGIC, SNAPSHOT_VERSION, decode_chunks, encode_chunks  # noqa: F401
 
 
 # -- snapshot codec --------------------------------------------------------------------
 # The format's one implementation is metastore/wire/snapshot_stream.py's, in pieces; these are
 # its whole-buffer forms.
 
+WHOLE_CHUNK_BYTES = 1 << 20  # the pieces joined into a whole snapshot
+
 
 def encode_snapshot(last_zxid: int, nodes: dict[str, Node], sessions: dict[int, int], digest: int) -> bytes:
     """Deterministic snapshot bytes: the same tree gives the same bytes on every node."""
-    return b"".join(encode_pieces(last_zxid, nodes, sessions, digest))
+    return b"".join(encode_chunks(last_zxid, nodes, sessions, digest, WHOLE_CHUNK_BYTES))
 
 
 def decode_snapshot(data: bytes | bytearray | memoryview) -> DataTree:

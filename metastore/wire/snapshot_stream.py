@@ -38,11 +38,6 @@ _NODE = struct.Struct(">IQQQqqiiiQ")         # acl index, czxid, mzxid, pzxid, c
 _RECORD_OVERHEAD = 4 + 4 + _NODE.size
 
 
-def encode_pieces(last_zxid: int, nodes: dict[str, Node], sessions: dict[int, int], digest: int) -> Iterator[bytes]:
-    """The snapshot's bytes in pieces of at most 1 MiB (encode_chunks's)."""
-    return encode_chunks(last_zxid, nodes, sessions, digest, 1 << 20)
-
-
 def encode_chunks(last_zxid: int, nodes: dict[str, Node], sessions: dict[int, int], digest: int,
                   chunk_bytes: int) -> Iterator[bytes]:
     """The snapshot in chunks of at most `chunk_bytes`, each encoded when it is taken; their
