@@ -25,12 +25,26 @@ FRAME = 4 << 20
 ZNODES, ZNODE_BYTES = 900, 10_000  # 9 MB of data: more than two frames
 
 
-def voters_only(tmp_path, frame: int = FRAME) -> Cluster:
+def voters_only(tmp_path, frame: int = FRAME, **settings: int) -> Cluster:
+    """Three voters, no bookies, `max_frame_bytes` = `frame`, a DIFF window of 200 txns, and
+    `settings` in place of the shipped values of those [cluster] keys."""
     path = copy_config(tmp_path)
     text = re.sub(r"(?m)^bookie_port = .*\n", "", path.read_text()).replace('"voter", "bookie"', '"voter"')
-    text = re.sub(r"(?m)^max_frame_bytes = .*$", f"max_frame_bytes = {frame}", text)
-    path.write_text(re.sub(r"(?m)^sync_window_txns = .*$", "sync_window_txns = 200", text))
+    for key, value in {"max_frame_bytes": frame, "sync_window_txns": 200, **settings}.items():
+        text, found = re.subn(rf"(?m)^{key} = .*$", f"{key} = {value}", text)
+        assert found == 1, f"cluster.toml has no {key} line"
+    path.write_text(text)
     return start_cluster(Cluster(path))
+
+
+def filled(cluster: Cluster, znodes: int = ZNODES) -> tuple[int, list[int]]:
+    """Fill /big with `znodes` znodes, create /w for the writers; (the leader, the other nodes)."""
+    with kazoo_session(cluster, timeout=30) as zk:
+        fill(zk, znodes)
+        zk.create("/w")
+    rows = statuses(cluster)
+    leader = next(i for i, r in rows.items() if r["role"] == "leader")
+    return leader, [i for i in rows if i != leader]
 
 
 def statuses(cluster: Cluster) -> dict[int, dict]:
@@ -110,12 +124,7 @@ def test_a_snap_cut_by_the_leaders_sigkill_is_dropped_and_the_next_leader_brings
     tests/test_zab_snap_transfer.py)."""
     cluster = voters_only(tmp_path)
     try:
-        with kazoo_session(cluster, timeout=15) as zk:
-            fill(zk)
-            zk.create("/w")
-        rows = statuses(cluster)
-        leader = next(i for i, r in rows.items() if r["role"] == "leader")
-        follower = next(i for i in rows if i != leader)
+        leader, (follower, _) = filled(cluster)
         wipe_and_restart(cluster, follower)
         assert wait_for(lambda: localcluster.read_pid_file(cluster.config.node(follower)) is not None, 20)
         os.kill(cluster.pids()[leader], signal.SIGKILL)
@@ -155,12 +164,7 @@ def test_a_snap_cut_mid_transfer_by_the_leaders_sigkill_is_discarded_and_the_nex
     cluster = voters_only(tmp_path, frame=1 << 20)
     stop, acked = threading.Event(), []
     try:
-        with kazoo_session(cluster, timeout=30) as zk:
-            fill(zk, znodes)
-            zk.create("/w")
-        rows = statuses(cluster)
-        leader = next(i for i, r in rows.items() if r["role"] == "leader")
-        follower, other = [i for i in rows if i != leader]
+        leader, (follower, other) = filled(cluster, znodes)
         with kazoo_session(cluster, other, timeout=15) as writer_zk:
             writer = threading.Thread(target=keep_writing, args=(writer_zk, stop, acked))
             writer.start()
@@ -198,18 +202,10 @@ def test_a_leader_sigkilled_while_its_snapshot_is_half_written_loses_nothing_ack
     follower: the others elect, the killed node restarts from its log and its older snapshot,
     discards the half-written file, and every acknowledged write is on every node."""
     znodes = 2000
-    path = copy_config(tmp_path)
-    text = re.sub(r"(?m)^bookie_port = .*\n", "", path.read_text()).replace('"voter", "bookie"', '"voter"')
-    path.write_text(re.sub(r"(?m)^snapshot_every_txns = .*$", "snapshot_every_txns = 300", text))
-    cluster = start_cluster(Cluster(path))
+    cluster = voters_only(tmp_path, snapshot_every_txns=300)
     stop, acked = threading.Event(), []
     try:
-        with kazoo_session(cluster, timeout=30) as zk:
-            fill(zk, znodes)
-            zk.create("/w")
-        rows = statuses(cluster)
-        leader = next(i for i, r in rows.items() if r["role"] == "leader")
-        follower = next(i for i in rows if i != leader)
+        leader, (follower, _) = filled(cluster, znodes)
         with kazoo_session(cluster, follower, timeout=15) as writer_zk:
             writer = threading.Thread(target=keep_writing, args=(writer_zk, stop, acked))
             writer.start()
