@@ -247,14 +247,11 @@ class Bench:
                     if m and int(m[1], 16) >= target:
                         end = quire_ts(line)
                         assert end is not None
-                        f.snapshot_s = end - t0
                         if (synced := re.search(r"sync_s=([0-9.]+)", line)) is not None:
                             f.snapshot_sync_s = float(synced[1])
-                        f.snapshot_file_bytes = int(m[2])
-                        f.snapshot_note = (f"leader {system.label(leader)}, snapshot at zxid {m[1]} after "
-                                           f"{f.trigger_writes:,} more setData (every {system.snapshot_every:,} txns)")
-                        self.progress(f"  snapshot on {system.label(leader)}: {f.snapshot_s:.2f} s, "
-                                      f"{_mib(f.snapshot_file_bytes)}")
+                        self._snapshot_measured(f, system.label(leader), end - t0, int(m[2]),
+                                                f"snapshot at zxid {m[1]} after {f.trigger_writes:,} more setData "
+                                                f"(every {system.snapshot_every:,} txns)")
                         return
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"no snapshot at or past {target:#x} on the leader after "
@@ -262,6 +259,12 @@ class Bench:
                 time.sleep(0.05)
         finally:
             _close(client)
+
+    def _snapshot_measured(self, f: Figures, leader: str, seconds: float, file_bytes: int | None, how: str) -> None:
+        """Either system's snapshot step, once its time is known: the figures and the progress line."""
+        f.snapshot_s, f.snapshot_file_bytes = seconds, file_bytes
+        f.snapshot_note = f"leader {leader}, {how}"
+        self.progress(f"  snapshot on {leader}: {seconds:.2f} s, {_mib(file_bytes)}")
 
     def _zk_snapshot(self, system: ZkSystem, leader: int, f: Figures) -> None:
         state = srvr_state(system.port(leader))
@@ -287,13 +290,11 @@ class Bench:
                     taken = next((line for line in seen[index:] if "Snapshot taken in" in line), None)
                     if taken is not None:
                         ms = int(re.search(r"Snapshot taken in (\d+) ms", taken)[1])  # type: ignore[index]
-                        f.snapshot_s = ms / 1000
                         file = system.ensemble.data_dir(leader) / "version-2" / Path(path).name
-                        f.snapshot_file_bytes = file.stat().st_size if file.exists() else None
-                        f.snapshot_note = (f"leader {system.label(leader)}, snapshot at zxid {zxid:#x} after "
-                                           f"{sent:,} more setData in bursts of {ZK_BURST:,}")
-                        self.progress(f"  snapshot on {system.label(leader)}: {f.snapshot_s:.2f} s, "
-                                      f"{_mib(f.snapshot_file_bytes)}")
+                        self._snapshot_measured(f, system.label(leader), ms / 1000,
+                                                file.stat().st_size if file.exists() else None,
+                                                f"snapshot at zxid {zxid:#x} after {sent:,} more setData in bursts "
+                                                f"of {ZK_BURST:,}")
                         return
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"no periodic snapshot past {loaded_zxid:#x} on the leader after "
