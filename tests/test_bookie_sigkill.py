@@ -66,7 +66,7 @@ def _payload(ledger: int, entry: int) -> bytes:
 
 
 def _run_and_kill(directory: Path, first: int, rng: random.Random,
-                  journal: Path | None = None) -> list[tuple[int, int]]:
+                  journal: Path | None = None, after_checkpoint: bool = False) -> list[tuple[int, int]]:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     args = [str(directory), str(first)] + ([str(journal)] if journal else [])
     child = subprocess.Popen([sys.executable, "-c", CHILD, *args], cwd=REPO, env=env,
@@ -75,6 +75,14 @@ def _run_and_kill(directory: Path, first: int, rng: random.Random,
         # Wait until it acknowledges something, then let it run a random while.
         first_line = child.stdout.readline()
         assert first_line, child.stderr.read().decode()
+        if after_checkpoint:
+            # A loaded machine may take longer than the random while to write the first checkpoint, and
+            # the crash must find one (recovery from a checkpoint plus the journal after it is the point).
+            deadline = time.monotonic() + 60
+            while not (directory / "checkpoint").exists():
+                assert child.poll() is None, child.stderr.read().decode()
+                assert time.monotonic() < deadline, "the child wrote no checkpoint in 60 s"
+                time.sleep(0.01)
         time.sleep(rng.uniform(0.05, 0.6))
     finally:
         child.send_signal(signal.SIGKILL)
@@ -98,7 +106,7 @@ async def _check(directory: Path, acked: list[tuple[int, int]], journal: Path | 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_every_acknowledged_add_survives_sigkill(tmp_path, seed):
     rng = random.Random(seed)
-    acked = _run_and_kill(tmp_path, 0, rng)
+    acked = _run_and_kill(tmp_path, 0, rng, after_checkpoint=True)
     assert len(acked) > 10, "the child acknowledged too little to test anything"
     assert (tmp_path / "checkpoint").exists(), "the child should have checkpointed while adding"
     trio.run(_check, tmp_path, acked)
@@ -111,7 +119,7 @@ def test_every_acknowledged_add_survives_sigkill_with_the_journal_in_a_directory
     # What an operator does to give the journal its own device (docs/bookie_storage.md, "Directory").
     rng = random.Random(4)
     directory, journal = tmp_path / "bookie", tmp_path / "journal-device" / "journal"
-    acked = _run_and_kill(directory, 0, rng, journal)
+    acked = _run_and_kill(directory, 0, rng, journal, after_checkpoint=True)
     assert len(acked) > 10, "the child acknowledged too little to test anything"
     assert (directory / "journal").is_symlink() and list(journal.glob("journal.*"))
     assert (directory / "checkpoint").exists(), "the child should have checkpointed while adding"
