@@ -65,7 +65,7 @@ def restore(zxid: int, state: bytes | Iterable[bytes] | None, source: str = "sna
         return sm
     pieces = iter((state,) if isinstance(state, (bytes, bytearray, memoryview)) else state)
     try:
-        sm.restore(zxid, pieces)
+        sm.restore(zxid, pieces, verify_digest=True)  # a node takes it; the verifier checks it
     except _APPLY_ERRORS as err:
         for _ in pieces:  # a damaged file raises its CRC mismatch at the end of its pieces
             pass

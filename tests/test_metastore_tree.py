@@ -13,6 +13,7 @@ from metastore.core import paths
 from metastore.core.acl import ACL, OPEN_ACL_UNSAFE, READ_ACL_UNSAFE, Id, Perm
 from metastore.errors import (BadArguments, DecodeError, NoChildrenForEphemerals, NoNode, NotEmpty, TxnConflict)
 from metastore.wire.snapshot_codec import FrozenTree, decode_snapshot, encode_tree
+from metastore.wire.snapshot_stream import SnapshotDecoder
 from metastore.core.tree import (CONTAINER_OWNER, MAX_TTL_MS, DataTree, EphemeralType, ephemeral_type, i32,
                             next_version, ttl_owner)
 from metastore.core.txn import (AlreadyApplied, CloseSession, Create, CreateSession, Delete, SessionClosed, SetACL,
@@ -270,6 +271,12 @@ def test_a_damaged_snapshot_is_refused(zk):
     flipped[good.index(b"payload")] ^= 1
     with pytest.raises(DecodeError, match="digest"):
         decode_snapshot(bytes(flipped))
+    # A node's restore takes the digest on trust: what it reads is checked whole by a CRC or a
+    # SHA-256 first (tests/test_zab_snapshot.py, tests/test_zab_snap_transfer.py).
+    trusting = SnapshotDecoder(verify_digest=False)
+    trusting.feed(bytes(flipped))
+    taken = trusting.finish()
+    assert taken.digest() == zk.tree.digest() != taken.recompute_digest()
     with pytest.raises(DecodeError):
         decode_snapshot(good[:-1])
     with pytest.raises(DecodeError):

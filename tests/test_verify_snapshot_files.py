@@ -104,3 +104,16 @@ def test_a_checksummed_state_that_is_no_tree_does_not_restore(tmp_path):
     path = SnapshotStore(tmp_path).write(ZXID, b"QZNT" + bytes(5000))
     info = check_snapshot(read_body(path, PIECE), ZXID, str(path))
     assert info.status == "corrupt" and "state does not restore" in info.error, info.error
+
+
+def test_a_checksummed_tree_whose_digest_is_wrong_does_not_restore_in_the_verifier(tmp_path):
+    """A node takes a snapshot's digest on trust (its CRC passed); the verifier recomputes it, so
+    an encoder's wrong digest is reported there rather than carried on."""
+    state = bytearray(encode_tree(_tree(50, 20)))
+    state[20] ^= 1  # the last byte of the header's digest (magic 4, version 1, zxid 8, digest 8)
+    path = SnapshotStore(tmp_path).write(ZXID, bytes(state))
+    node = MetastoreStateMachine()
+    node.restore(ZXID, read_body(path, PIECE))
+    info = check_snapshot(read_body(path, PIECE), ZXID, str(path))
+    assert info.status == "corrupt" and "digest" in info.error, info.error
+    assert node.tree.digest() != node.tree.recompute_digest()

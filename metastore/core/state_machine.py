@@ -92,9 +92,11 @@ class MetastoreStateMachine:
     def freeze(self) -> FrozenTree:
         return FrozenTree.of(self.tree)
 
-    def restore(self, zxid: int, state: bytes | Iterable[bytes]) -> None:
-        """The tree of a snapshot at `zxid`, whole or in pieces (decoded as they are taken)."""
-        restore = self.restorer(zxid)
+    def restore(self, zxid: int, state: bytes | Iterable[bytes], *, verify_digest: bool = False) -> None:
+        """The tree of a snapshot at `zxid`, whole or in pieces (decoded as they are taken).
+        `verify_digest`: recompute the snapshot's digest from its znodes (the verifiers do; a
+        node takes it, see TreeRestore)."""
+        restore = TreeRestore(self, zxid, verify_digest=verify_digest)
         for chunk in (state,) if isinstance(state, (bytes, bytearray, memoryview)) else state:
             restore.feed(chunk)
         restore.install()
@@ -129,8 +131,11 @@ class TreeRestore:
     """zab's Restore for the metastore: the tree rebuilt znode by znode as the snapshot's pieces
     arrive (metastore/wire/snapshot_stream.py); the state machine keeps its old tree until install."""
 
-    def __init__(self, sm: MetastoreStateMachine, zxid: int) -> None:
-        self._sm, self._zxid, self._decoder = sm, zxid, SnapshotDecoder()
+    def __init__(self, sm: MetastoreStateMachine, zxid: int, *, verify_digest: bool = False) -> None:
+        # Zab hands over snapshot bytes checked whole (a file's body CRC, a SNAP's SHA-256): the
+        # digest they carry is taken, not recomputed znode by znode (docs/metastore_tree.md).
+        self._sm, self._zxid = sm, zxid
+        self._decoder = SnapshotDecoder(verify_digest=verify_digest)
 
     def feed(self, chunk: bytes) -> None:
         try:

@@ -14,7 +14,8 @@ holding its view of the future; a transaction's absolute values (parent
 cversion, resulting version) that do not match raise TxnConflict. savepoint()
 and rollback() undo a half-applied multi in O(its changes).
 
-digest() is O(1): a sum of per-znode and per-session hashes kept up to date.
+digest() is O(1): a sum of per-znode and per-session hashes (metastore/core/tree_digest.py)
+kept up to date.
 freeze() is a copy-on-write view (an O(n) copy of references, then each znode
 is copied the first time it changes); its bytes are metastore/wire/snapshot_codec.py's.
 """
@@ -22,8 +23,6 @@ is copied the first time it changes); its bytes are metastore/wire/snapshot_code
 from __future__ import annotations
 
 import enum
-import hashlib
-import struct
 from collections.abc import Iterable, Sequence
 
 from metastore.core import paths
@@ -31,6 +30,7 @@ from metastore.core.acl import ACL, OPEN_ACL_UNSAFE, READ_ACL_UNSAFE, encode_acl
 from metastore.errors import (BadArguments, BadVersion, NoChildrenForEphemerals, NoNode, NodeExists,
                               NotEmpty, SessionExpired, TxnConflict)
 from metastore.core.stat import Stat
+from metastore.core.tree_digest import data_hash, node_hash, session_hash
 
 CONTAINER_OWNER = 0x8000_0000_0000_0000
 TTL_MASK = 0xFF00_0000_0000_0000
@@ -101,7 +101,8 @@ NodeRecord = tuple[str, bytes, tuple[ACL, ...], int, int, int, int, int, int, in
 
 
 class Node:
-    """One znode. Owned by its DataTree: read it, never change it (the tree copies on write)."""
+    """One znode. Owned by its DataTree: read it, never change it (the tree copies on write).
+    `hash` and `data_hash` are None on a znode restored without them until it first changes."""
 
     __slots__ = ("data", "acl", "czxid", "mzxid", "pzxid", "ctime", "mtime", "version", "cversion", "aversion",
                  "owner", "children", "data_hash", "hash", "epoch")
@@ -114,7 +115,7 @@ class Node:
         self.version = self.cversion = self.aversion = 0
         self.owner = owner
         self.children: set[str] | frozenset[str] = _NO_CHILDREN
-        self.data_hash = _data_hash(data)
+        self.data_hash = data_hash(data)
         self.hash = 0
         self.epoch = epoch
 
@@ -131,30 +132,6 @@ class Node:
         n = len(self.children)
         return Stat(self.czxid, self.mzxid, self.ctime, self.mtime, self.version, i32(2 * self.cversion - n),
                     self.aversion, _client_owner(self.owner), len(self.data), n, self.pzxid)
-
-
-def _data_hash(data: bytes) -> bytes:
-    return hashlib.blake2b(data, digest_size=16).digest()
-
-
-_HASH_STAT = struct.Struct(">QQQqqiiiQI")
-_SESSION = struct.Struct(">Qi")
-_LEN = struct.Struct(">I")
-
-
-def _node_hash(path: str, node: Node, acl_bytes: bytes, data_hash: bytes) -> int:
-    if path == paths.CONFIG:
-        return 0
-    fixed = _HASH_STAT.pack(node.czxid, node.mzxid, node.pzxid, node.ctime, node.mtime, node.version,
-                            node.cversion, node.aversion, node.owner, len(node.children))
-    raw_path = path.encode()
-    payload = b"N" + _LEN.pack(len(raw_path)) + raw_path + data_hash + acl_bytes + fixed
-    return int.from_bytes(hashlib.blake2b(payload, digest_size=8).digest(), "big")
-
-
-def _session_hash(session_id: int, timeout_ms: int) -> int:
-    payload = b"S" + _SESSION.pack(session_id, timeout_ms)
-    return int.from_bytes(hashlib.blake2b(payload, digest_size=8).digest(), "big")
 
 
 class DataTree:
@@ -300,8 +277,8 @@ class DataTree:
 
     def recompute_digest(self) -> int:
         """The digest computed from scratch (O(size of the tree)); equals digest() unless there is a bug."""
-        total = sum(_node_hash(p, n, encode_acl(n.acl), _data_hash(n.data)) for p, n in self._nodes.items())
-        total += sum(_session_hash(s, t) for s, t in self._sessions.items())
+        total = sum(node_hash(p, n, encode_acl(n.acl), data_hash(n.data)) for p, n in self._nodes.items())
+        total += sum(session_hash(s, t) for s, t in self._sessions.items())
         return total & _U64
 
     # -- internal bookkeeping ------------------------------------------------------
@@ -320,12 +297,21 @@ class DataTree:
             del self._acls[acl]
 
     def _rehash(self, path: str, node: Node) -> None:
-        new = _node_hash(path, node, self._acls[node.acl][1], node.data_hash)
-        self._digest = (self._digest - node.hash + new) & _U64
-        node.hash = new
+        old = node.hash
+        self._materialize(path, node)
+        self._digest = (self._digest - old + node.hash) & _U64
+
+    def _materialize(self, path: str, node: Node) -> None:
+        """Hash a znode restored without its hashes (metastore/core/tree_assembly.py) as it is, so
+        that the digest can take it out when it changes or goes."""
+        if node.data_hash is None:
+            node.data_hash = data_hash(node.data)
+        node.hash = node_hash(path, node, self._acls[node.acl][1], node.data_hash)
 
     def _writable(self, path: str) -> Node:
         node = self._nodes[path]
+        if node.hash is None:
+            self._materialize(path, node)
         if node.epoch != self._epoch:  # shared with a frozen view: copy before changing
             node = self._nodes[path] = node.copy(self._epoch)
         return node
@@ -344,6 +330,8 @@ class DataTree:
 
     def _remove(self, path: str) -> Node:
         node = self._nodes.pop(path)
+        if node.hash is None:
+            self._materialize(path, node)
         self._digest = (self._digest - node.hash) & _U64
         self._release(node.acl)
         kind = ephemeral_type(node.owner)
@@ -410,7 +398,7 @@ class DataTree:
         if self._undo is not None:
             self._undo.append((self._restore_data, path, current.data, current.data_hash, current.version,
                                current.mzxid, current.mtime))
-        self._restore_data(path, data, _data_hash(data), version, zxid, time_ms)
+        self._restore_data(path, data, data_hash(data), version, zxid, time_ms)
         return self._nodes[path].stat()
 
     def _restore_data(self, path: str, data: bytes, data_hash: bytes, version: int, mzxid: int, mtime: int) -> None:
@@ -450,7 +438,7 @@ class DataTree:
         if session_id in self._sessions:
             raise TxnConflict(f"session {session_id:#x} already exists")
         self._sessions[session_id] = timeout_ms
-        self._digest = (self._digest + _session_hash(session_id, timeout_ms)) & _U64
+        self._digest = (self._digest + session_hash(session_id, timeout_ms)) & _U64
 
     def close_session(self, session_id: int, ephemerals: Sequence[str], zxid: int) -> tuple[str, ...]:
         """End a session: delete exactly its ephemerals (which the transaction lists), each as a delete."""
@@ -465,7 +453,7 @@ class DataTree:
         for path in deleted:
             self.delete(path, zxid)
         del self._sessions[session_id]
-        self._digest = (self._digest - _session_hash(session_id, timeout_ms)) & _U64
+        self._digest = (self._digest - session_hash(session_id, timeout_ms)) & _U64
         return deleted
 
     def set_config_node(self, data: bytes, config_version: int, time_ms: int) -> None:
@@ -473,7 +461,7 @@ class DataTree:
         installs it at startup: version -1, mzxid = the config version. Not replicated state:
         outside the digest and the snapshot."""
         node = self._writable(paths.CONFIG)
-        node.data, node.data_hash = data, _data_hash(data)
+        node.data, node.data_hash = data, data_hash(data)
         node.version, node.mzxid, node.mtime = -1, config_version, time_ms
 
     # -- savepoints: undo a half-applied multi -------------------------------------

@@ -3,8 +3,9 @@
 A snapshot decoder (metastore/wire/snapshot_stream.py) hands each znode record to `add` as soon
 as its bytes have arrived, so the tree grows while the snapshot streams in, from a file at start
 or from a leader's SNAPCHUNKs, and no copy of the snapshot's bytes is ever held whole. `finish`
-checks what only the whole can show (the system znodes are there) and computes the indexes and
-the digest, which depend on every znode's final children.
+checks what only the whole can show (the system znodes are there) and either computes the digest,
+which depends on every znode's final children, or takes the snapshot's (a node's restore:
+docs/metastore_tree.md, "Snapshots"), leaving each znode to be hashed when it first changes.
 
 This module is DataTree's friend: it fills the tree's private fields directly, as the tree's own
 constructor would, rather than replay the records as transactions.
@@ -12,11 +13,14 @@ constructor would, rather than replay the records as transactions.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from metastore.core import paths
-from metastore.core.acl import encode_acl
+from metastore.core.acl import ACL, encode_acl
 from metastore.core.paths import _INVALID_CHAR
 from metastore.core.tree import (_NO_CHILDREN, CONTAINER_OWNER, TTL_MASK, DataTree, EphemeralType, Node, NodeRecord,
-                                 _data_hash, _node_hash, _session_hash, ephemeral_type, is_session_id)
+                                 ephemeral_type, is_session_id)
+from metastore.core.tree_digest import session_hash
 
 _U64 = (1 << 64) - 1
 _SPECIAL_NAMES = ("", ".", "..")
@@ -28,8 +32,10 @@ class TreeAssembler:
 
     Per znode this is the cost of a restart and of a SNAP (a million znodes: seconds of Python),
     so the common case takes the short way: a path is checked by its last name only (its parent,
-    already in the tree, was checked whole), an owner of 0 needs no classification, and a
-    record's ACL list is interned once per distinct list object, not hashed per znode."""
+    already in the tree, was checked whole), the parent of the previous record is looked up once
+    for all its siblings, an owner of 0 needs no classification, an ACL list is interned once
+    per distinct list (`acl_entry`), and no znode is hashed unless the digest must be verified
+    (`finish`)."""
 
     def __init__(self, last_zxid: int, sessions: dict[int, int]) -> None:
         for session_id in sessions:
@@ -39,44 +45,76 @@ class TreeAssembler:
         tree._nodes, tree._acls, tree._digest = {}, {}, 0
         tree.last_zxid, tree._sessions = last_zxid, dict(sessions)
         self._previous = ""
+        # The previous record's parent, by its path as the record's own prefix ("" for the root).
+        self._parent_key: str | None = None
+        self._parent_node: Node | None = None
         self.records = 0
+
+    def acl_entry(self, acl: Sequence[ACL]) -> list:
+        """The tree's interned entry for an ACL list, [acl, encoded, references]: what add_fields
+        takes (a decoder asks once per list of its ACL table)."""
+        key = tuple(acl)
+        entry = self._tree._acls.get(key)
+        if entry is None:
+            entry = self._tree._acls[key] = [key, encode_acl(key), 0]
+        return entry
 
     def add(self, record: NodeRecord) -> None:
         """One znode, after every znode whose path sorts before it."""
-        self.add_fields(*record)
+        path, data, acl, *fixed = record
+        self.add_fields(path, data, self.acl_entry(acl), *fixed)
 
-    def add_fields(self, path: str, data: bytes, acl: tuple, czxid: int, mzxid: int, pzxid: int, ctime: int,
+    def add_fields(self, path: str, data: bytes, acl: list, czxid: int, mzxid: int, pzxid: int, ctime: int,
                    mtime: int, version: int, cversion: int, aversion: int, owner: int) -> None:
-        """`add` without the record tuple (the snapshot decoder's call)."""
+        """`add` without the record tuple (the snapshot decoder's call), its ACL as acl_entry's."""
         previous = self._previous
         if path <= previous and previous:
             raise ValueError(f"{path!r} out of order")
         self._previous = path
-        nodes = self._tree._nodes
-        if path == paths.ROOT:
-            parent = None
+        # The short way, for a sibling of the previous record: only its last name is left to check.
+        i = path.rfind("/")
+        name = path[i + 1:]
+        if (path[:i] == self._parent_key and i >= 0 and name not in _SPECIAL_NAMES
+                and _INVALID_CHAR.search(name) is None):
+            parent = self._parent_node
         else:
-            parent = self._parent(path, nodes)
-        if owner and ephemeral_type(owner) is EphemeralType.NORMAL and owner not in self._tree._sessions:
-            raise ValueError(f"{path!r} belongs to no session")
+            parent = self._parent(path)
         node = Node.__new__(Node)
-        node.data, node.acl, node.owner = data, acl, owner
+        node.data, node.acl, node.owner = data, acl[0], owner
         node.czxid, node.mzxid, node.pzxid, node.ctime, node.mtime = czxid, mzxid, pzxid, ctime, mtime
         node.version, node.cversion, node.aversion = version, cversion, aversion
         node.children = _NO_CHILDREN
-        node.data_hash = _data_hash(data)
-        node.hash = node.epoch = 0
-        nodes[path] = node
+        node.data_hash = node.hash = None  # computed when the znode first changes (DataTree._writable)
+        node.epoch = 0
+        acl[2] += 1
         if parent is not None:
             if not parent.children:
                 parent.children = set()
-            parent.children.add(path[path.rindex("/") + 1:])  # type: ignore[union-attr]
+            parent.children.add(name)  # type: ignore[union-attr]
+        if owner:
+            self._own(path, owner)
+        self._tree._nodes[path] = node
         self.records += 1
 
-    def _parent(self, path: str, nodes: dict[str, Node]) -> Node:
-        """The parent of a path other than the root, checking the path: the parent was checked
-        whole when it was added, so only the last name is left (and "//x" looks like a child of
-        the root: refused by where its last slash is)."""
+    def _own(self, path: str, owner: int) -> None:
+        tree = self._tree
+        if owner == CONTAINER_OWNER:
+            tree._containers.add(path)
+        elif owner & TTL_MASK == TTL_MASK:
+            tree._ttls.add(path)
+        else:
+            if ephemeral_type(owner) is EphemeralType.NORMAL and owner not in tree._sessions:
+                raise ValueError(f"{path!r} belongs to no session")
+            tree._ephemerals.setdefault(owner, set()).add(path)
+
+    def _parent(self, path: str) -> Node | None:
+        """The parent of a path (None for the root) whose parent is not the previous record's,
+        checking the path: the parent was checked whole when it was added, so only the last name
+        is left (and "//x" looks like a child of the root: refused by where its last slash is).
+        The parent is remembered for the siblings that follow, unless it is /zookeeper, the one
+        whose child /zookeeper/config is refused by its whole path."""
+        if path == paths.ROOT:
+            return None
         i = path.rfind("/")
         name = path[i + 1:]
         if i == 1 or i < 0 or name in _SPECIAL_NAMES or _INVALID_CHAR.search(name) is not None:
@@ -84,45 +122,34 @@ class TreeAssembler:
             raise ValueError(f"{path!r} is not a valid path")
         if path == paths.CONFIG:
             raise ValueError(f"{path} is not part of a snapshot")
-        parent = nodes.get(path[:i] or paths.ROOT)
+        parent = self._tree._nodes.get(path[:i] or paths.ROOT)
         if parent is None:
             paths.validate_path(path)
             raise ValueError(f"{path!r} has no parent")
         if parent.owner and ephemeral_type(parent.owner) is EphemeralType.NORMAL:
             raise ValueError(f"{path!r} is the child of an ephemeral")
+        if path[:i] != paths.ZOOKEEPER:
+            self._parent_key, self._parent_node = path[:i], parent
         return parent
 
-    def finish(self) -> DataTree:
-        """The tree, with its indexes, interned ACLs, /zookeeper/config and digest (DataTree._insert's
-        work for every znode, in one loop)."""
+    def finish(self, digest: int | None = None) -> DataTree:
+        """The tree, with /zookeeper/config. Its digest: `digest` if given (the snapshot's own,
+        when its bytes were checked whole by a CRC or a SHA-256 already: hashing every znode is a
+        third of a restore), else computed from every znode, for the caller to compare."""
         tree = self._tree
         nodes = tree._nodes
         if not {paths.ROOT, paths.ZOOKEEPER, paths.QUOTA} <= nodes.keys():
             raise ValueError("a system znode is missing")
-        acls, by_object = tree._acls, {}
-        digest = 0
-        for path, node in nodes.items():
-            acl = node.acl
-            entry = by_object.get(id(acl))
-            if entry is None:  # the decoder hands the same list object for the same ACL index
-                key = tuple(acl)
-                entry = acls.get(key)
-                if entry is None:
-                    entry = acls[key] = [key, encode_acl(key), 0]
-                by_object[id(acl)] = entry
-            entry[2] += 1
-            node.acl = entry[0]
-            owner = node.owner
-            if owner:
-                if owner == CONTAINER_OWNER:
-                    tree._containers.add(path)
-                elif owner & TTL_MASK == TTL_MASK:
-                    tree._ttls.add(path)
-                else:
-                    tree._ephemerals.setdefault(owner, set()).add(path)
-            node.hash = _node_hash(path, node, entry[1], node.data_hash)
-            digest += node.hash
-        tree._digest = digest
-        tree._install_config_node()
-        tree._digest = (tree._digest + sum(_session_hash(s, t) for s, t in tree._sessions.items())) & _U64
+        for key, entry in list(tree._acls.items()):
+            if not entry[2]:  # interned for the ACL table, used by no znode
+                del tree._acls[key]
+        if digest is None:
+            for path, node in nodes.items():
+                tree._materialize(path, node)
+            tree._digest = (sum(node.hash for node in nodes.values())
+                            + sum(session_hash(s, t) for s, t in tree._sessions.items())) & _U64
+            tree._install_config_node()  # rehashes /zookeeper for its new child, in the digest
+        else:
+            tree._install_config_node()
+            tree._digest = digest & _U64  # the snapshot's, which counts /zookeeper/config already
         return tree

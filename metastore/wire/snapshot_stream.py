@@ -128,16 +128,21 @@ _HEAD, _ACLS, _SESSIONS, _NODES, _DONE = range(5)
 
 class SnapshotDecoder:
     """Feed a snapshot's bytes in pieces of any size; `finish` returns the tree. DecodeError, as
-    soon as it shows, for anything malformed, inconsistent, truncated, trailing or whose digest is
-    wrong. Only the unparsed tail of what was fed is kept, never what was already turned into
+    soon as it shows, for anything malformed, inconsistent, truncated, trailing or (when verified)
+    whose digest is wrong. Only the unparsed tail of what was fed is kept, never what was already turned into
     znodes."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, verify_digest: bool = True) -> None:
+        """`verify_digest=False` takes the snapshot's digest as the tree's without hashing every
+        znode, for bytes whose integrity a CRC or a SHA-256 of the whole checks (a node's own
+        snapshot file, a SNAP transfer): a third of a restore's time. True also recomputes it."""
+        self._verify = verify_digest
         self._buf = bytearray()
         self._pos = 0            # parsed up to here in _buf
         self._stage = _HEAD
         self._left = -1          # items of the current section still to come (-1: its count is next)
         self._acls: list[tuple[ACL, ...]] = []
+        self._acl_entries: list[list] = []  # the assembler's interned entry for each of _acls
         self._sessions: dict[int, int] = {}
         self._assembler: TreeAssembler | None = None
         self._zxid = self._digest = 0
@@ -171,7 +176,7 @@ class SnapshotDecoder:
             raise DecodeError(f"{len(self._buf) - self._pos} trailing bytes")
         assert self._assembler is not None
         try:
-            tree = self._assembler.finish()
+            tree = self._assembler.finish(None if self._verify else self._digest)
         except (ValueError, BadArguments, KeyError) as e:
             raise DecodeError(f"inconsistent snapshot: {e}") from None
         if tree.digest() != self._digest:
@@ -209,6 +214,7 @@ class SnapshotDecoder:
         self._left = -1
         if self._stage == _NODES:
             self._assembler = TreeAssembler(self._zxid, self._sessions)
+            self._acl_entries = [self._assembler.acl_entry(acl) for acl in self._acls]
         return self._stage != _DONE
 
     def _head(self) -> bool:
@@ -240,7 +246,7 @@ class SnapshotDecoder:
 
     def _take_nodes(self) -> None:
         buf, pos, end, left = self._buf, self._pos, len(self._buf), self._left
-        add, acls, u32, node = self._assembler.add_fields, self._acls, _U32.unpack_from, _NODE  # type: ignore[union-attr]
+        add, acls, u32, node = self._assembler.add_fields, self._acl_entries, _U32.unpack_from, _NODE  # type: ignore[union-attr]
         unpack_node = node.unpack_from
         view = memoryview(buf)
         try:
