@@ -16,10 +16,10 @@ heap), on fresh data directories, one after the other on the same machine:
    zxid and node count (`srvr`).
 2. snapshot write time of the full tree on the leader, at the first periodic
    snapshot after the load (both systems at their shipped snapshot settings):
-   - Quire snapshots every `snapshot_every_txns` delivered transactions (50,000),
-     counted per node since its start. The benchmark computes how many more the
-     leader needs from its last `event=snapshot` log line and its committed zxid,
-     sends all but one as setData of one small znode, then the last one; timed:
+   - Quire snapshots after more than half and at most `snapshot_every_txns`
+     delivered transactions (50,000), a count that differs per node and per
+     snapshot, as ZooKeeper's does. The leader's /status says how many more it
+     needs (`snapshot_in_txns`); the benchmark sends all but one as setData of one small znode, then the last one; timed:
      from just before that last write is sent to the timestamp of the leader's
      `event=snapshot` line (freeze on the event loop, encoding in 1 MiB pieces,
      writing, fsync, rename, purge of old files).

@@ -207,18 +207,11 @@ class Bench:
             path.unlink(missing_ok=True)
 
     def _quire_remaining(self, system: QuireSystem, leader: int) -> tuple[int, int]:
-        """(the leader's committed zxid, how many more transactions it delivers before its next snapshot):
-        Zab counts the transactions each node delivered since its start or its last snapshot."""
-        log = system.log_path(leader).read_text(errors="replace").splitlines()
-        started = max((n for n, line in enumerate(log) if "node started" in line), default=0)
-        snaps = [int(m[1], 16) for line in log[started:]
-                 if (m := re.search(r"event=snapshot zxid=(0x[0-9a-f]+)", line))]
+        """(the leader's committed zxid, how many more transactions it delivers before its next snapshot,
+        which /status says: the count varies per node and per snapshot, zab/core/peer.py snapshot_count)."""
         status = system.status(leader)
         assert status is not None, "the leader does not answer /status"
-        committed = status["last_committed_zxid"]
-        epoch = committed >> 32
-        last = snaps[-1] if snaps and snaps[-1] >> 32 == epoch else epoch << 32
-        return committed, system.snapshot_every - (committed - last)
+        return status["last_committed_zxid"], status["snapshot_in_txns"]
 
     def _quire_snapshot(self, system: QuireSystem, leader: int, f: Figures) -> None:
         _, remaining = self._quire_remaining(system, leader)
@@ -251,7 +244,7 @@ class Bench:
                             f.snapshot_sync_s = float(synced[1])
                         self._snapshot_measured(f, system.label(leader), end - t0, int(m[2]),
                                                 f"snapshot at zxid {m[1]} after {f.trigger_writes:,} more setData "
-                                                f"(every {system.snapshot_every:,} txns)")
+                                                f"(snapshot_every_txns {system.snapshot_every:,})")
                         return
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"no snapshot at or past {target:#x} on the leader after "

@@ -63,9 +63,9 @@ def _intro(r: Results) -> list[str]:
         "bursts of 1,000 until the leader logs `Snapshotting` for a zxid past the load; the figure is "
         "ZooKeeper's own `Snapshot taken in N ms` for it (its snapshot thread serializing and writing the file; "
         "ZooKeeper does not fsync periodic snapshots, Quire does: the row without fsync is the one judged). "
-        "Both systems snapshot on every node at about "
-        "the same time (Quire at the same count everywhere, ZooKeeper at a random count per server), so "
-        "followers may be snapshotting meanwhile on the same two cores.",
+        "Both systems snapshot each node after more than half and at most their setting's transactions, at "
+        "a count that differs per server (ZooKeeper draws it, Quire derives it from the node id), so "
+        "followers may or may not be snapshotting meanwhile on the same two cores.",
         "- **wiped follower** (before the restart, so that its figure does not depend on the restart): SIGTERM "
         "one follower, delete its data directory (ZooKeeper: all but `myid`; Quire: all but its log file), start "
         "it; timed until its `srvr` zxid and node count equal the leader's (Quire: and /status says it follows in "

@@ -176,3 +176,17 @@ def test_fuzz_read_snapshot_from_file(tmp_path_factory, buf):
         assert read_snapshot(path)[0] == 1
     except SnapshotCorruptError:
         pass
+
+
+def test_each_node_snapshots_after_more_than_half_and_at_most_all_of_snapshot_every_txns():
+    """ZooKeeper's randRoll, derived rather than drawn: the members of an ensemble do not all
+    snapshot at once, and a simulated run replays exactly."""
+    from zab.core.peer import snapshot_count
+
+    for every in (1, 2, 3, 10, 50_000):
+        counts = [snapshot_count(every, node, ordinal) for node in range(1, 8) for ordinal in range(20)]
+        assert all(every // 2 < c <= every for c in counts), (every, counts)
+    first = {snapshot_count(50_000, node, 0) for node in range(1, 6)}
+    assert len(first) == 5, first  # five nodes, five different points
+    assert snapshot_count(50_000, 3, 4) == snapshot_count(50_000, 3, 4)
+    assert len({snapshot_count(50_000, 3, k) for k in range(10)}) > 1  # and a node's vary

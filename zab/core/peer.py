@@ -10,6 +10,7 @@ paper: ELECTION, DISCOVERY, SYNCHRONIZATION, BROADCAST.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
@@ -38,6 +39,16 @@ class DiskState:
     # read as the state machine's restore takes them.
     snapshot_state: bytes | Iterable[bytes] | None = None
     txns: tuple[Txn, ...] = ()
+
+
+def snapshot_count(every: int, node_id: int, ordinal: int) -> int:
+    """How many delivered transactions a node's snapshot number `ordinal` (since its start) comes
+    after the previous one: more than half of `every` and at most `every`, varied per node and per
+    snapshot as ZooKeeper's SyncRequestProcessor does (its randRoll), so that the members of an
+    ensemble do not all snapshot at once, on the same cores and disks, with the same pause.
+    Derived from the node id and the ordinal, not drawn: a simulated run replays exactly."""
+    roll = int.from_bytes(hashlib.blake2b(b"%d:%d" % (node_id, ordinal), digest_size=8).digest(), "big")
+    return every - roll % ((every + 1) // 2)
 
 
 class Peer:
@@ -75,6 +86,8 @@ class Peer:
         self.leader_id: int | None = None
         self.role_state = None  # LeaderRole | LearnerRole while not LOOKING
         self._since_snapshot = 0
+        self._snapshots = 0  # taken since the start: what varies the next one's count
+        self._snapshot_due = snapshot_count(self.cfg.snapshot_every_txns, self.id, 0)
         self.join_attempts = 0
         self._stash: dict[int, Message] = {}  # FOLLOWERINFO that arrived while we were still LOOKING
 
@@ -118,7 +131,7 @@ class Peer:
         return {"id": self.id, "role": self.role.value, "phase": self.phase.value,
                 "epoch": self.current_epoch, "accepted_epoch": self.accepted_epoch,
                 "last_zxid": self.last_zxid, "last_committed_zxid": self.last_committed,
-                "leader": self.leader_id}
+                "leader": self.leader_id, "snapshot_in_txns": self._snapshot_due - self._since_snapshot}
 
     # -- dispatch -------------------------------------------------------------
     def _on_tick(self) -> list[Action]:
@@ -206,8 +219,10 @@ class Peer:
             if spec is not None:
                 out += self.adopt_ensemble(_parsed(spec, txn.zxid))
             self._since_snapshot += 1
-        if self._since_snapshot >= self.cfg.snapshot_every_txns:
+        if self._since_snapshot >= self._snapshot_due:
             self._since_snapshot = 0
+            self._snapshots += 1
+            self._snapshot_due = snapshot_count(self.cfg.snapshot_every_txns, self.id, self._snapshots)
             out.append(TakeSnapshot(self.sm.freeze()))
         self.history.trim(self.last_committed, self.cfg.sync_window_txns, self.cfg.sync_window_bytes)
         return out
