@@ -57,3 +57,14 @@ def test_a_collector_someone_else_turned_off_stays_off():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_a_state_built_with_the_collector_off_is_frozen_without_a_collection():
+    """A collection then would traverse the whole new state (a restored tree of a million znodes:
+    0.41 s) and find nothing: what was built is alive."""
+    frozen, collections = gc.get_freeze_count(), sum(g["collections"] for g in gc.get_stats())
+    with long_lived.building("test"):
+        alive = [[i] for i in range(1000)]
+    assert gc.get_freeze_count() >= frozen + 1000
+    assert sum(g["collections"] for g in gc.get_stats()) == collections
+    assert len(alive) == 1000

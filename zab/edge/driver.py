@@ -300,7 +300,7 @@ class PeerDriver:
                     long_lived.resume()
                 elif isinstance(a, InstallSnapshot):
                     long_lived.resume()
-                    long_lived.settle("snap installed")  # the new tree is long-lived: out of the collector's way
+                    long_lived.settle_built("snap installed")  # the new tree is long-lived: out of the collector's way
                 elif isinstance(a, TakeSnapshot):
                     long_lived.settle("snapshot")
                 self.writer.submit(a)
