@@ -16,7 +16,9 @@ from zab.storage.record import (
     decode_record,
     encode_record,
     encoded_size,
+    offset_after,
     scan_records,
+    scan_zxids,
 )
 from zab.storage.storage_errors import CorruptRecordError, RecordError, RecordReason, TornRecordError
 from zab.core.txn import Txn
@@ -150,6 +152,8 @@ def test_fuzz_arbitrary_bytes(buf):
 @settings(max_examples=200, deadline=None)
 @given(st.lists(txns_strategy, min_size=1, max_size=5), st.data())
 def test_fuzz_mutated_valid_encodings(txns, data):
+    txns = [Txn(zxid=1000 * (i + 1) + t.zxid % 1000, session_id=t.session_id, cxid=t.cxid, data=t.data)
+            for i, t in enumerate(txns)]  # increasing, as in a log
     buf = bytearray(b"".join(encode_record(t) for t in txns))
     for _ in range(data.draw(st.integers(0, 4))):
         pos = data.draw(st.integers(0, len(buf) - 1))
@@ -167,3 +171,27 @@ def test_fuzz_mutated_valid_encodings(txns, data):
 @given(st.integers(0, 0xFFFFFFFF), st.integers(0, 0xFFFFFFFF), st.binary(max_size=64))
 def test_fuzz_arbitrary_headers(length, crc, rest):
     _check_scan(struct.pack(">II", length, crc) + rest)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(txns_strategy, min_size=0, max_size=6), st.data())
+def test_scanning_zxids_checks_what_decoding_checks_and_skipping_lands_where_decoding_would(txns, data):
+    """TxnLog.open checks every record with scan_zxids (no Txn, no copy of data) and read_after
+    passes over those it does not want by offset_after: the same verdicts, zxids, offsets and
+    ends as scan_records, on whole buffers and on damaged ones."""
+    txns = [Txn(zxid=1000 * (i + 1) + t.zxid % 1000, session_id=t.session_id, cxid=t.cxid, data=t.data)
+            for i, t in enumerate(txns)]  # increasing, as in a log
+    buf = bytearray(b"".join(encode_record(t) for t in txns))
+    if buf and data.draw(st.booleans()):
+        at = data.draw(st.integers(0, len(buf) - 1))
+        buf[at] ^= data.draw(st.integers(1, 255))
+    if data.draw(st.booleans()):
+        buf += bytes(data.draw(st.integers(0, 40)))  # a preallocated tail
+    full, light = scan_records(bytes(buf)), scan_zxids(bytes(buf))
+    assert light.txns == [t.zxid for t in full.txns]
+    assert (light.offsets, light.valid_end, light.stop, light.zero_fill) == \
+        (full.offsets, full.valid_end, full.stop, full.zero_fill)
+    whole = bytes(buf[:full.valid_end])  # offset_after walks records already checked
+    for zxid in [data.draw(st.integers(0, 1000 * (len(txns) + 1)))] + [t.zxid + d for t in full.txns for d in (-1, 0)]:
+        expected = next((o for t, o in zip(full.txns, full.offsets) if t.zxid > zxid), full.valid_end)
+        assert offset_after(whole, 0, zxid) == expected, zxid

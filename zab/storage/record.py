@@ -23,7 +23,9 @@ end of the newest, preallocated segment. See docs/formats.md.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from crc32c import crc32c
 
@@ -38,6 +40,8 @@ from zab.core.txn import Txn
 
 _HEADER = struct.Struct(">II")
 _BODY_FIXED = struct.Struct(">QQQ")
+_ZXID = struct.Struct(">Q")    # the body's first field
+_LENGTH = struct.Struct(">I")  # the header's first field
 
 RECORD_HEADER_BYTES = _HEADER.size  # 8
 BODY_FIXED_BYTES = _BODY_FIXED.size  # 24
@@ -55,14 +59,14 @@ Buffer = bytes | bytearray | memoryview
 class ScanResult:
     """What scan_records found.
 
-    `txns[i]` starts at byte `offsets[i]`; `valid_end` is the offset just past the
+    `txns[i]` (its zxid, from scan_zxids) starts at byte `offsets[i]`; `valid_end` is the offset just past the
     last whole valid record (the offset a damaged tail should be truncated to).
     `stop` is None when the buffer ended exactly at a record boundary or only zero
     bytes follow it (`zero_fill`: the clean end of a preallocated segment), else the
     reason the scan stopped at `valid_end`; `detail` describes it for logs.
     """
 
-    txns: list[Txn]
+    txns: list[Txn]  # or list[int]: scan_zxids
     offsets: list[int]
     valid_end: int
     stop: RecordReason | None
@@ -98,6 +102,20 @@ def decode_record(buf: Buffer, offset: int = 0) -> tuple[Txn, int]:
     is zero-filled) and CorruptRecordError on an impossible length or a checksum
     mismatch; both are RecordError with `.reason` and `.offset`.
     """
+    body, end = _checked_body(buf, offset)
+    zxid, session_id, cxid = _BODY_FIXED.unpack_from(body)
+    txn = Txn(zxid=zxid, session_id=session_id, cxid=cxid, data=bytes(body[BODY_FIXED_BYTES:]))
+    return txn, end
+
+
+def record_zxid(buf: Buffer, offset: int = 0) -> tuple[int, int]:
+    """decode_record's checks (framing and checksum) and the record's zxid, without a Txn or a
+    copy of its data: what opening a log needs of the records it will not replay."""
+    body, end = _checked_body(buf, offset)
+    return _ZXID.unpack_from(body)[0], end
+
+
+def _checked_body(buf: Buffer, offset: int) -> tuple[memoryview, int]:
     if not 0 <= offset <= len(buf):
         raise ValueError(f"offset {offset} outside buffer of {len(buf)} bytes")
     view = memoryview(buf)
@@ -107,9 +125,22 @@ def decode_record(buf: Buffer, offset: int = 0) -> tuple[Txn, int]:
     (expected_crc,) = struct.unpack_from(">I", view, offset + 4)
     if crc32c(body) != expected_crc:
         raise CorruptRecordError(f"record at offset {offset}: body checksum mismatch", offset=offset)
-    zxid, session_id, cxid = _BODY_FIXED.unpack_from(body)
-    txn = Txn(zxid=zxid, session_id=session_id, cxid=cxid, data=bytes(body[BODY_FIXED_BYTES:]))
-    return txn, body_start + length
+    return body, body_start + length
+
+
+def offset_after(buf: Buffer, offset: int, zxid: int) -> int:
+    """The offset of the first record after `offset` whose zxid is above `zxid` (or the end of
+    the last whole record), walking records by their lengths alone: for records checked already
+    (TxnLog.open did), so that reading a log's tail does not decode its head again."""
+    view = memoryview(buf)
+    while len(view) - offset >= RECORD_HEADER_BYTES + BODY_FIXED_BYTES:
+        (length,) = _LENGTH.unpack_from(view, offset)
+        if not BODY_FIXED_BYTES <= length <= len(view) - offset - RECORD_HEADER_BYTES:
+            break  # not a whole record: the caller's own scan reports it
+        if _ZXID.unpack_from(view, offset + RECORD_HEADER_BYTES)[0] > zxid:
+            break
+        offset += RECORD_HEADER_BYTES + length
+    return offset
 
 
 def checked_length(view: memoryview, offset: int) -> int:
@@ -144,23 +175,33 @@ def scan_records(buf: Buffer, offset: int = 0) -> ScanResult:
     Never raises for any content of `buf` (ValueError only for an offset outside
     it); each step consumes at least one whole header, so it always terminates.
     """
+    return ScanResult(*_scan(buf, offset, decode_record))
+
+
+def scan_zxids(buf: Buffer, offset: int = 0) -> ScanResult:
+    """scan_records' checks, with each record's zxid in `txns`' place (record_zxid): no Txn and
+    no copy of any record's data."""
+    return ScanResult(*_scan(buf, offset, record_zxid))
+
+
+def _scan(buf: Buffer, offset: int, step: Callable[[Buffer, int], tuple[Any, int]]) -> tuple:
     view = memoryview(buf)
     if not 0 <= offset <= len(view):
         raise ValueError(f"offset {offset} outside buffer of {len(view)} bytes")
-    txns: list[Txn] = []
+    found: list = []
     offsets: list[int] = []
     pos = offset
     while pos < len(view):
         try:
-            txn, nxt = decode_record(view, pos)
+            item, nxt = step(view, pos)
         except RecordError as err:
             if is_zero_fill(view[pos:]):
-                return ScanResult(txns, offsets, pos, None, zero_fill=True)
-            return ScanResult(txns, offsets, pos, err.reason, str(err))
-        txns.append(txn)
+                return found, offsets, pos, None, "", True
+            return found, offsets, pos, err.reason, str(err), False
+        found.append(item)
         offsets.append(pos)
         pos = nxt
-    return ScanResult(txns, offsets, pos, None)
+    return found, offsets, pos, None, "", False
 
 
 def valid_record_follows(buf: Buffer, offset: int) -> bool:

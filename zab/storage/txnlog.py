@@ -51,7 +51,7 @@ from typing import TypeVar
 
 from crc32c import crc32c
 
-from zab.storage.record import encode_record, scan_records, valid_record_follows
+from zab.storage.record import encode_record, offset_after, scan_records, scan_zxids, valid_record_follows
 from edge.files import ensure_directory, fsync_directory
 from edge.segments import FailStop, SegmentWriter, fsync_file, remove_durably, truncate_durably
 from zab.storage.storage_errors import LogCorruptError, RecordReason, StorageError
@@ -193,9 +193,7 @@ class TxnLog:
         for segment in list(self._segments):
             if segment.last_zxid <= zxid:
                 continue
-            for txn in _read_segment_records(segment):
-                if txn.zxid > zxid:
-                    yield txn
+            yield from _read_segment_records(segment, after=zxid)
 
     def statistics(self) -> dict[str, float | int]:
         """Counters for metrics: records_per_sync is the mean group-commit size."""
@@ -414,7 +412,7 @@ def _load_segment(path: Path, *, is_last: bool) -> _Segment | None:
     first_zxid, prev_zxid = header
     if segment_name(first_zxid) != path.name:
         raise LogCorruptError(f"{path}: header names first zxid {first_zxid:#x}; {_WIPE_ADVICE}")
-    scan = scan_records(buf, SEGMENT_HEADER_BYTES)
+    scan = scan_zxids(buf, SEGMENT_HEADER_BYTES)  # every record checked; none decoded (read_after does)
     if scan.zero_fill and not is_last:
         raise LogCorruptError(f"{path}: zero bytes from offset {scan.valid_end} where records or the file's "
                               f"end belong (only the newest segment is preallocated); {_WIPE_ADVICE}")
@@ -422,8 +420,8 @@ def _load_segment(path: Path, *, is_last: bool) -> _Segment | None:
         _handle_bad_tail(path, buf, scan.valid_end, scan.stop, scan.detail, is_last)
     if not scan.txns:
         return _handle_empty(path, is_last)
-    _check_records(path, first_zxid, [txn.zxid for txn in scan.txns])
-    return _Segment(path, first_zxid, prev_zxid, scan.txns[-1].zxid, scan.valid_end)
+    _check_records(path, first_zxid, scan.txns)
+    return _Segment(path, first_zxid, prev_zxid, scan.txns[-1], scan.valid_end)
 
 
 def _handle_bad_header(path: Path, buf: bytes, is_last: bool) -> None:
@@ -497,10 +495,12 @@ def _prev_on_disk(prev_zxid: int | None) -> int:
     return UNKNOWN_PREV_ZXID if prev_zxid is None else prev_zxid
 
 
-def _read_segment_records(segment: _Segment) -> list[Txn]:
+def _read_segment_records(segment: _Segment, after: int = 0) -> list[Txn]:
+    """The segment's records above zxid `after`; those up to it are passed over by their lengths."""
     with open(segment.path, "rb") as file:
         buf = file.read(segment.size)
-    scan = scan_records(buf, SEGMENT_HEADER_BYTES) if len(buf) == segment.size else None
+    start = offset_after(buf, SEGMENT_HEADER_BYTES, after) if after else SEGMENT_HEADER_BYTES
+    scan = scan_records(buf, start) if len(buf) == segment.size else None
     if scan is None or scan.stop is not None:
         raise LogCorruptError(f"{segment.path}: changed on disk since the log was opened; {_WIPE_ADVICE}")
     return scan.txns
