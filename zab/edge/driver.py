@@ -299,8 +299,8 @@ class PeerDriver:
                 elif isinstance(a, SnapDiscard):
                     long_lived.resume()
                 elif isinstance(a, InstallSnapshot):
-                    long_lived.resume()
                     long_lived.settle_built("snap installed")  # the new tree is long-lived: out of the collector's way
+                    long_lived.resume()
                 elif isinstance(a, TakeSnapshot):
                     long_lived.settle("snapshot")
                 self.writer.submit(a)
