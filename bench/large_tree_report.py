@@ -55,8 +55,8 @@ def _intro(r: Results) -> list[str]:
         "(`bench/large_tree.py`):",
         "",
         "- **snapshot write**: the leader's first periodic snapshot after the load, of the whole tree. Quire: the "
-        "benchmark counts how many more transactions the leader needs before its next snapshot (from its last "
-        "`event=snapshot` log line and its committed zxid), sends them as setData of one small znode, and times "
+        "benchmark asks the leader how many more transactions it needs before its next snapshot (its /status "
+        "`snapshot_in_txns`), sends them as setData of one small znode, and times "
         "from just before the last one is sent to the timestamp of the leader's `event=snapshot` line (freeze on "
         "the event loop, encoding in 1 MiB pieces on the snapshotter's thread, writing, fsync and rename; the "
         "purge comes after), and, without fsync, minus the line's `sync_s`. ZooKeeper: setData in "
