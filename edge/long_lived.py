@@ -77,8 +77,8 @@ def resume() -> None:
 
 @contextmanager
 def building(reason: str) -> Iterator[None]:
-    """The collector off while the block builds a large state; then on again, and the state frozen
-    without a collection (see `settle_built`)."""
+    """The collector off while the block builds a large state; then the state frozen without a
+    collection (`settle_built`), and the collector on again."""
     suspend()
     try:
         yield
@@ -88,10 +88,10 @@ def building(reason: str) -> Iterator[None]:
 
 
 def settle_built(reason: str) -> None:
-    """Freeze a state just built with the collector off, without collecting first, and before the
-    collector is on again (turned on, it would collect the youngest generation at the next
-    allocation, which holds all of it: 0.4 s): the collection would traverse all of it, since nothing built meanwhile was frozen (0.41 s with the GIL held
-    for a restored tree of a million znodes, measured), and find nothing, since what is built is
-    alive and what it replaced was freed by reference counting. What it gives up is collecting
-    the few cycles that became garbage while it was off (start-up's, a SNAP's bookkeeping)."""
+    """Freeze a state just built with the collector off, without collecting it first, and before
+    the collector is back on (on, it collects the youngest generation, which holds all of it, at
+    the next allocation). That collection would walk the whole new state (0.41 s with the GIL held
+    for a restored tree of a million znodes, measured) and find nothing: what was built is alive,
+    and what it replaced was freed by reference counting. What it gives up: the few cycles that
+    became garbage while the collector was off (start-up's, a SNAP's bookkeeping)."""
     settle(reason, collect=False)

@@ -59,8 +59,8 @@ Buffer = bytes | bytearray | memoryview
 class ScanResult:
     """What scan_records found.
 
-    `txns[i]` (its zxid, from scan_zxids) starts at byte `offsets[i]`; `valid_end` is the offset just past the
-    last whole valid record (the offset a damaged tail should be truncated to).
+    `txns[i]` (its zxid, from scan_zxids) starts at byte `offsets[i]`; `valid_end` is
+    the offset just past the last whole valid record (where a damaged tail is cut).
     `stop` is None when the buffer ended exactly at a record boundary or only zero
     bytes follow it (`zero_fill`: the clean end of a preallocated segment), else the
     reason the scan stopped at `valid_end`; `detail` describes it for logs.
