@@ -130,8 +130,8 @@ _HEAD, _ACLS, _SESSIONS, _NODES, _DONE = range(5)
 class SnapshotDecoder:
     """Feed a snapshot's bytes in pieces of any size; `finish` returns the tree. DecodeError, as
     soon as it shows, for anything malformed, inconsistent, truncated, trailing or (when verified)
-    whose digest is wrong. Only the unparsed tail of what was fed is kept, never what was already turned into
-    znodes."""
+    whose digest is wrong. Only the unparsed tail of what was fed is kept, never what was already
+    turned into znodes."""
 
     def __init__(self, *, verify_digest: bool = True) -> None:
         """`verify_digest=False` takes the snapshot's digest as the tree's without hashing every
