@@ -495,12 +495,11 @@ def _prev_on_disk(prev_zxid: int | None) -> int:
     return UNKNOWN_PREV_ZXID if prev_zxid is None else prev_zxid
 
 
-def _read_segment_records(segment: _Segment, after: int = 0) -> list[Txn]:
+def _read_segment_records(segment: _Segment, after: int) -> list[Txn]:
     """The segment's records above zxid `after`; those up to it are passed over by their lengths."""
     with open(segment.path, "rb") as file:
         buf = file.read(segment.size)
-    start = offset_after(buf, SEGMENT_HEADER_BYTES, after) if after else SEGMENT_HEADER_BYTES
-    scan = scan_records(buf, start) if len(buf) == segment.size else None
+    scan = scan_records(buf, offset_after(buf, SEGMENT_HEADER_BYTES, after)) if len(buf) == segment.size else None
     if scan is None or scan.stop is not None:
         raise LogCorruptError(f"{segment.path}: changed on disk since the log was opened; {_WIPE_ADVICE}")
     return scan.txns
