@@ -23,7 +23,7 @@ is copied the first time it changes); its bytes are metastore/wire/snapshot_code
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from metastore.core import paths
 from metastore.core.acl import ACL, OPEN_ACL_UNSAFE, READ_ACL_UNSAFE, encode_acl
@@ -98,6 +98,8 @@ _CONFIG_IS_LOCAL = "/zookeeper/config is the node's configuration, not replicate
 # A snapshot's znode: path, data, acl, czxid, mzxid, pzxid, ctime, mtime, version,
 # internal cversion, aversion, ephemeral owner.
 NodeRecord = tuple[str, bytes, tuple[ACL, ...], int, int, int, int, int, int, int, int, int]
+# What a snapshot encodes: last_zxid, nodes by path, sessions, digest, ACL table (DataTree.contents).
+TreeView = tuple[int, "dict[str, Node]", dict[int, int], int, list[tuple[bytes, tuple[ACL, ...]]]]
 
 
 class Node:
@@ -503,24 +505,18 @@ class DataTree:
         self._insert(path, node)
 
     # -- snapshots ---------------------------------------------------------------
-    def freeze(self) -> tuple[int, dict[str, Node], dict[int, int], int]:
-        """A consistent view at last_zxid, (last_zxid, nodes, sessions, digest): an O(n) copy of
-        references, after which each znode is copied the first time it changes, so the view stays
-        as it was (metastore/wire/snapshot_codec.py encodes it, later and on another thread)."""
+    def freeze(self) -> TreeView:
+        """A consistent view at last_zxid, as contents() gives it: an O(n) copy of references, after
+        which each znode is copied the first time it changes, so the view stays as it was
+        (metastore/wire/snapshot_codec.py encodes it, later and on another thread)."""
         self._epoch += 1
-        return self.last_zxid, dict(self._nodes), dict(self._sessions), self._digest
+        last_zxid, nodes, sessions, digest, acls = self.contents()
+        return last_zxid, dict(nodes), dict(sessions), digest, acls
 
-    def contents(self) -> tuple[int, dict[str, Node], dict[int, int], int]:
-        """(last_zxid, nodes, sessions, digest) as they are, not copied: to encode at once."""
-        return self.last_zxid, self._nodes, self._sessions, self._digest
-
-    @classmethod
-    def assemble(cls, last_zxid: int, sessions: dict[int, int], records: Iterable[NodeRecord]) -> DataTree:
-        """The tree made of a snapshot's contents: `records` sorted by path, without
-        /zookeeper/config. ValueError (or BadArguments) if they break the tree's invariants.
-        Records are taken one at a time (metastore/core/tree_assembly.py), so a generator works."""
-        from metastore.core.tree_assembly import TreeAssembler  # it builds on this module
-        assembler = TreeAssembler(last_zxid, sessions)
-        for record in records:
-            assembler.add(record)
-        return assembler.finish()
+    def contents(self) -> TreeView:
+        """(last_zxid, nodes, sessions, digest, ACL table) as they are, not copied: to encode at
+        once. The table has every ACL list a znode other than /zookeeper/config (no snapshot's)
+        holds, as (its encoding, the interned list those znodes refer to), sorted by the encoding."""
+        config_acl = self._nodes[paths.CONFIG].acl
+        return self.last_zxid, self._nodes, self._sessions, self._digest, sorted(
+            (entry[1], entry[0]) for entry in self._acls.values() if entry[2] > (entry[0] is config_acl))

@@ -140,9 +140,9 @@ class TreeAssembler:
         nodes = tree._nodes
         if not {paths.ROOT, paths.ZOOKEEPER, paths.QUOTA} <= nodes.keys():
             raise ValueError("a system znode is missing")
-        for key, entry in list(tree._acls.items()):
-            if not entry[2]:  # interned for the ACL table, used by no znode
-                del tree._acls[key]
+        for key, entry in tree._acls.items():
+            if not entry[2]:  # an encoder writes only what some znode holds: one table per tree
+                raise ValueError(f"the ACL table's {list(key)} is used by no znode")
         if digest is None:
             for path, node in nodes.items():
                 tree._materialize(path, node)

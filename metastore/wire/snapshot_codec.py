@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from metastore.core.acl import ACL
 from metastore.core.tree import DataTree, Node
 from metastore.wire.snapshot_stream import SNAPSHOT_MAGIC, SNAPSHOT_VERSION, decode_chunks, encode_chunks  # noqa: F401
 
@@ -23,9 +24,11 @@ from metastore.wire.snapshot_stream import SNAPSHOT_MAGIC, SNAPSHOT_VERSION, dec
 WHOLE_CHUNK_BYTES = 1 << 20  # the pieces joined into a whole snapshot
 
 
-def encode_snapshot(last_zxid: int, nodes: dict[str, Node], sessions: dict[int, int], digest: int) -> bytes:
-    """Deterministic snapshot bytes: the same tree gives the same bytes on every node."""
-    return b"".join(encode_chunks(last_zxid, nodes, sessions, digest, WHOLE_CHUNK_BYTES))
+def encode_snapshot(last_zxid: int, nodes: dict[str, Node], sessions: dict[int, int], digest: int,
+                    acls: list[tuple[bytes, tuple[ACL, ...]]]) -> bytes:
+    """Deterministic snapshot bytes: the same tree gives the same bytes on every node (the
+    arguments are DataTree.contents()'s)."""
+    return b"".join(encode_chunks(last_zxid, nodes, sessions, digest, acls, WHOLE_CHUNK_BYTES))
 
 
 def decode_snapshot(data: bytes | bytearray | memoryview) -> DataTree:
@@ -47,6 +50,7 @@ class FrozenTree:
     nodes: dict[str, Node]
     sessions: dict[int, int]
     digest: int
+    acls: list[tuple[bytes, tuple[ACL, ...]]]  # the ACL table (DataTree.contents)
 
     @classmethod
     def of(cls, tree: DataTree) -> FrozenTree:
@@ -54,9 +58,9 @@ class FrozenTree:
 
     def to_bytes(self) -> bytes:
         """The whole snapshot at once: for small trees and tests; a SNAP and a snapshot file use chunks()."""
-        return encode_snapshot(self.zxid, self.nodes, self.sessions, self.digest)
+        return encode_snapshot(self.zxid, self.nodes, self.sessions, self.digest, self.acls)
 
     def chunks(self, chunk_bytes: int) -> Iterator[bytes]:
         """The snapshot in pieces of at most `chunk_bytes`, encoded as they are taken (their
         concatenation is to_bytes()); the view never changes, so the tree goes on meanwhile."""
-        return encode_chunks(self.zxid, self.nodes, self.sessions, self.digest, chunk_bytes)
+        return encode_chunks(self.zxid, self.nodes, self.sessions, self.digest, self.acls, chunk_bytes)

@@ -2,75 +2,65 @@
 
 `encode_chunks` yields the snapshot of a frozen view (DataTree.freeze) in chunks of at most
 `chunk_bytes`, and `SnapshotDecoder` takes the bytes back in pieces of any size, rebuilding the
-tree znode by znode (metastore/core/tree_assembly.py). The bytes are format version 1 exactly
-as the whole-buffer codec always wrote them (docs/metastore_tree.md, "Snapshot encoding"), so
-old snapshot files load and `b"".join(encode_chunks(...))` equals `encode_snapshot(...)`.
+tree znode by znode (metastore/core/tree_assembly.py). `b"".join(encode_chunks(...))` equals
+`encode_snapshot(...)`. The encoder writes format version 2 (docs/metastore_tree.md, "Snapshot
+encoding"): version 1 with each znode's lengths and fixed fields in one header before its path
+and data, one pack per znode instead of three. The decoder reads both, so a node's version 1
+snapshot files and a SNAP from a leader that writes version 1 still load.
 
-What each side holds beyond the tree itself: the encoder, the sorted list of paths (references)
-and the table of distinct ACLs, plus one chunk and one znode record; the decoder, the bytes of
-at most one chunk plus the one record that straddles it. Pure: no I/O.
+What each side holds beyond the tree itself: the encoder, the sorted list of (path, znode)
+pairs and an index of the ACL table, plus one chunk and one znode record; the decoder, the bytes
+of at most one chunk plus the one record that straddles it. Pure: no I/O.
 """
 
 from __future__ import annotations
 
 import struct
+from bisect import bisect_left
 from collections.abc import Iterable, Iterator
+from itertools import islice
+from operator import itemgetter
 
 from metastore.core import paths
-from metastore.core.acl import ACL, encode_acl
+from metastore.core.acl import ACL
 from metastore.core.tree import DataTree, Node, ephemeral_type
 from metastore.core.tree_assembly import TreeAssembler
 from metastore.errors import BadArguments, DecodeError
 from metastore.wire.txn_codec import _SESSION, _U32, Reader
 
 SNAPSHOT_MAGIC = b"QZNT"
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2  # what the encoder writes; the decoder also reads version 1
 _SNAP_HEAD = struct.Struct(">4sBQQ")         # magic, version, last_zxid, digest
-SORT_RUN = 1 << 15  # paths sorted by one call: tens of milliseconds with the GIL held
-_NODE = struct.Struct(">IQQQqqiiiQ")         # acl index, czxid, mzxid, pzxid, ctime, mtime,
-                                             # version, cversion (internal), aversion, owner
+SORT_RUN = 1 << 15  # items sorted by one call: milliseconds with the GIL held
+# Version 2's znode record: path length, data length, acl index, czxid, mzxid, pzxid, ctime,
+# mtime, version, cversion (internal), aversion, owner; then the path and the data.
+_RECORD = struct.Struct(">IIIQQQqqiiiQ")
+# Version 1's: u32 path length, path, u32 data length, data, then these fixed fields.
+_NODE_V1 = struct.Struct(">IQQQqqiiiQ")
 
 
 # -- encoding ----------------------------------------------------------------------------
 
-# A znode record's bytes beyond its path and data: the two length prefixes and the fixed fields.
-_RECORD_OVERHEAD = 4 + 4 + _NODE.size
-
-
 def encode_chunks(last_zxid: int, nodes: dict[str, Node], sessions: dict[int, int], digest: int,
-                  chunk_bytes: int) -> Iterator[bytes]:
+                  acls: list[tuple[bytes, tuple[ACL, ...]]], chunk_bytes: int) -> Iterator[bytes]:
     """The snapshot in chunks of at most `chunk_bytes`, each encoded when it is taken; their
-    concatenation is encode_snapshot's.
+    concatenation is encode_snapshot's. `acls` is the tree's ACL table (DataTree.contents), whose
+    lists are the very objects its znodes hold: each znode's index is found by the object, since
+    hashing a tuple of ACLs per znode was a third of the encoding.
 
     Chunks are cut at record boundaries when the next record does not fit (so most are nearly,
     not exactly, full), and a record larger than a chunk is cut across several: every byte is
-    copied once into its chunk, and about one list append per field is all a small znode costs
-    (a snapshot of a million znodes is seconds of Python, on the snapshotter's thread beside the
-    event loop)."""
+    copied once into its chunk, and one pack and three list items are all a small znode costs
+    (a snapshot of a million znodes is a second of Python, on the snapshotter's thread beside the
+    event loop, or in pieces on the leader's loop for a SNAP)."""
     if chunk_bytes <= 0:
         raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
-    ordered = sorted_paths(nodes)
-    records = [nodes[path] for path in ordered]
-    # The ACL table comes first in the format: a pass to collect it (few lists). Looked up by the
-    # list object (the tree interns them) before its value: hashing a tuple of ACLs per znode
-    # was a third of the encoding.
-    acl_index: dict[tuple[ACL, ...], int] = {}
-    by_object: dict[int, int] = {}
-    acl_parts: list[bytes] = []
-    indexes = []
-    for node in records:
-        index = by_object.get(id(node.acl))
-        if index is None:
-            index = acl_index.get(node.acl)
-            if index is None:
-                index = acl_index[node.acl] = len(acl_parts)
-                acl_parts.append(encode_acl(node.acl))
-            by_object[id(node.acl)] = index
-        indexes.append(index)
-    head = [_SNAP_HEAD.pack(SNAPSHOT_MAGIC, SNAPSHOT_VERSION, last_zxid, digest), _U32.pack(len(acl_parts)),
-            *acl_parts, _U32.pack(len(sessions))]
+    items = sorted_items(nodes)
+    acl_index = {id(acl): index for index, (_, acl) in enumerate(acls)}
+    head = [_SNAP_HEAD.pack(SNAPSHOT_MAGIC, SNAPSHOT_VERSION, last_zxid, digest), _U32.pack(len(acls)),
+            *(encoded for encoded, _ in acls), _U32.pack(len(sessions))]
     head += [_SESSION.pack(s, sessions[s]) for s in sorted(sessions)]
-    head.append(_U32.pack(len(ordered)))
+    head.append(_U32.pack(len(items)))
 
     parts: list[bytes] = []
     size = 0
@@ -84,16 +74,16 @@ def encode_chunks(last_zxid: int, nodes: dict[str, Node], sessions: dict[int, in
         parts.append(piece)
         size += len(piece)
 
-    pack_len, pack_node = _U32.pack, _NODE.pack
-    for path, node, acl in zip(ordered, records, indexes):
+    pack, overhead = _RECORD.pack, _RECORD.size
+    for path, node in items:
         name, data = path.encode(), node.data
-        n = len(name) + len(data) + _RECORD_OVERHEAD
+        n = len(name) + len(data) + overhead
         if size + n > chunk_bytes and parts:
             yield b"".join(parts)
             parts, size = [], 0
-        record = (pack_len(len(name)), name, pack_len(len(data)), data, pack_node(
-            acl, node.czxid, node.mzxid, node.pzxid, node.ctime, node.mtime,
-            node.version, node.cversion, node.aversion, node.owner))
+        record = (pack(len(name), len(data), acl_index[id(node.acl)], node.czxid, node.mzxid, node.pzxid,
+                       node.ctime, node.mtime, node.version, node.cversion, node.aversion, node.owner),
+                  name, data)
         if n > chunk_bytes:
             yield from _cut(b"".join(record), chunk_bytes)
             continue
@@ -108,18 +98,25 @@ def _cut(piece: bytes, chunk_bytes: int) -> Iterator[bytes]:
         yield piece[at:at + chunk_bytes]
 
 
-def sorted_paths(nodes: dict[str, Node]) -> list[str]:
-    """The snapshot's paths in order, sorted in runs of SORT_RUN and then merged by one sort of
-    the whole, which finds the runs and only merges them: one sort of a million paths in the
-    order clients created them is a single call that holds the GIL for about a second, and the
-    snapshot is encoded on a thread beside the event loop, whose followers then give up on it
-    after sync_limit_ticks (bench/large_tree.py saw the leader go quiet that long). A restored
-    tree's paths come in order already, and each sort then only checks them."""
-    keys = [p for p in nodes if p != paths.CONFIG]
-    for at in range(0, len(keys), SORT_RUN):
-        keys[at:at + SORT_RUN] = sorted(keys[at:at + SORT_RUN])
-    keys.sort()  # n log(runs) comparisons at most: a fraction of a sort of disordered paths
-    return keys
+def sorted_items(nodes: dict[str, Node]) -> list[tuple[str, Node]]:
+    """The snapshot's (path, znode) pairs in path order, without /zookeeper/config: taken and
+    sorted in runs of SORT_RUN, then merged by one sort of the whole, which finds the runs and
+    only merges them. One sort of a million paths in the order clients created them is a single
+    call that holds the GIL for about a second, and the snapshot is encoded beside the event
+    loop, whose followers then give up on it after sync_limit_ticks (bench/large_tree.py saw
+    the leader go quiet that long). A restored tree's paths come in order already, and each
+    sort then only checks them. Pairs rather than paths: looking each znode up by its path
+    again cost a third of a second per million."""
+    first = itemgetter(0)
+    items: list[tuple[str, Node]] = []
+    pairs = iter(nodes.items())
+    while run := sorted(islice(pairs, SORT_RUN), key=first):
+        items += run
+    items.sort(key=first)  # n log(runs) comparisons at most: a fraction of a sort of disordered paths
+    at = bisect_left(items, paths.CONFIG, key=first)
+    if at < len(items) and items[at][0] == paths.CONFIG:
+        del items[at]
+    return items
 
 
 # -- decoding ----------------------------------------------------------------------------
@@ -146,7 +143,8 @@ class SnapshotDecoder:
         self._acl_entries: list[list] = []  # the assembler's interned entry for each of _acls
         self._sessions: dict[int, int] = {}
         self._assembler: TreeAssembler | None = None
-        self._zxid = self._digest = 0
+        self._zxid = self._digest = self._version = 0
+        self._last_acl = b""     # the ACL table's previous entry, encoded
         self.fed = 0
 
     @property
@@ -221,9 +219,9 @@ class SnapshotDecoder:
     def _head(self) -> bool:
         if self._available() < _SNAP_HEAD.size:
             return False
-        magic, version, self._zxid, self._digest = _SNAP_HEAD.unpack_from(self._buf, self._pos)
-        if magic != SNAPSHOT_MAGIC or version != SNAPSHOT_VERSION:
-            raise DecodeError(f"not a version {SNAPSHOT_VERSION} tree snapshot")
+        magic, self._version, self._zxid, self._digest = _SNAP_HEAD.unpack_from(self._buf, self._pos)
+        if magic != SNAPSHOT_MAGIC or self._version not in (1, SNAPSHOT_VERSION):
+            raise DecodeError(f"not a version 1 or {SNAPSHOT_VERSION} tree snapshot")
         self._pos += _SNAP_HEAD.size
         self._stage = _ACLS
         return True
@@ -233,8 +231,11 @@ class SnapshotDecoder:
             end = _acl_end(self._buf, self._pos)
             if end is None:
                 return
-            self._acls.append(Reader(self._buf[self._pos:end]).acl())
-            self._pos, self._left = end, self._left - 1
+            encoded = bytes(self._buf[self._pos:end])
+            if self._version > 1 and encoded <= self._last_acl:  # one table per tree: sorted, no repeats
+                raise DecodeError("the ACL table is not in order of its encodings")
+            self._acls.append(Reader(encoded).acl())
+            self._pos, self._left, self._last_acl = end, self._left - 1, encoded
 
     def _take_sessions(self) -> None:
         buf, sessions = self._buf, self._sessions
@@ -247,23 +248,32 @@ class SnapshotDecoder:
 
     def _take_nodes(self) -> None:
         buf, pos, end, left = self._buf, self._pos, len(self._buf), self._left
-        add, acls, u32, node = self._assembler.add_fields, self._acl_entries, _U32.unpack_from, _NODE  # type: ignore[union-attr]
-        unpack_node = node.unpack_from
+        add, acls = self._assembler.add_fields, self._acl_entries  # type: ignore[union-attr]
+        unpack, head, v1 = _RECORD.unpack_from, _RECORD.size, self._version == 1
         view = memoryview(buf)
         try:
-            while left and pos + 4 <= end:
-                data_at = pos + 4 + u32(buf, pos)[0]
-                if data_at + 4 > end:
-                    break
-                fixed_at = data_at + 4 + u32(buf, data_at)[0]
-                if fixed_at + node.size > end:
-                    break
+            while left:
+                if v1:
+                    layout = _v1_layout(buf, pos, end)
+                    if layout is None:
+                        break
+                    path_at, path_end, data_at, data_end, index, czxid, mzxid, pzxid, ctime, mtime, version, \
+                        cversion, aversion, owner = layout
+                    next_at = data_end + _NODE_V1.size
+                else:
+                    if pos + head > end:
+                        break
+                    path_len, data_len, index, czxid, mzxid, pzxid, ctime, mtime, version, cversion, aversion, \
+                        owner = unpack(buf, pos)
+                    path_at = pos + head
+                    path_end = data_at = path_at + path_len
+                    next_at = data_end = data_at + data_len
+                    if next_at > end:
+                        break
                 try:
-                    path = str(view[pos + 4:data_at], "utf-8")
+                    path = str(view[path_at:path_end], "utf-8")
                 except UnicodeDecodeError as e:
                     raise DecodeError(f"string is not UTF-8: {e}") from None
-                index, czxid, mzxid, pzxid, ctime, mtime, version, cversion, aversion, owner = \
-                    unpack_node(buf, fixed_at)
                 if index >= len(acls):
                     raise DecodeError(f"{path!r}: ACL index {index} out of range")
                 if owner:
@@ -271,12 +281,26 @@ class SnapshotDecoder:
                         ephemeral_type(owner)
                     except ValueError as e:
                         raise DecodeError(str(e)) from None
-                add(path, bytes(view[data_at + 4:fixed_at]), acls[index], czxid, mzxid, pzxid, ctime, mtime,
+                add(path, bytes(view[data_at:data_end]), acls[index], czxid, mzxid, pzxid, ctime, mtime,
                     version, cversion, aversion, owner)
-                pos, left = fixed_at + node.size, left - 1
+                pos, left = next_at, left - 1
         finally:
             view.release()  # the buffer must be resizable again at the next feed
             self._pos, self._left = pos, left
+
+
+def _v1_layout(buf: bytearray, pos: int, end: int) -> tuple[int, ...] | None:
+    """A version 1 record at `pos`: where its path begins and ends, where its data begins and
+    ends, then its fixed fields; None if its bytes have not all arrived."""
+    if pos + 4 > end:
+        return None
+    path_end = pos + 4 + _U32.unpack_from(buf, pos)[0]
+    if path_end + 4 > end:
+        return None
+    data_end = path_end + 4 + _U32.unpack_from(buf, path_end)[0]
+    if data_end + _NODE_V1.size > end:
+        return None
+    return (pos + 4, path_end, path_end + 4, data_end, *_NODE_V1.unpack_from(buf, data_end))
 
 
 def _acl_end(buf: bytearray, pos: int) -> int | None:

@@ -1,0 +1,116 @@
+"""The tree snapshot's format versions (metastore/wire/snapshot_stream.py): the encoder writes
+version 2, the decoder also reads version 1 (a node's old snapshot files, a SNAP from a leader that
+still writes it), and version 2's ACL table is one per tree: sorted by encoding, every entry used."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from metastore.core import paths
+from metastore.core.acl import ACL, OPEN_ACL_UNSAFE, READ_ACL_UNSAFE, Id, Perm, encode_acl
+from metastore.core.tree import CONTAINER_OWNER, DataTree, ttl_owner
+from metastore.core.txn import Create, CreateSession, Transaction, apply
+from metastore.errors import DecodeError
+from metastore.wire.snapshot_codec import decode_snapshot, encode_tree
+from metastore.wire.snapshot_stream import SnapshotDecoder
+
+SESSION = 0x0100_0000_0000_0001
+IP_ACL = (ACL(Perm.ALL, Id("ip", "10.0.0.0/8")),)
+DIGEST_ACL = (ACL(Perm.READ, Id("digest", "u:x")),)
+
+
+def sample(order=1) -> DataTree:
+    creates = [("/a", b"data", OPEN_ACL_UNSAFE, 0), ("/b", b"", IP_ACL, CONTAINER_OWNER),
+               ("/c", b"x" * 300, DIGEST_ACL, 0), ("/b/e", b"", IP_ACL, SESSION), ("/t", b"", READ_ACL_UNSAFE, ttl_owner(9))]
+    tree = DataTree()
+    apply(tree, 0x1_0000_0001, Transaction(1, CreateSession(SESSION, 5000)))
+    for zxid, (path, data, acl, owner) in enumerate(creates[::order], 0x1_0000_0002):
+        if order == -1 and path == "/b/e":
+            continue  # its parent comes later in this order
+        apply(tree, zxid, Transaction(zxid, Create(path, data, acl, owner, tree.parent_cversion(paths.parent_of(path)) + 1)))
+    return tree
+
+
+def version_1(tree: DataTree) -> bytes:
+    """Version 1's layout, as the encoder wrote it before version 2 (docs/metastore_tree.md): ACL
+    table in order of first use; each znode: path, data, then the fixed fields."""
+    last_zxid, nodes, sessions, digest, _ = tree.contents()
+    ordered = sorted(p for p in nodes if p != paths.CONFIG)
+    table: list[tuple] = []
+    records = []
+    for path in ordered:
+        node = nodes[path]
+        if node.acl not in table:
+            table.append(node.acl)
+        name = path.encode()
+        records.append(struct.pack(">I", len(name)) + name + struct.pack(">I", len(node.data)) + node.data
+                       + struct.pack(">IQQQqqiiiQ", table.index(node.acl), node.czxid, node.mzxid, node.pzxid,
+                                     node.ctime, node.mtime, node.version, node.cversion, node.aversion, node.owner))
+    out = struct.pack(">4sBQQ", b"QZNT", 1, last_zxid, digest) + struct.pack(">I", len(table))
+    out += b"".join(encode_acl(acl) for acl in table) + struct.pack(">I", len(sessions))
+    out += b"".join(struct.pack(">Qi", s, sessions[s]) for s in sorted(sessions))
+    return out + struct.pack(">I", len(records)) + b"".join(records)
+
+
+def fed(data: bytes, piece: int) -> DataTree:
+    decoder = SnapshotDecoder()
+    for at in range(0, len(data), piece):
+        decoder.feed(data[at:at + piece])
+    return decoder.finish()
+
+
+@pytest.mark.parametrize("piece", [1, 7, 64, 1 << 20])
+def test_a_version_1_snapshot_loads_as_the_same_tree(piece):
+    tree = sample()
+    old = version_1(tree)
+    assert old[4] == 1 and old != encode_tree(tree)
+    restored = fed(old, piece)
+    assert encode_tree(restored) == encode_tree(tree) and encode_tree(restored)[4] == 2
+    assert restored.digest() == tree.digest() == restored.recompute_digest()
+    assert restored.ephemerals(SESSION) == ["/b/e"] and restored.containers() == ["/b"] and restored.ttl_nodes() == ["/t"]
+    for path in ("/a", "/b/e", "/c", "/t", paths.CONFIG):
+        assert restored.get(path) == tree.get(path) and restored.acl(path) == tree.acl(path)
+
+
+def test_every_prefix_of_a_version_1_snapshot_is_refused():
+    old = version_1(sample())
+    for end in range(len(old)):
+        with pytest.raises(DecodeError):
+            decode_snapshot(old[:end])
+
+
+def test_the_acl_table_is_sorted_by_encoding_whatever_order_acls_came_in():
+    forward, backward = sample(1), sample(-1)
+    forward_acls = [acl for _, acl in forward.contents()[4]]
+    assert forward_acls == sorted(forward_acls, key=encode_acl)
+    assert set(forward_acls) == {OPEN_ACL_UNSAFE, IP_ACL, DIGEST_ACL, READ_ACL_UNSAFE}
+    backward_acls = [acl for _, acl in backward.contents()[4]]
+    assert [a for a in forward_acls if a in backward_acls] == backward_acls
+
+
+def test_the_config_nodes_acl_is_in_the_table_only_when_a_znode_holds_it():
+    tree = DataTree()
+    apply(tree, 0x1_0000_0001, Transaction(1, Create("/a", b"", OPEN_ACL_UNSAFE, 0, 1)))
+    assert [acl for _, acl in tree.contents()[4]] == [OPEN_ACL_UNSAFE]
+    assert decode_snapshot(encode_tree(tree)).acl(paths.CONFIG)[0] == READ_ACL_UNSAFE
+
+
+def test_an_acl_table_out_of_order_repeated_or_unused_is_refused():
+    tree = sample()
+    good = encode_tree(tree)
+    table = [encoded for encoded, _ in tree.contents()[4]]
+    start = 25  # after the header and the table's count
+    assert good[start:start + sum(map(len, table))] == b"".join(table)
+    swapped = good[:start] + table[1] + table[0] + b"".join(table[2:]) + good[start + sum(map(len, table)):]
+    with pytest.raises(DecodeError, match="order"):
+        decode_snapshot(swapped)
+    repeated = good[:21] + struct.pack(">I", len(table) + 1) + table[0] + good[start:]
+    with pytest.raises(DecodeError, match="order"):
+        decode_snapshot(repeated)
+    unused = encode_acl((ACL(Perm.ALL, Id("world", "anyone")), ACL(Perm.READ, Id("ip", "1.2.3.4"))))
+    assert unused > table[-1]  # so that only its being unused is wrong
+    extra = good[:21] + struct.pack(">I", len(table) + 1) + b"".join(table) + unused + good[start + sum(map(len, table)):]
+    with pytest.raises(DecodeError, match="used by no znode"):
+        decode_snapshot(extra)
