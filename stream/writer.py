@@ -1,0 +1,304 @@
+"""The single writer of a named log (edge): ownership, takeover, record batching and rolling.
+
+Ownership is tracked, not elected (seed 004): a writer queues an ephemeral sequential znode under
+the log's `owner/` (metastore/client/recipes.py's Lock) and writes once it is first. What makes
+a single writer safe is fencing, not the lock: a new owner
+
+1. reads the segment list and recovers the in-progress segment, if any (ledger recovery: its
+   bookies are fenced, so the last owner can append to it no more, and it is closed at its true
+   last entry), reading its first and last record sets for the segment's totals;
+2. creates its own segment's ledger, and
+3. in one multi at the version it read: bumps the log's epoch, completes the recovered segment
+   and starts its own. If the list changed meanwhile (the last owner rolled), it starts over.
+
+A deposed owner finds out at its next append (LedgerFenced from the bookies) or at its next roll
+(the CAS fails): every write from then on fails with LogFenced, and none of them is visible,
+since readers stop at the end its successor recovered.
+
+Records are packed into record sets (stream/record_set.py): one is sealed and appended at once
+when fewer than `max_in_flight` entries are in flight, else it fills until one is acknowledged
+(so a lone record goes out alone and a stream of them is batched). Acknowledgements come in
+entry order; a record's position is known when its set is sealed and returned once it is
+acknowledged. A segment rolls, between two entries, once it holds roll_bytes or is roll_ms old.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Iterable
+from contextlib import AsyncExitStack
+
+import trio
+
+from ledger.errors import CloseConflict, LedgerClosed, LedgerError, LedgerFenced, LedgerInRecovery
+from ledger.handles import WriteHandle
+from metastore.client.recipes import Lock
+from stream.errors import LogFenced, OwnershipTaken, StreamError
+from stream.namespace import READ_RETRIES, ListChanged, Namespace, ledger_password, now_ms
+from stream.position import Position
+from stream.record_set import RecordSetBuilder, decode
+from stream.segment import Segment
+from stream.segment_list import SegmentList
+
+log = logging.getLogger("quire.stream.writer")
+
+DEFAULT_MAX_IN_FLIGHT = 2
+_FENCED = (LedgerFenced, LedgerClosed, LedgerInRecovery, CloseConflict)
+
+
+class _Batch:
+    """The records of one record set: sealed into entry `entry_id` of segment `seq`, then acknowledged."""
+
+    __slots__ = ("builder", "seq", "entry_id", "pending", "done", "error")
+
+    def __init__(self, builder: RecordSetBuilder) -> None:
+        self.builder = builder
+        self.seq = self.entry_id = -1
+        self.pending = None
+        self.done = trio.Event()
+        self.error: BaseException | None = None
+
+    async def wait(self) -> None:
+        await self.done.wait()
+        if self.error is not None:
+            raise self.error
+
+
+class LogWriter:
+    """`async with namespace.writer(name) as w:` owns the log for the block (Namespace.writer)."""
+
+    def __init__(self, namespace: Namespace, name: str, *, identity: bytes = b"", wait: bool = False,
+                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT) -> None:
+        self.ns, self.name, self.identity, self.wait = namespace, name, identity, wait
+        self.paths = namespace.paths(name)
+        self.max_in_flight = max_in_flight
+        self._stack = AsyncExitStack()
+        self._list: SegmentList | None = None
+        self._handle: WriteHandle | None = None
+        self._segment: Segment | None = None
+        self._in_flight: deque[_Batch] = deque()
+        self._open: _Batch | None = None        # the record set being filled
+        self._wake = trio.Event()
+        self._fenced: BaseException | None = None
+        self._closed = False
+        self._seg_records = self._seg_bytes = 0  # sealed into the current segment so far
+        self._seg_first_txid = -1
+        self._last_txid = -1
+        self._rolling = False
+        self._segment_lock = trio.Lock()
+        self.acknowledged: Position | None = None  # the last record acknowledged
+
+    # -- ownership ---------------------------------------------------------------------------
+    async def __aenter__(self) -> LogWriter:
+        await self._stack.__aenter__()
+        try:
+            settings = (await self.ns.read(self.name)).log.settings
+            self._max_entry = settings.max_entry_bytes
+            lock = Lock(self.ns.meta, self.paths.owner, self.identity, prefix="writer-")
+            if not self.wait and await lock.contenders():
+                raise OwnershipTaken(f"log {self.name!r} has a writer already; close it first, or open with wait=True")
+            await self._stack.enter_async_context(lock)
+            await self._take_over()
+            nursery = await self._stack.enter_async_context(trio.open_nursery())
+            nursery.start_soon(self._acker)
+            self._stack.callback(nursery.cancel_scope.cancel)
+        except BaseException:
+            await self._stack.__aexit__(None, None, None)
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            if exc[0] is None and not self._closed:
+                await self.close()
+        finally:
+            await self._stack.__aexit__(*exc)
+
+    async def _take_over(self) -> None:
+        for _ in range(READ_RETRIES):
+            listing = await self.ns.read(self.name)
+            after = listing.take_over()
+            current = listing.in_progress
+            if current is not None:
+                after = after.completed(current.seq, **await self._recover(current), now_ms=now_ms())
+            handle = await self._new_ledger(after.log.next_segment)
+            after, segment = after.started(handle.ledger_id, now_ms())
+            try:
+                self._list = await self.ns.apply(self.name, listing, after)
+            except ListChanged:
+                await self.ns._delete_ledger(handle.ledger_id)
+                continue
+            self._handle, self._segment = handle, segment
+            self._last_txid = self._list.last_txid
+            self._open = _Batch(RecordSetBuilder(self._max_entry, self._last_txid))
+            log.info("event=log_owned log=%s epoch=%d segment=%d ledger=%d", self.name, after.log.epoch,
+                     segment.seq, handle.ledger_id)
+            return
+        raise StreamError(f"log {self.name!r} kept changing while this writer took it over; try again")
+
+    async def _recover(self, segment: Segment) -> dict[str, int]:
+        """Fence and close the last owner's segment; its totals, from its first and last record sets."""
+        handle = await self.ns.ledgers.open(segment.ledger_id, ledger_password(self.name), recover=True)
+        last = handle.last_entry
+        if last is None or last < 0:
+            return dict(first_txid=-1, last_txid=-1, last_entry=-1, last_slot=-1, records=0, size=0)
+        tail = decode((await handle.read(last, last))[0].payload)
+        head = tail if last == 0 else decode((await handle.read(0, 0))[0].payload)
+        log.info("event=segment_recovered log=%s segment=%d ledger=%d last_entry=%d", self.name, segment.seq,
+                 segment.ledger_id, last)
+        return dict(first_txid=head.txids[0], last_txid=tail.txids[-1], last_entry=last, last_slot=tail.count - 1,
+                    records=tail.records_before + tail.count, size=tail.bytes_before + tail.payload_bytes)
+
+    async def _new_ledger(self, seq: int) -> WriteHandle:
+        s = self._list.log.settings if self._list is not None else (await self.ns.read(self.name)).log.settings
+        return await self.ns.ledgers.create(s.ensemble, s.write_quorum, s.ack_quorum, password=ledger_password(self.name),
+                                            custom={"stream": self.name.encode(), "segment": str(seq).encode()})
+
+    # -- writing -----------------------------------------------------------------------------
+    def _add(self, txid: int, payload: bytes) -> tuple[_Batch, int]:
+        if self._fenced is not None:
+            raise LogFenced(f"log {self.name!r}: this writer was fenced ({self._fenced}); open a new writer") \
+                from self._fenced
+        if self._closed or self._open is None:
+            raise StreamError(f"log {self.name!r}: the writer is closed")
+        batch = self._open
+        if batch.builder.count and not batch.builder.fits(len(payload)):
+            self._seal()
+            batch = self._open
+        return batch, batch.builder.add(txid, payload)
+
+    async def write(self, txid: int, payload: bytes) -> Position:
+        """Append one record with transaction id `txid` (greater than the last one); its position,
+        once it is acknowledged (on Qa bookies). LogFenced once another writer took over."""
+        batch, slot = self._add(txid, bytes(payload))
+        self._maybe_seal()
+        await batch.wait()
+        return Position(batch.seq, batch.entry_id, slot)
+
+    async def write_many(self, records: Iterable[tuple[int, bytes]]) -> list[Position]:
+        """Append records in order (no task or event per record); their positions once all are
+        acknowledged. On an error the records before the failing one may have been written."""
+        placed = [self._add(txid, bytes(payload)) for txid, payload in records]
+        if not placed:
+            return []
+        self._maybe_seal()
+        await placed[-1][0].wait()  # acknowledgements come in order
+        return [Position(b.seq, b.entry_id, slot) for b, slot in placed]
+
+    async def flush(self) -> Position | None:
+        """Wait until every record written so far is acknowledged; the last one's position."""
+        batch = self._open
+        if batch is not None and batch.builder.count:
+            self._maybe_seal()
+            await batch.wait()
+        elif self._in_flight:
+            await self._in_flight[-1].wait()
+        if self._fenced is not None:
+            raise LogFenced(f"log {self.name!r}: this writer was fenced ({self._fenced})") from self._fenced
+        return self.acknowledged
+
+    def _maybe_seal(self) -> None:
+        if (self._open is not None and self._open.builder.count and not self._rolling
+                and len(self._in_flight) < self.max_in_flight):
+            self._seal()
+
+    def _seal(self) -> None:
+        batch, builder = self._open, self._open.builder  # type: ignore[union-attr]
+        assert self._handle is not None and self._segment is not None and batch is not None
+        data = builder.encode(self._seg_records, self._seg_bytes)
+        if not self._seg_records:
+            self._seg_first_txid = builder.first_txid
+        batch.pending = self._handle.start_append(data)
+        batch.seq, batch.entry_id = self._segment.seq, batch.pending.entry_id
+        self._seg_records += builder.count
+        self._seg_bytes += builder.payload_bytes
+        self._last_txid = builder.last_txid
+        self._in_flight.append(batch)
+        self._open = _Batch(RecordSetBuilder(self._max_entry, self._last_txid))
+        settings = self._list.log.settings  # type: ignore[union-attr]
+        if self._seg_bytes >= settings.roll_bytes or now_ms() - self._segment.created_ms >= settings.roll_ms:
+            self._rolling = True
+        self._wake.set()
+
+    async def _acker(self) -> None:
+        """Acknowledge sealed record sets in entry order; roll between entries when due."""
+        while True:
+            if not self._in_flight:
+                if self._rolling and self._fenced is None and not self._closed:
+                    async with self._segment_lock:  # close() completes the segment under it too
+                        if not self._closed:
+                            await self._roll()
+                    self._maybe_seal()
+                    continue
+                await self._wake.wait()
+                self._wake = trio.Event()
+                continue
+            batch = self._in_flight[0]
+            try:
+                await batch.pending.result()  # type: ignore[union-attr]
+            except LedgerError as e:
+                self._fail(e)
+                return
+            self._in_flight.popleft()
+            self.acknowledged = Position(batch.seq, batch.entry_id, batch.builder.count - 1)
+            batch.done.set()
+            self._maybe_seal()
+
+    def _fail(self, error: BaseException) -> None:
+        fenced = LogFenced(f"log {self.name!r}: another writer took it over ({error}); open a new writer") \
+            if isinstance(error, _FENCED) else error
+        self._fenced = fenced
+        for batch in (*self._in_flight, *([self._open] if self._open is not None else [])):
+            batch.error = fenced
+            batch.done.set()
+        self._in_flight.clear()
+        log.warning("event=writer_fenced log=%s error=%s", self.name, error)
+
+    async def _roll(self) -> None:
+        """Complete the current segment (its ledger closed at its last entry) and start the next."""
+        try:
+            self._list = await self._complete()
+            handle = await self._new_ledger(self._list.log.next_segment)
+            after, segment = self._list.started(handle.ledger_id, now_ms())
+            try:
+                self._list = await self.ns.apply(self.name, self._list, after)
+            except ListChanged as e:
+                await self.ns._delete_ledger(handle.ledger_id)
+                raise LogFenced(f"log {self.name!r} changed under its writer: {e}") from None
+        except (LedgerError, StreamError) as e:
+            self._fail(e)
+            return
+        self._handle, self._segment, self._rolling = handle, segment, False
+        self._seg_records = self._seg_bytes = 0
+        self._seg_first_txid = -1
+        log.info("event=segment_rolled log=%s segment=%d ledger=%d", self.name, segment.seq, handle.ledger_id)
+
+    async def _complete(self) -> SegmentList:
+        assert self._handle is not None and self._segment is not None and self._list is not None
+        await self._handle.close()
+        last = self._handle.lac
+        done = self._list.completed(
+            self._segment.seq, first_txid=self._seg_first_txid if self._seg_records else -1,
+            last_txid=self._last_txid if self._seg_records else -1, last_entry=last if self._seg_records else -1,
+            last_slot=(self.acknowledged.slot if self._seg_records and self.acknowledged else -1),
+            records=self._seg_records, size=self._seg_bytes, now_ms=now_ms())
+        try:
+            return await self.ns.apply(self.name, self._list, done)
+        except ListChanged as e:
+            raise LogFenced(f"log {self.name!r} changed under its writer: {e}") from None
+
+    async def close(self) -> None:
+        """Flush, complete the last segment and give up ownership (a clean shutdown leaves no
+        segment in progress)."""
+        if self._closed:
+            return
+        await self.flush()
+        self._closed = True
+        async with self._segment_lock:
+            try:
+                self._list = await self._complete()
+            except (LedgerError, StreamError) as e:
+                self._fail(e)
+                raise self._fenced from None  # type: ignore[misc]
+        log.info("event=log_closed log=%s segment=%d", self.name, self._segment.seq)  # type: ignore[union-attr]
