@@ -130,7 +130,7 @@ class LogReader:
                 entry += len(window)
             return
         if not self.follow:
-            lac = await handle.read_lac()
+            lac = handle.lac  # read when opened (-1 for a ledger no entry reached: its bookies do not know it yet)
             while entry <= lac:
                 window = await handle.read(entry, min(lac, entry + READ_AHEAD_ENTRIES - 1))
                 for e in window:

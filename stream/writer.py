@@ -78,7 +78,7 @@ class LogWriter:
         self._handle: WriteHandle | None = None
         self._segment: Segment | None = None
         self._in_flight: deque[_Batch] = deque()
-        self._open: _Batch | None = None        # the record set being filled
+        self._unsealed: deque[_Batch] = deque()  # record sets being filled, full ones first
         self._wake = trio.Event()
         self._fenced: BaseException | None = None
         self._closed = False
@@ -87,6 +87,7 @@ class LogWriter:
         self._last_txid = -1
         self._rolling = False
         self._segment_lock = trio.Lock()
+        self._acker_scope = trio.CancelScope()
         self.acknowledged: Position | None = None  # the last record acknowledged
 
     # -- ownership ---------------------------------------------------------------------------
@@ -100,9 +101,11 @@ class LogWriter:
                 raise OwnershipTaken(f"log {self.name!r} has a writer already; close it first, or open with wait=True")
             await self._stack.enter_async_context(lock)
             await self._take_over()
-            nursery = await self._stack.enter_async_context(trio.open_nursery())
-            nursery.start_soon(self._acker)
-            self._stack.callback(nursery.cancel_scope.cancel)
+            # In the ledger client's nursery, not one of ours around the caller's block: its
+            # exceptions then come out as they are, not in an exception group.
+            assert self.ns.ledgers.nursery is not None, "use the writer inside `async with LedgerClient(...)`"
+            self.ns.ledgers.nursery.start_soon(self._run_acker)
+            self._stack.callback(self._acker_scope.cancel)
         except BaseException:
             await self._stack.__aexit__(None, None, None)
             raise
@@ -131,7 +134,7 @@ class LogWriter:
                 continue
             self._handle, self._segment = handle, segment
             self._last_txid = self._list.last_txid
-            self._open = _Batch(RecordSetBuilder(self._max_entry, self._last_txid))
+            self._unsealed.append(_Batch(RecordSetBuilder(self._max_entry, self._last_txid)))
             log.info("event=log_owned log=%s epoch=%d segment=%d ledger=%d", self.name, after.log.epoch,
                      segment.seq, handle.ledger_id)
             return
@@ -156,16 +159,22 @@ class LogWriter:
                                             custom={"stream": self.name.encode(), "segment": str(seq).encode()})
 
     # -- writing -----------------------------------------------------------------------------
+    @property
+    def last_txid(self) -> int:
+        """The largest transaction id written to the log so far (-1 for none): a record's must be larger."""
+        return self._unsealed[-1].builder.last_txid if self._unsealed else self._last_txid
+
     def _add(self, txid: int, payload: bytes) -> tuple[_Batch, int]:
         if self._fenced is not None:
             raise LogFenced(f"log {self.name!r}: this writer was fenced ({self._fenced}); open a new writer") \
                 from self._fenced
-        if self._closed or self._open is None:
+        if self._closed or not self._unsealed:
             raise StreamError(f"log {self.name!r}: the writer is closed")
-        batch = self._open
+        batch = self._unsealed[-1]
         if batch.builder.count and not batch.builder.fits(len(payload)):
-            self._seal()
-            batch = self._open
+            batch = _Batch(RecordSetBuilder(self._max_entry, batch.builder.last_txid))
+            self._unsealed.append(batch)
+            self._maybe_seal()  # the full one goes out now, unless a roll is due first
         return batch, batch.builder.add(txid, payload)
 
     async def write(self, txid: int, payload: bytes) -> Position:
@@ -188,10 +197,10 @@ class LogWriter:
 
     async def flush(self) -> Position | None:
         """Wait until every record written so far is acknowledged; the last one's position."""
-        batch = self._open
-        if batch is not None and batch.builder.count:
+        last = self._unsealed[-1] if self._unsealed and self._unsealed[-1].builder.count else None
+        if last is not None:
             self._maybe_seal()
-            await batch.wait()
+            await last.wait()  # acknowledgements come in order: everything before it too
         elif self._in_flight:
             await self._in_flight[-1].wait()
         if self._fenced is not None:
@@ -199,27 +208,41 @@ class LogWriter:
         return self.acknowledged
 
     def _maybe_seal(self) -> None:
-        if (self._open is not None and self._open.builder.count and not self._rolling
-                and len(self._in_flight) < self.max_in_flight):
-            self._seal()
+        """Seal what may go now: every full record set, and the one being filled while fewer than
+        max_in_flight entries are in flight; nothing while a roll waits for the segment to drain."""
+        while self._unsealed and not self._rolling and self._fenced is None:
+            head = self._unsealed[0]
+            if not head.builder.count or (len(self._unsealed) == 1 and len(self._in_flight) >= self.max_in_flight):
+                return
+            self._seal(self._unsealed.popleft())
 
-    def _seal(self) -> None:
-        batch, builder = self._open, self._open.builder  # type: ignore[union-attr]
-        assert self._handle is not None and self._segment is not None and batch is not None
+    def _seal(self, batch: _Batch) -> None:
+        builder = batch.builder
+        assert self._handle is not None and self._segment is not None
+        if not self._unsealed:
+            self._unsealed.append(_Batch(RecordSetBuilder(self._max_entry, builder.last_txid)))
         data = builder.encode(self._seg_records, self._seg_bytes)
+        try:
+            batch.pending = self._handle.start_append(data)
+        except LedgerError as e:  # the handle knows already that it is fenced or closed
+            self._unsealed.appendleft(batch)
+            self._fail(e)
+            return
         if not self._seg_records:
             self._seg_first_txid = builder.first_txid
-        batch.pending = self._handle.start_append(data)
         batch.seq, batch.entry_id = self._segment.seq, batch.pending.entry_id
         self._seg_records += builder.count
         self._seg_bytes += builder.payload_bytes
         self._last_txid = builder.last_txid
         self._in_flight.append(batch)
-        self._open = _Batch(RecordSetBuilder(self._max_entry, self._last_txid))
         settings = self._list.log.settings  # type: ignore[union-attr]
         if self._seg_bytes >= settings.roll_bytes or now_ms() - self._segment.created_ms >= settings.roll_ms:
             self._rolling = True
         self._wake.set()
+
+    async def _run_acker(self) -> None:
+        with self._acker_scope:
+            await self._acker()
 
     async def _acker(self) -> None:
         """Acknowledge sealed record sets in entry order; roll between entries when due."""
@@ -249,7 +272,7 @@ class LogWriter:
         fenced = LogFenced(f"log {self.name!r}: another writer took it over ({error}); open a new writer") \
             if isinstance(error, _FENCED) else error
         self._fenced = fenced
-        for batch in (*self._in_flight, *([self._open] if self._open is not None else [])):
+        for batch in (*self._in_flight, *self._unsealed):
             batch.error = fenced
             batch.done.set()
         self._in_flight.clear()

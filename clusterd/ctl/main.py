@@ -18,8 +18,8 @@ from typing import Any
 import trio
 
 from clusterd import localcluster
-from clusterd.ctl import (bookie as bookiectl, ledger as ledgerctl, node as nodectl, recovery as recoveryctl,
-                          tls as tlsctl, verify as verifyctl, zk as zkctl)
+from clusterd.ctl import (bookie as bookiectl, ledger as ledgerctl, log as logctl, node as nodectl,
+                          recovery as recoveryctl, tls as tlsctl, verify as verifyctl, zk as zkctl)
 
 from clusterd.demo import main as demo
 from clusterd.config import ClusterConfig, ConfigError, NodeConfig, load
@@ -74,6 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     nodectl.add_commands(command)
     bookiectl.add_commands(command)
     ledgerctl.add_commands(command)
+    logctl.add_commands(command)
     recoveryctl.add_commands(command)
     verifyctl.add_commands(command)
     tlsctl.add_commands(command)
