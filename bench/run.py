@@ -24,7 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench import large_tree, large_tree_report, ledger, ledger_report, machine, report, tls, tls_report
+from bench import (large_tree, large_tree_report, ledger, ledger_report, machine, report, report_section, streams, tls,
+                   tls_report)
 from bench.suite import FULL, PARTS, QUICK, QUIET_BUSY_MAX, Suite
 from bench.verify import VERIFY_END, VERIFY_START
 from bench.verify import write_section as write_verify_section
@@ -58,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
             section = ledger_report.render(ledger_results)
         tls_block = tls_report.existing_section(output)
         large_block = large_tree_report.existing_section(output)
+        stream_block = report_section.existing_section(output, streams.START, streams.END)  # bench.streams' own
         if "tls" in parts:
             _wait_quiet(args)
             tls_results = tls.run(workdir / "tls", quick=args.quick, with_zk=not args.no_zk)
@@ -81,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
             tls_report.splice(output, tls_block)
         if large_block is not None:  # the same, after section 9
             large_tree_report.splice(output, large_block)
+        if stream_block is not None:  # after section 10
+            report_section.splice(output, stream_block, streams.START, streams.END)
         print(f"bench: wrote {output}")
     finally:
         if args.keep:
