@@ -129,10 +129,11 @@ class Namespace:
         p = self.paths(name)
         listing = await self.read(name)
         for segment in listing.segments:
-            await self._delete_ledger(segment.ledger_id)
+            await self.delete_ledger(segment.ledger_id)
         await self.meta.delete_recursive(p.log)
 
-    async def _delete_ledger(self, ledger_id: int) -> None:
+    async def delete_ledger(self, ledger_id: int) -> None:
+        """Delete a segment's ledger (gone already is fine): truncation, deletion, a lost takeover."""
         try:
             await self.ledgers.delete(ledger_id)
         except (NoSuchLedger, NoNode):
@@ -153,7 +154,7 @@ class Namespace:
             kept = {s.seq for s in after.segments}
             for segment in listing.segments:
                 if segment.seq not in kept:
-                    await self._delete_ledger(segment.ledger_id)
+                    await self.delete_ledger(segment.ledger_id)
             return done
         raise StreamError(f"log {name!r} kept changing while being truncated; try again")
 

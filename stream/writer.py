@@ -130,7 +130,7 @@ class LogWriter:
             try:
                 self._list = await self.ns.apply(self.name, listing, after)
             except ListChanged:
-                await self.ns._delete_ledger(handle.ledger_id)
+                await self.ns.delete_ledger(handle.ledger_id)
                 continue
             self._handle, self._segment = handle, segment
             self._last_txid = self._list.last_txid
@@ -287,7 +287,7 @@ class LogWriter:
             try:
                 self._list = await self.ns.apply(self.name, self._list, after)
             except ListChanged as e:
-                await self.ns._delete_ledger(handle.ledger_id)
+                await self.ns.delete_ledger(handle.ledger_id)
                 raise LogFenced(f"log {self.name!r} changed under its writer: {e}") from None
         except (LedgerError, StreamError) as e:
             self._fail(e)
