@@ -95,13 +95,13 @@ class LogReader:
                 at = Position(record.position.segment, record.position.entry, record.position.slot + 1)
                 yield record
             # The segment's ledger is closed: it was completed, or is about to be (a roll, a recovery).
+            # Gone from the list: truncated after it was read to its end (a segment is deleted only
+            # once completed, and a read that found its ledger gone raised PositionTruncated).
             listing = await self.ns.read(self.name)
             now = listing.segment(segment.seq)
-            if now is not None and now.completed:
+            if now is None or now.completed:
                 at = Position(segment.seq + 1, 0, 0)
-            elif now is None and any(s.seq > segment.seq for s in listing.segments):
-                raise PositionTruncated(f"log {self.name!r}: segment {segment.seq} was truncated while read")
-            elif not self.follow and now is not None:
+            elif not self.follow:
                 return
             else:
                 listing = await self._wait_for_change(listing)
