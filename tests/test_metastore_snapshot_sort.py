@@ -1,26 +1,43 @@
-"""metastore/wire/snapshot_stream.py `sorted_items`: runs sorted apart and merged give the one order
-the snapshot format needs (a path after every path that sorts before it, parents first)."""
+"""The tree keeps its paths sorted (DataTree's SortedList beside the dict) and a snapshot walks
+them instead of sorting: whatever order znodes were created and deleted in, the bytes are those
+of the same tree restored, and every parent precedes its children."""
 
 from __future__ import annotations
 
 import random
 
 from metastore.core import paths
-from metastore.wire.snapshot_stream import SORT_RUN, sorted_items
+from metastore.core.acl import OPEN_ACL_UNSAFE
+from metastore.core.tree import DataTree
+from metastore.core.tree_fork import fork
+from metastore.core.txn import Create, Delete, Transaction, apply
+from metastore.wire.snapshot_codec import FrozenTree, decode_snapshot, encode_tree
 
 
-def test_runs_merged_are_the_sorted_pairs_without_the_config_node():
+def test_creates_and_deletes_in_any_order_encode_as_the_restored_tree():
     rng = random.Random(5)
-    nodes = {f"/{rng.randrange(50)}/{i}": i for i in range(3 * SORT_RUN + 17)}
-    nodes.update({"/": -1, paths.CONFIG: -2, "/zookeeper": -3, "/zookeeper/quota": -4})
-    got = sorted_items(nodes)  # type: ignore[arg-type]
-    assert got == sorted((p, n) for p, n in nodes.items() if p != paths.CONFIG)
-    assert len(got) > 3 * SORT_RUN
-
-
-def test_a_small_tree_is_sorted_in_one_call():
-    assert sorted_items({"/b": 2, "/": 0, "/a": 1}) == [("/", 0), ("/a", 1), ("/b", 2)]  # type: ignore[arg-type]
-
-
-def test_a_tree_without_the_config_node_keeps_every_pair():
-    assert sorted_items({"/zookeeper/quota": 1, "/zookeeper": 0}) == [("/zookeeper", 0), ("/zookeeper/quota", 1)]  # type: ignore[arg-type]
+    tree = DataTree()
+    zxid = 0x1_0000_0000
+    parents = [f"/p{i}" for i in rng.sample(range(40), 40)]
+    for p in parents:
+        zxid += 1
+        apply(tree, zxid, Transaction(zxid, Create(p, b"", OPEN_ACL_UNSAFE, 0, tree.parent_cversion("/") + 1)))
+    live = []
+    for _ in range(3000):
+        zxid += 1
+        if live and rng.random() < 0.3:
+            path = live.pop(rng.randrange(len(live)))
+            body = Delete(path)
+        else:
+            parent = rng.choice(parents)
+            path = f"{parent}/{rng.randrange(10**6):06d}"
+            if path in live:
+                continue
+            live.append(path)
+            body = Create(path, b"x", OPEN_ACL_UNSAFE, 0, tree.parent_cversion(parent) + 1)
+        apply(tree, zxid, Transaction(zxid, body))
+    frozen = FrozenTree.of(tree)
+    assert frozen.order == sorted(tree._nodes) and paths.CONFIG in frozen.order
+    restored = decode_snapshot(frozen.to_bytes())
+    assert list(restored._order) == sorted(restored._nodes) == frozen.order
+    assert encode_tree(restored) == frozen.to_bytes() == encode_tree(fork(tree))

@@ -36,7 +36,7 @@ def sample(order=1) -> DataTree:
 def version_1(tree: DataTree) -> bytes:
     """Version 1's layout, as the encoder wrote it before version 2 (docs/metastore_tree.md): ACL
     table in order of first use; each znode: path, data, then the fixed fields."""
-    last_zxid, nodes, sessions, digest, _ = tree.contents()
+    last_zxid, nodes, sessions, digest, _, _ = tree.contents()
     ordered = sorted(p for p in nodes if p != paths.CONFIG)
     table: list[tuple] = []
     records = []

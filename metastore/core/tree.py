@@ -14,10 +14,9 @@ holding its view of the future; a transaction's absolute values (parent
 cversion, resulting version) that do not match raise TxnConflict. savepoint()
 and rollback() undo a half-applied multi in O(its changes).
 
-digest() is O(1): a sum of per-znode and per-session hashes (metastore/core/tree_digest.py)
-kept up to date.
-freeze() is a copy-on-write view (an O(n) copy of references, then each znode
-is copied the first time it changes); its bytes are metastore/wire/snapshot_codec.py's.
+digest() is O(1): a sum of per-znode and per-session hashes kept up to date (tree_digest.py).
+freeze() is a copy-on-write view (an O(n) copy of references, then each znode is copied the first
+time it changes), its paths in order from a sorted index; snapshot_codec.py has its bytes.
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 
+from sortedcontainers import SortedList
 from metastore.core import paths
 from metastore.core.acl import ACL, OPEN_ACL_UNSAFE, READ_ACL_UNSAFE, encode_acl
 from metastore.errors import (BadArguments, BadVersion, NoChildrenForEphemerals, NoNode, NodeExists,
@@ -98,8 +98,8 @@ _CONFIG_IS_LOCAL = "/zookeeper/config is the node's configuration, not replicate
 # A snapshot's znode: path, data, acl, czxid, mzxid, pzxid, ctime, mtime, version,
 # internal cversion, aversion, ephemeral owner.
 NodeRecord = tuple[str, bytes, tuple[ACL, ...], int, int, int, int, int, int, int, int, int]
-# What a snapshot encodes: last_zxid, nodes by path, sessions, digest, ACL table (DataTree.contents).
-TreeView = tuple[int, "dict[str, Node]", dict[int, int], int, list[tuple[bytes, tuple[ACL, ...]]]]
+# What a snapshot encodes: last_zxid, nodes by path, sessions, digest, ACL table, paths in order (contents()).
+TreeView = tuple[int, "dict[str, Node]", dict[int, int], int, list[tuple[bytes, tuple[ACL, ...]]], "Sequence[str]"]
 
 
 class Node:
@@ -142,6 +142,7 @@ class DataTree:
     def __init__(self) -> None:
         self.last_zxid = 0
         self._nodes: dict[str, Node] = {}
+        self._order = SortedList()  # every path: a snapshot walks it instead of sorting (seconds per million)
         self._sessions: dict[int, int] = {}
         self._ephemerals: dict[int, set[str]] = {}
         self._containers: set[str] = set()
@@ -256,12 +257,9 @@ class DataTree:
         return sorted(self._ttls)
 
     def container_candidates(self, now_ms: int, max_never_used_ms: int = 0) -> list[str]:
-        """Containers and TTL nodes due for deletion (ContainerManager.getCandidates), sorted.
-
-        An empty container is due once it ever had a child (or, with
-        max_never_used_ms > 0, once unmodified for longer); an empty TTL node once
-        unmodified for longer than its TTL.
-        """
+        """Containers and TTL nodes due for deletion (ContainerManager.getCandidates), sorted: an
+        empty container once it ever had a child (or, with max_never_used_ms > 0, once unmodified for
+        longer); an empty TTL node once unmodified for longer than its TTL."""
         due = []
         for path in self._containers:
             node = self._nodes[path]
@@ -321,6 +319,7 @@ class DataTree:
     def _insert(self, path: str, node: Node) -> None:
         node.acl = self._intern(node.acl)
         self._nodes[path] = node
+        self._order.add(path)
         kind = ephemeral_type(node.owner)
         if kind is EphemeralType.CONTAINER:
             self._containers.add(path)
@@ -332,6 +331,7 @@ class DataTree:
 
     def _remove(self, path: str) -> Node:
         node = self._nodes.pop(path)
+        self._order.remove(path)
         if node.hash is None:
             self._materialize(path, node)
         self._digest = (self._digest - node.hash) & _U64
@@ -510,13 +510,13 @@ class DataTree:
         which each znode is copied the first time it changes, so the view stays as it was
         (metastore/wire/snapshot_codec.py encodes it, later and on another thread)."""
         self._epoch += 1
-        last_zxid, nodes, sessions, digest, acls = self.contents()
-        return last_zxid, dict(nodes), dict(sessions), digest, acls
+        last_zxid, nodes, sessions, digest, acls, order = self.contents()
+        return last_zxid, dict(nodes), dict(sessions), digest, acls, list(order)
 
     def contents(self) -> TreeView:
-        """(last_zxid, nodes, sessions, digest, ACL table) as they are, not copied: to encode at
-        once. The table has every ACL list a znode other than /zookeeper/config (no snapshot's)
+        """(last_zxid, nodes, sessions, digest, ACL table, paths in order) as they are, not copied: to
+        encode at once. The table has every ACL list a znode other than /zookeeper/config (no snapshot's)
         holds, as (its encoding, the interned list those znodes refer to), sorted by the encoding."""
         config_acl = self._nodes[paths.CONFIG].acl
         return self.last_zxid, self._nodes, self._sessions, self._digest, sorted(
-            (entry[1], entry[0]) for entry in self._acls.values() if entry[2] > (entry[0] is config_acl))
+            (entry[1], entry[0]) for entry in self._acls.values() if entry[2] > (entry[0] is config_acl)), self._order

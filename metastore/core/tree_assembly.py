@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sortedcontainers import SortedList
+
 from metastore.core import paths
 from metastore.core.acl import ACL, encode_acl
 from metastore.core.paths import _INVALID_CHAR
@@ -42,7 +44,7 @@ class TreeAssembler:
             if not is_session_id(session_id):
                 raise ValueError(f"{session_id:#x} is not a session id")
         tree = self._tree = DataTree()
-        tree._nodes, tree._acls, tree._digest = {}, {}, 0
+        tree._nodes, tree._acls, tree._digest, tree._order = {}, {}, 0, SortedList()
         tree.last_zxid, tree._sessions = last_zxid, dict(sessions)
         self._previous = ""
         # The previous record's parent, by its path as the record's own prefix ("" for the root).
@@ -140,6 +142,7 @@ class TreeAssembler:
         nodes = tree._nodes
         if not {paths.ROOT, paths.ZOOKEEPER, paths.QUOTA} <= nodes.keys():
             raise ValueError("a system znode is missing")
+        tree._order = SortedList(nodes)  # in order already: one pass to check it
         for key, entry in tree._acls.items():
             if not entry[2]:  # an encoder writes only what some znode holds: one table per tree
                 raise ValueError(f"the ACL table's {list(key)} is used by no znode")

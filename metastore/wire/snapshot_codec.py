@@ -9,7 +9,7 @@ decoder work in pieces (metastore/wire/snapshot_stream.py); this module has thei
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from metastore.core.acl import ACL
@@ -25,10 +25,10 @@ WHOLE_CHUNK_BYTES = 1 << 20  # the pieces joined into a whole snapshot
 
 
 def encode_snapshot(last_zxid: int, nodes: dict[str, Node], sessions: dict[int, int], digest: int,
-                    acls: list[tuple[bytes, tuple[ACL, ...]]]) -> bytes:
+                    acls: list[tuple[bytes, tuple[ACL, ...]]], order: Sequence[str]) -> bytes:
     """Deterministic snapshot bytes: the same tree gives the same bytes on every node (the
     arguments are DataTree.contents()'s)."""
-    return b"".join(encode_chunks(last_zxid, nodes, sessions, digest, acls, WHOLE_CHUNK_BYTES))
+    return b"".join(encode_chunks(last_zxid, nodes, sessions, digest, acls, order, WHOLE_CHUNK_BYTES))
 
 
 def decode_snapshot(data: bytes | bytearray | memoryview) -> DataTree:
@@ -51,6 +51,7 @@ class FrozenTree:
     sessions: dict[int, int]
     digest: int
     acls: list[tuple[bytes, tuple[ACL, ...]]]  # the ACL table (DataTree.contents)
+    order: list[str]  # every path, sorted
 
     @classmethod
     def of(cls, tree: DataTree) -> FrozenTree:
@@ -58,9 +59,9 @@ class FrozenTree:
 
     def to_bytes(self) -> bytes:
         """The whole snapshot at once: for small trees and tests; a SNAP and a snapshot file use chunks()."""
-        return encode_snapshot(self.zxid, self.nodes, self.sessions, self.digest, self.acls)
+        return encode_snapshot(self.zxid, self.nodes, self.sessions, self.digest, self.acls, self.order)
 
     def chunks(self, chunk_bytes: int) -> Iterator[bytes]:
         """The snapshot in pieces of at most `chunk_bytes`, encoded as they are taken (their
         concatenation is to_bytes()); the view never changes, so the tree goes on meanwhile."""
-        return encode_chunks(self.zxid, self.nodes, self.sessions, self.digest, self.acls, chunk_bytes)
+        return encode_chunks(self.zxid, self.nodes, self.sessions, self.digest, self.acls, self.order, chunk_bytes)

@@ -8,18 +8,15 @@ encoding"): version 1 with each znode's lengths and fixed fields in one header b
 and data, one pack per znode instead of three. The decoder reads both, so a node's version 1
 snapshot files and a SNAP from a leader that writes version 1 still load.
 
-What each side holds beyond the tree itself: the encoder, the sorted list of (path, znode)
-pairs and an index of the ACL table, plus one chunk and one znode record; the decoder, the bytes
-of at most one chunk plus the one record that straddles it. Pure: no I/O.
+What each side holds beyond the tree itself: the encoder, an index of the ACL table, plus one
+chunk and one znode record (the view's sorted paths come with it); the decoder, the bytes of at
+most one chunk plus the one record that straddles it. Pure: no I/O.
 """
 
 from __future__ import annotations
 
 import struct
-from bisect import bisect_left
-from collections.abc import Iterable, Iterator
-from itertools import islice
-from operator import itemgetter
+from collections.abc import Iterable, Iterator, Sequence
 
 from metastore.core import paths
 from metastore.core.acl import ACL
@@ -31,7 +28,6 @@ from metastore.wire.txn_codec import _SESSION, _U32, Reader
 SNAPSHOT_MAGIC = b"QZNT"
 SNAPSHOT_VERSION = 2  # what the encoder writes; the decoder also reads version 1
 _SNAP_HEAD = struct.Struct(">4sBQQ")         # magic, version, last_zxid, digest
-SORT_RUN = 1 << 15  # items sorted by one call: milliseconds with the GIL held
 # Version 2's znode record: path length, data length, acl index, czxid, mzxid, pzxid, ctime,
 # mtime, version, cversion (internal), aversion, owner; then the path and the data.
 _RECORD = struct.Struct(">IIIQQQqqiiiQ")
@@ -42,11 +38,13 @@ _NODE_V1 = struct.Struct(">IQQQqqiiiQ")
 # -- encoding ----------------------------------------------------------------------------
 
 def encode_chunks(last_zxid: int, nodes: dict[str, Node], sessions: dict[int, int], digest: int,
-                  acls: list[tuple[bytes, tuple[ACL, ...]]], chunk_bytes: int) -> Iterator[bytes]:
+                  acls: list[tuple[bytes, tuple[ACL, ...]]], order: Sequence[str], chunk_bytes: int) -> Iterator[bytes]:
     """The snapshot in chunks of at most `chunk_bytes`, each encoded when it is taken; their
     concatenation is encode_snapshot's. `acls` is the tree's ACL table (DataTree.contents), whose
     lists are the very objects its znodes hold: each znode's index is found by the object, since
-    hashing a tuple of ACLs per znode was a third of the encoding.
+    hashing a tuple of ACLs per znode was a third of the encoding. `order` is every path, sorted
+    (the tree keeps them so: sorting a million paths of a tree built by clients, whose strings lie
+    scattered in memory, took the leader 3 s of its event loop at a SNAP's first chunk).
 
     Chunks are cut at record boundaries when the next record does not fit (so most are nearly,
     not exactly, full), and a record larger than a chunk is cut across several: every byte is
@@ -55,12 +53,11 @@ def encode_chunks(last_zxid: int, nodes: dict[str, Node], sessions: dict[int, in
     event loop, or in pieces on the leader's loop for a SNAP)."""
     if chunk_bytes <= 0:
         raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
-    items = sorted_items(nodes)
     acl_index = {id(acl): index for index, (_, acl) in enumerate(acls)}
     head = [_SNAP_HEAD.pack(SNAPSHOT_MAGIC, SNAPSHOT_VERSION, last_zxid, digest), _U32.pack(len(acls)),
             *(encoded for encoded, _ in acls), _U32.pack(len(sessions))]
     head += [_SESSION.pack(s, sessions[s]) for s in sorted(sessions)]
-    head.append(_U32.pack(len(items)))
+    head.append(_U32.pack(len(order) - (paths.CONFIG in nodes)))  # /zookeeper/config is no snapshot's
 
     parts: list[bytes] = []
     size = 0
@@ -74,8 +71,11 @@ def encode_chunks(last_zxid: int, nodes: dict[str, Node], sessions: dict[int, in
         parts.append(piece)
         size += len(piece)
 
-    pack, overhead = _RECORD.pack, _RECORD.size
-    for path, node in items:
+    pack, overhead, config = _RECORD.pack, _RECORD.size, paths.CONFIG
+    for path in order:
+        if path == config:
+            continue
+        node = nodes[path]
         name, data = path.encode(), node.data
         n = len(name) + len(data) + overhead
         if size + n > chunk_bytes and parts:
@@ -96,27 +96,6 @@ def encode_chunks(last_zxid: int, nodes: dict[str, Node], sessions: dict[int, in
 def _cut(piece: bytes, chunk_bytes: int) -> Iterator[bytes]:
     for at in range(0, len(piece), chunk_bytes):
         yield piece[at:at + chunk_bytes]
-
-
-def sorted_items(nodes: dict[str, Node]) -> list[tuple[str, Node]]:
-    """The snapshot's (path, znode) pairs in path order, without /zookeeper/config: taken and
-    sorted in runs of SORT_RUN, then merged by one sort of the whole, which finds the runs and
-    only merges them. One sort of a million paths in the order clients created them is a single
-    call that holds the GIL for about a second, and the snapshot is encoded beside the event
-    loop, whose followers then give up on it after sync_limit_ticks (bench/large_tree.py saw
-    the leader go quiet that long). A restored tree's paths come in order already, and each
-    sort then only checks them. Pairs rather than paths: looking each znode up by its path
-    again cost a third of a second per million."""
-    first = itemgetter(0)
-    items: list[tuple[str, Node]] = []
-    pairs = iter(nodes.items())
-    while run := sorted(islice(pairs, SORT_RUN), key=first):
-        items += run
-    items.sort(key=first)  # n log(runs) comparisons at most: a fraction of a sort of disordered paths
-    at = bisect_left(items, paths.CONFIG, key=first)
-    if at < len(items) and items[at][0] == paths.CONFIG:
-        del items[at]
-    return items
 
 
 # -- decoding ----------------------------------------------------------------------------
