@@ -293,6 +293,7 @@ def assert_same_view(model: Model, tree: DataTree) -> None:
         assert tree.ephemerals(session_id) == model.ephemerals(session_id)
     assert tree.all_children_number("/") == len(model.nodes) - 1
     assert tree.digest() == tree.recompute_digest()
+    assert list(tree._order) == sorted(tree._nodes)  # the sorted index a snapshot walks
 
 
 def run(ops: list, snapshot_at: int):
