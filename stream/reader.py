@@ -120,19 +120,12 @@ class LogReader:
                                     "open the reader at the head") from None
         first = max(at, truncated)
         entry = first.entry if first.segment == segment.seq else 0
-        if segment.completed:
-            last = segment.last_entry
+        if segment.completed or not self.follow:
+            # Up to its end, or to the LAC read when opened (-1 for a ledger no entry reached yet:
+            # its bookies do not know it).
+            last = segment.last_entry if segment.completed else handle.lac
             while entry <= last:
                 window = await handle.read(entry, min(last, entry + READ_AHEAD_ENTRIES - 1))
-                for e in window:
-                    for record in self._unpack(segment.seq, e.entry_id, e.payload, first):
-                        yield record
-                entry += len(window)
-            return
-        if not self.follow:
-            lac = handle.lac  # read when opened (-1 for a ledger no entry reached: its bookies do not know it yet)
-            while entry <= lac:
-                window = await handle.read(entry, min(lac, entry + READ_AHEAD_ENTRIES - 1))
                 for e in window:
                     for record in self._unpack(segment.seq, e.entry_id, e.payload, first):
                         yield record

@@ -94,8 +94,8 @@ class LogWriter:
     async def __aenter__(self) -> LogWriter:
         await self._stack.__aenter__()
         try:
-            settings = (await self.ns.read(self.name)).log.settings
-            self._max_entry = settings.max_entry_bytes
+            self._settings = (await self.ns.read(self.name)).log.settings  # fixed when the log was created
+            self._max_entry = self._settings.max_entry_bytes
             lock = Lock(self.ns.meta, self.paths.owner, self.identity, prefix="writer-")
             if not self.wait and await lock.contenders():
                 raise OwnershipTaken(f"log {self.name!r} has a writer already; close it first, or open with wait=True")
@@ -154,7 +154,7 @@ class LogWriter:
                     records=tail.records_before + tail.count, size=tail.bytes_before + tail.payload_bytes)
 
     async def _new_ledger(self, seq: int) -> WriteHandle:
-        s = self._list.log.settings if self._list is not None else (await self.ns.read(self.name)).log.settings
+        s = self._settings
         return await self.ns.ledgers.create(s.ensemble, s.write_quorum, s.ack_quorum, password=ledger_password(self.name),
                                             custom={"stream": self.name.encode(), "segment": str(seq).encode()})
 
@@ -235,8 +235,8 @@ class LogWriter:
         self._seg_bytes += builder.payload_bytes
         self._last_txid = builder.last_txid
         self._in_flight.append(batch)
-        settings = self._list.log.settings  # type: ignore[union-attr]
-        if self._seg_bytes >= settings.roll_bytes or now_ms() - self._segment.created_ms >= settings.roll_ms:
+        if (self._seg_bytes >= self._settings.roll_bytes
+                or now_ms() - self._segment.created_ms >= self._settings.roll_ms):
             self._rolling = True
         self._wake.set()
 

@@ -35,6 +35,14 @@ def copy_config(folder: Path, text_edit: str = "") -> Path:
     return path
 
 
+def with_quick_bookie_gc(path: Path) -> Path:
+    """Garbage collection often and small entry logs in the config at `path`, so that a deleted
+    ledger's space comes back within a test."""
+    path.write_text(path.read_text().replace(
+        "[cluster]\n", "[cluster]\nbookie_gc_interval_ms = 300\nbookie_entry_log_bytes = 65536\n", 1))
+    return path
+
+
 def run(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, *args], cwd=cwd, env=ENV, capture_output=True, text=True,
                           timeout=timeout)

@@ -26,7 +26,7 @@ from clusterd import localcluster
 from ledger.client import LedgerClient
 from ledger.metadata import LedgerState
 from metastore.client import MetaClient
-from cluster_fixtures import four_node_config
+from cluster_fixtures import four_node_config, with_quick_bookie_gc
 from cluster_fixtures import ENV, REPO, Cluster
 
 pytestmark = pytest.mark.multiprocess
@@ -35,11 +35,7 @@ PASSWORD = b"pw"
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> Iterator[Cluster]:
-    path = four_node_config(tmp_path_factory.mktemp("ledgers"))
-    # Garbage collection often and small entry logs, so that a deleted ledger's space comes back quickly.
-    path.write_text(path.read_text().replace(
-        "[cluster]\n", "[cluster]\nbookie_gc_interval_ms = 300\nbookie_entry_log_bytes = 65536\n", 1))
-    c = Cluster(path)
+    c = Cluster(with_quick_bookie_gc(four_node_config(tmp_path_factory.mktemp("ledgers"))))
     up = c.ctl("up", timeout=120)
     assert up.returncode == 0, up.stdout + up.stderr
     yield c

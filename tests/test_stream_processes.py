@@ -10,12 +10,15 @@ import random
 import signal
 import threading
 from collections.abc import Iterator
+from contextlib import asynccontextmanager
 
 import pytest
 import trio
 
 from bookie.client import BookiePool
-from cluster_fixtures import Cluster, copy_config, wait_for
+from bookie.errors import NoSuchLedger
+from clusterd import localcluster
+from cluster_fixtures import Cluster, copy_config, start_cluster, wait_for, with_quick_bookie_gc
 from stream_fixtures import READER, WRITER, acks_of, records_of, spawn
 from ledger.client import LedgerClient
 from metastore.client import MetaClient
@@ -29,22 +32,14 @@ pytestmark = pytest.mark.multiprocess
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> Iterator[Cluster]:
-    path = copy_config(tmp_path_factory.mktemp("streams"))
-    # Garbage collection often and small entry logs, so that a truncated log's space comes back quickly.
-    path.write_text(path.read_text().replace(
-        "[cluster]\n", "[cluster]\nbookie_gc_interval_ms = 300\nbookie_entry_log_bytes = 65536\n", 1))
-    c = Cluster(path)
-    up = c.ctl("up", timeout=120)
-    assert up.returncode == 0, up.stdout + up.stderr
+    c = start_cluster(Cluster(with_quick_bookie_gc(copy_config(tmp_path_factory.mktemp("streams")))), timeout=120)
     yield c
-    c.ctl("down", "--timeout", "5")
+    c.down()  # SIGCONTs any node first
 
 
 def run(cluster: Cluster, scenario, timeout_s: float = 90) -> object:
     """`await scenario(open_namespace)`; `open_namespace()` is an async context manager giving a
     Namespace on a metastore session and bookie pool of its own."""
-    from contextlib import asynccontextmanager
-
     @asynccontextmanager
     async def open_namespace():
         async with MetaClient(cluster.config.client_addresses(), session_timeout_ms=4000) as meta, \
@@ -346,7 +341,6 @@ def test_truncation_deletes_whole_segments_and_the_bookies_reclaim_their_space(c
                 s.records for s in after.segments):]
             pool = ns.ledgers.pool
             pool.update(cluster.config.bookie_addresses())
-            from bookie.errors import NoSuchLedger
             with trio.fail_after(30):
                 for bookie in (1, 2, 3):
                     for ledger_id in gone:
@@ -356,7 +350,6 @@ def test_truncation_deletes_whole_segments_and_the_bookies_reclaim_their_space(c
                             except NoSuchLedger:
                                 break
                             await trio.sleep(0.1)
-            from clusterd import localcluster
             with trio.move_on_after(30):
                 while True:
                     statuses = await localcluster.fetch_statuses(cluster.config)
