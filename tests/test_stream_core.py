@@ -209,3 +209,13 @@ def test_a_txid_is_found_by_the_segments_ranges():
     assert lst.segment_for_txid(0).seq == 1 and lst.segment_for_txid(19).seq == 1 and lst.segment_for_txid(20).seq == 2
     assert lst.segment_for_txid(25).seq == 2 and lst.segment_for_txid(30).seq == 3
     assert listing(segment(1)).segment_for_txid(99) is None
+
+
+@given(st.dictionaries(st.sampled_from(sorted(json.loads(LogMetadata(1, LogSettings()).encode()))),
+                       st.one_of(st.integers(-2, 1 << 64), st.text(max_size=12), st.none(), st.booleans()), max_size=13))
+def test_any_log_metadata_json_is_refused_or_consistent(fields):
+    try:
+        log = LogMetadata.decode(json.dumps(fields).encode())
+    except CorruptMetadata:
+        return
+    assert LogMetadata.decode(log.encode()) == log
