@@ -72,6 +72,7 @@ class SimClient:
     digester: Digester
     key: bytes
     alive: bool = True
+    ticking: bool = True      # a tick is scheduled (they stop while it is paused or crashed)
     acked: list[int] = field(default_factory=list)
     acked_at: list[int] = field(default_factory=list)      # the time of each acknowledgement
     done_at: int | None = None
@@ -222,6 +223,19 @@ class LedgerWorld:
         self._note(f"crash client {name}")
         self.clients[name].alive = False
 
+    def pause_client(self, name: str) -> None:
+        """As SIGSTOP: the client handles nothing until resumed, and answers meanwhile are lost."""
+        self._note(f"pause client {name}")
+        self.clients[name].alive = False
+
+    def resume_client(self, name: str) -> None:
+        self._note(f"resume client {name}")
+        client = self.clients[name]
+        client.alive = True
+        if not client.ticking:  # its ticks stopped while it was paused
+            client.ticking = True
+            self._at(self.now + self.tick_ms, "tick", name)
+
     # -- scheduling -----------------------------------------------------------------------------------
     @property
     def now(self) -> int:
@@ -249,6 +263,8 @@ class LedgerWorld:
             if client.alive and not client.done:
                 self._step(client, A.Tick())
                 self._at(self.now + self.tick_ms, "tick", client.name)
+            else:
+                client.ticking = False
         elif kind == "arrive":
             self._arrive(event[1])
         elif kind == "fsync":

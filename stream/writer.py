@@ -2,18 +2,11 @@
 
 Ownership is tracked, not elected (seed 004): a writer queues an ephemeral sequential znode under
 the log's `owner/` (metastore/client/recipes.py's Lock) and writes once it is first. What makes
-a single writer safe is fencing, not the lock: a new owner
-
-1. reads the segment list and recovers the in-progress segment, if any (ledger recovery: its
-   bookies are fenced, so the last owner can append to it no more, and it is closed at its true
-   last entry), reading its first and last record sets for the segment's totals;
-2. creates its own segment's ledger, and
-3. in one multi at the version it read: bumps the log's epoch, completes the recovered segment
-   and starts its own. If the list changed meanwhile (the last owner rolled), it starts over.
-
-A deposed owner finds out at its next append (LedgerFenced from the bookies) or at its next roll
-(the CAS fails): every write from then on fails with LogFenced, and none of them is visible,
-since readers stop at the end its successor recovered.
+a single writer safe is fencing, not the lock: the takeover, roll and completion protocol is
+stream/ownership.py's (pure, also run by the simulator); this module executes its actions on the
+metastore and the ledger client. A deposed owner finds out at its next append (LedgerFenced from
+the bookies) or at its next roll (the CAS fails): every write from then on fails with LogFenced,
+and none of them is visible, since readers stop at the end its successor recovered.
 
 Records are packed into record sets (stream/record_set.py): one is sealed and appended at once
 when fewer than `max_in_flight` entries are in flight, else it fills until one is acknowledged
@@ -28,18 +21,19 @@ import logging
 from collections import deque
 from collections.abc import Iterable
 from contextlib import AsyncExitStack
+from typing import Any
 
 import trio
 
 from ledger.errors import CloseConflict, LedgerClosed, LedgerError, LedgerFenced, LedgerInRecovery
 from ledger.handles import WriteHandle
 from metastore.client.recipes import Lock
+from stream import ownership
 from stream.errors import LogFenced, OwnershipTaken, StreamError
-from stream.namespace import READ_RETRIES, ListChanged, Namespace, ledger_password, now_ms
+from stream.namespace import ListChanged, Namespace, ledger_password, now_ms
 from stream.position import Position
 from stream.record_set import RecordSetBuilder, decode
 from stream.segment import Segment
-from stream.segment_list import SegmentList
 
 log = logging.getLogger("quire.stream.writer")
 
@@ -74,16 +68,15 @@ class LogWriter:
         self.paths = namespace.paths(name)
         self.max_in_flight = max_in_flight
         self._stack = AsyncExitStack()
-        self._list: SegmentList | None = None
-        self._handle: WriteHandle | None = None
-        self._segment: Segment | None = None
+        self._owned: ownership.Owned | None = None       # the list as we left it, and our segment
+        self._handle: WriteHandle | None = None          # our segment's ledger
+        self._handles: dict[int, WriteHandle] = {}       # created by the protocol, not ours yet
         self._in_flight: deque[_Batch] = deque()
         self._unsealed: deque[_Batch] = deque()  # record sets being filled, full ones first
         self._wake = trio.Event()
         self._fenced: BaseException | None = None
         self._closed = False
-        self._seg_records = self._seg_bytes = 0  # sealed into the current segment so far
-        self._seg_first_txid = -1
+        self._tally = ownership.SegmentTally()  # sealed into the current segment so far
         self._last_txid = -1
         self._rolling = False
         self._segment_lock = trio.Lock()
@@ -119,44 +112,63 @@ class LogWriter:
             await self._stack.__aexit__(*exc)
 
     async def _take_over(self) -> None:
-        for _ in range(READ_RETRIES):
-            listing = await self.ns.read(self.name)
-            after = listing.take_over()
-            current = listing.in_progress
-            if current is not None:
-                after = after.completed(current.seq, **await self._recover(current), now_ms=now_ms())
-            handle = await self._new_ledger(after.log.next_segment)
-            after, segment = after.started(handle.ledger_id, now_ms())
-            try:
-                self._list = await self.ns.apply(self.name, listing, after)
-            except ListChanged:
-                await self.ns.delete_ledger(handle.ledger_id)
-                continue
-            self._handle, self._segment = handle, segment
-            self._last_txid = self._list.last_txid
-            self._unsealed.append(_Batch(RecordSetBuilder(self._max_entry, self._last_txid)))
-            log.info("event=log_owned log=%s epoch=%d segment=%d ledger=%d", self.name, after.log.epoch,
-                     segment.seq, handle.ledger_id)
-            return
-        raise StreamError(f"log {self.name!r} kept changing while this writer took it over; try again")
+        self._owned = await self._drive(ownership.take_over(self.name))
+        self._handle = self._handles.pop(self._owned.segment.ledger_id)
+        self._last_txid = self._owned.listing.last_txid
+        self._unsealed.append(_Batch(RecordSetBuilder(self._max_entry, self._last_txid)))
+        log.info("event=log_owned log=%s epoch=%d segment=%d ledger=%d", self.name, self._owned.listing.log.epoch,
+                 self._owned.segment.seq, self._handle.ledger_id)
 
-    async def _recover(self, segment: Segment) -> dict[str, int]:
-        """Fence and close the last owner's segment; its totals, from its first and last record sets."""
+    async def _drive(self, protocol: ownership.Protocol) -> Any:
+        """Run a step of the ownership protocol (stream/ownership.py) against the metastore and
+        the ledger client; what it returns."""
+        result: Any = None
+        while True:
+            try:
+                action = protocol.send(result)
+            except StopIteration as done:
+                return done.value
+            result = await self._execute(action)
+
+    async def _execute(self, action: ownership.Action) -> Any:
+        if isinstance(action, ownership.ReadList):
+            return await self.ns.read(self.name)
+        if isinstance(action, ownership.ApplyChange):
+            try:
+                return await self.ns.apply(self.name, action.before, action.after)
+            except ListChanged:
+                return None
+        if isinstance(action, ownership.Now):
+            return now_ms()
+        if isinstance(action, ownership.CreateLedger):
+            s = self._settings
+            handle = await self.ns.ledgers.create(
+                s.ensemble, s.write_quorum, s.ack_quorum, password=ledger_password(self.name),
+                custom={"stream": self.name.encode(), "segment": str(action.seq).encode()})
+            self._handles[handle.ledger_id] = handle
+            return handle.ledger_id
+        if isinstance(action, ownership.CloseLedger):
+            assert self._handle is not None and self._handle.ledger_id == action.ledger_id
+            await self._handle.close()
+            return self._handle.lac
+        if isinstance(action, ownership.DeleteLedger):
+            self._handles.pop(action.ledger_id, None)
+            await self.ns.delete_ledger(action.ledger_id)
+            return None
+        assert isinstance(action, ownership.RecoverSegment), action
+        return await self._recover(action.segment)
+
+    async def _recover(self, segment: Segment) -> ownership.RecoveredTail:
+        """Fence and close the last owner's segment; its first and last record sets."""
         handle = await self.ns.ledgers.open(segment.ledger_id, ledger_password(self.name), recover=True)
         last = handle.last_entry
         if last is None or last < 0:
-            return dict(first_txid=-1, last_txid=-1, last_entry=-1, last_slot=-1, records=0, size=0)
+            return ownership.RecoveredTail(-1, None, None)
         tail = decode((await handle.read(last, last))[0].payload)
         head = tail if last == 0 else decode((await handle.read(0, 0))[0].payload)
         log.info("event=segment_recovered log=%s segment=%d ledger=%d last_entry=%d", self.name, segment.seq,
                  segment.ledger_id, last)
-        return dict(first_txid=head.txids[0], last_txid=tail.txids[-1], last_entry=last, last_slot=tail.count - 1,
-                    records=tail.records_before + tail.count, size=tail.bytes_before + tail.payload_bytes)
-
-    async def _new_ledger(self, seq: int) -> WriteHandle:
-        s = self._settings
-        return await self.ns.ledgers.create(s.ensemble, s.write_quorum, s.ack_quorum, password=ledger_password(self.name),
-                                            custom={"stream": self.name.encode(), "segment": str(seq).encode()})
+        return ownership.RecoveredTail(last, head, tail)
 
     # -- writing -----------------------------------------------------------------------------
     @property
@@ -218,25 +230,22 @@ class LogWriter:
 
     def _seal(self, batch: _Batch) -> None:
         builder = batch.builder
-        assert self._handle is not None and self._segment is not None
+        assert self._handle is not None and self._owned is not None
+        tally, segment = self._tally, self._owned.segment
         if not self._unsealed:
             self._unsealed.append(_Batch(RecordSetBuilder(self._max_entry, builder.last_txid)))
-        data = builder.encode(self._seg_records, self._seg_bytes)
+        data = builder.encode(tally.records, tally.bytes)
         try:
             batch.pending = self._handle.start_append(data)
         except LedgerError as e:  # the handle knows already that it is fenced or closed
             self._unsealed.appendleft(batch)
             self._fail(e)
             return
-        if not self._seg_records:
-            self._seg_first_txid = builder.first_txid
-        batch.seq, batch.entry_id = self._segment.seq, batch.pending.entry_id
-        self._seg_records += builder.count
-        self._seg_bytes += builder.payload_bytes
+        batch.seq, batch.entry_id = segment.seq, batch.pending.entry_id
+        tally.sealed(builder.first_txid, builder.last_txid, builder.count, builder.payload_bytes)
         self._last_txid = builder.last_txid
         self._in_flight.append(batch)
-        if (self._seg_bytes >= self._settings.roll_bytes
-                or now_ms() - self._segment.created_ms >= self._settings.roll_ms):
+        if tally.bytes >= self._settings.roll_bytes or now_ms() - segment.created_ms >= self._settings.roll_ms:
             self._rolling = True
         self._wake.set()
 
@@ -281,35 +290,15 @@ class LogWriter:
     async def _roll(self) -> None:
         """Complete the current segment (its ledger closed at its last entry) and start the next."""
         try:
-            self._list = await self._complete()
-            handle = await self._new_ledger(self._list.log.next_segment)
-            after, segment = self._list.started(handle.ledger_id, now_ms())
-            try:
-                self._list = await self.ns.apply(self.name, self._list, after)
-            except ListChanged as e:
-                await self.ns.delete_ledger(handle.ledger_id)
-                raise LogFenced(f"log {self.name!r} changed under its writer: {e}") from None
+            self._owned = await self._drive(ownership.roll(self.name, self._owned, self._tally))
         except (LedgerError, StreamError) as e:
             self._fail(e)
             return
-        self._handle, self._segment, self._rolling = handle, segment, False
-        self._seg_records = self._seg_bytes = 0
-        self._seg_first_txid = -1
-        log.info("event=segment_rolled log=%s segment=%d ledger=%d", self.name, segment.seq, handle.ledger_id)
-
-    async def _complete(self) -> SegmentList:
-        assert self._handle is not None and self._segment is not None and self._list is not None
-        await self._handle.close()
-        last = self._handle.lac
-        done = self._list.completed(
-            self._segment.seq, first_txid=self._seg_first_txid if self._seg_records else -1,
-            last_txid=self._last_txid if self._seg_records else -1, last_entry=last if self._seg_records else -1,
-            last_slot=(self.acknowledged.slot if self._seg_records and self.acknowledged else -1),
-            records=self._seg_records, size=self._seg_bytes, now_ms=now_ms())
-        try:
-            return await self.ns.apply(self.name, self._list, done)
-        except ListChanged as e:
-            raise LogFenced(f"log {self.name!r} changed under its writer: {e}") from None
+        self._handle = self._handles.pop(self._owned.segment.ledger_id)
+        self._rolling = False
+        self._tally = ownership.SegmentTally()
+        log.info("event=segment_rolled log=%s segment=%d ledger=%d", self.name, self._owned.segment.seq,
+                 self._handle.ledger_id)
 
     async def close(self) -> None:
         """Flush, complete the last segment and give up ownership (a clean shutdown leaves no
@@ -320,8 +309,8 @@ class LogWriter:
         self._closed = True
         async with self._segment_lock:
             try:
-                self._list = await self._complete()
+                await self._drive(ownership.complete(self.name, self._owned, self._tally))
             except (LedgerError, StreamError) as e:
                 self._fail(e)
                 raise self._fenced from None  # type: ignore[misc]
-        log.info("event=log_closed log=%s segment=%d", self.name, self._segment.seq)  # type: ignore[union-attr]
+        log.info("event=log_closed log=%s segment=%d", self.name, self._owned.segment.seq)
