@@ -67,6 +67,14 @@ def frozen_objects() -> int:
     return _frozen_count
 
 
+def thaw() -> None:
+    """Unfreeze everything (gc.unfreeze) and forget the count: for a process that stops being a
+    node, such as a test run after a driver's."""
+    global _frozen_count
+    gc.unfreeze()
+    _frozen_count = None
+
+
 _suspended = False  # by us: the collector is back on at resume (a caller that had it off keeps it off)
 
 

@@ -49,5 +49,5 @@ def _collect_everything_again():
     """A driver run in this process freezes what is alive (edge/long_lived.py); thawed after each
     test, so that what the test left behind is collected like anything else."""
     yield
-    import gc
-    gc.unfreeze()
+    from edge import long_lived
+    long_lived.thaw()

@@ -18,9 +18,9 @@ class Cyclic:
 
 @pytest.fixture(autouse=True)
 def thawed():
-    gc.unfreeze()  # the test process keeps collecting everything
+    long_lived.thaw()  # the test process keeps collecting everything
     yield
-    gc.unfreeze()
+    long_lived.thaw()
 
 
 def test_what_is_alive_at_a_settle_is_frozen_and_new_garbage_is_still_collected():

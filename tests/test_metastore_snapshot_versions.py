@@ -1,6 +1,8 @@
 """The tree snapshot's format versions (metastore/wire/snapshot_stream.py): the encoder writes
-version 2, the decoder also reads version 1 (a node's old snapshot files, a SNAP from a leader that
-still writes it), and version 2's ACL table is one per tree: sorted by encoding, every entry used."""
+version 3, the decoder also reads versions 1 and 2 (a node's old snapshot files, a SNAP from a
+leader that still writes them); the ACL table of versions 2 and 3 is one per tree: sorted by
+encoding, every entry used; versions 1 and 2 list znodes sorted by path, version 3 in the tree's
+own order, which must put every parent before its children."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from metastore.core.tree import CONTAINER_OWNER, DataTree, ttl_owner
 from metastore.core.txn import Create, CreateSession, Transaction, apply
 from metastore.errors import DecodeError
 from metastore.wire.snapshot_codec import decode_snapshot, encode_tree
-from metastore.wire.snapshot_stream import SnapshotDecoder
+from metastore.wire.snapshot_stream import _RECORD, SnapshotDecoder, _acl_end
 
 SESSION = 0x0100_0000_0000_0001
 IP_ACL = (ACL(Perm.ALL, Id("ip", "10.0.0.0/8")),)
@@ -36,7 +38,7 @@ def sample(order=1) -> DataTree:
 def version_1(tree: DataTree) -> bytes:
     """Version 1's layout, as the encoder wrote it before version 2 (docs/metastore_tree.md): ACL
     table in order of first use; each znode: path, data, then the fixed fields."""
-    last_zxid, nodes, sessions, digest, _, _ = tree.contents()
+    last_zxid, nodes, sessions, digest, _ = tree.contents()
     ordered = sorted(p for p in nodes if p != paths.CONFIG)
     table: list[tuple] = []
     records = []
@@ -67,18 +69,88 @@ def test_a_version_1_snapshot_loads_as_the_same_tree(piece):
     old = version_1(tree)
     assert old[4] == 1 and old != encode_tree(tree)
     restored = fed(old, piece)
-    assert encode_tree(restored) == encode_tree(tree) and encode_tree(restored)[4] == 2
+    assert same_tree(restored, tree) and encode_tree(restored)[4] == 3
     assert restored.digest() == tree.digest() == restored.recompute_digest()
     assert restored.ephemerals(SESSION) == ["/b/e"] and restored.containers() == ["/b"] and restored.ttl_nodes() == ["/t"]
     for path in ("/a", "/b/e", "/c", "/t", paths.CONFIG):
         assert restored.get(path) == tree.get(path) and restored.acl(path) == tree.acl(path)
 
 
-def test_every_prefix_of_a_version_1_snapshot_is_refused():
-    old = version_1(sample())
-    for end in range(len(old)):
+def version_2(tree: DataTree) -> bytes:
+    """Version 2: version 3's layout with the znodes sorted by path (a tree restored from version 1
+    holds them so)."""
+    in_path_order = decode_snapshot(version_1(tree))
+    assert list(in_path_order._nodes)[:-1] == sorted(p for p in in_path_order._nodes if p != paths.CONFIG)
+    new = encode_tree(in_path_order)
+    return new[:4] + b"\x02" + new[5:]
+
+
+def same_tree(a: DataTree, b: DataTree) -> bool:
+    """The same znodes, whatever order each tree holds them in (what the digest covers, and the ACLs)."""
+    return (a.digest() == b.digest() and set(a._nodes) == set(b._nodes)
+            and all(a.get(p) == b.get(p) and a.acl(p) == b.acl(p) for p in a._nodes))
+
+
+@pytest.mark.parametrize("piece", [1, 7, 64, 1 << 20])
+def test_a_version_2_snapshot_loads_as_the_same_tree(piece):
+    tree = sample()
+    old = version_2(tree)
+    restored = fed(old, piece)
+    assert same_tree(restored, tree) and encode_tree(restored)[4] == 3
+
+
+@pytest.mark.parametrize("old", [version_1, version_2])
+def test_every_prefix_of_an_old_snapshot_is_refused(old):
+    data = old(sample())
+    for end in range(len(data)):
         with pytest.raises(DecodeError):
-            decode_snapshot(old[:end])
+            decode_snapshot(data[:end])
+
+
+def _records(data: bytes) -> tuple[bytes, list[bytes]]:
+    """A version 2 or 3 snapshot cut into what comes before its znodes and their records."""
+    (acls,) = struct.unpack_from(">I", data, 21)
+    at = 25
+    for _ in range(acls):
+        at = _acl_end(data, at)
+    (sessions,) = struct.unpack_from(">I", data, at)
+    at += 4 + 12 * sessions + 4
+    head, records = data[:at], []
+    while at < len(data):
+        path_len, data_len = struct.unpack_from(">II", data, at)
+        records.append(data[at:at + _RECORD.size + path_len + data_len])
+        at += _RECORD.size + path_len + data_len
+    return head, records
+
+
+def test_a_version_3_snapshot_keeps_the_trees_order_and_refuses_a_child_before_its_parent_or_a_repeat():
+    tree = sample()
+    new = encode_tree(tree)
+    assert new[4] == 3
+    count = len(tree._nodes) - 1
+    head, records = _records(new)
+    names = [r[_RECORD.size:_RECORD.size + struct.unpack_from(">I", r)[0]].decode() for r in records]
+    assert names == [p for p in tree._nodes if p != paths.CONFIG] != sorted(names)  # creation order, not sorted
+    assert encode_tree(decode_snapshot(new)) == new
+    child = names.index("/b/e")
+    swapped = records[:]
+    swapped[child - 1], swapped[child] = swapped[child], swapped[child - 1]  # "/c" then "/b/e": fine
+    assert decode_snapshot(head + b"".join(swapped)).get("/b/e") == tree.get("/b/e")
+    parent = names.index("/b")
+    early = records[:parent] + [records[child]] + [r for i, r in enumerate(records) if i >= parent and i != child]
+    with pytest.raises(DecodeError, match="no parent"):
+        decode_snapshot(head + b"".join(early))
+    twice = head[:-4] + struct.pack(">I", count + 1) + b"".join(records) + records[names.index("/a")]
+    with pytest.raises(DecodeError, match="twice"):
+        decode_snapshot(twice)
+
+
+def test_a_version_2_snapshot_out_of_path_order_is_refused():
+    old = version_2(sample())
+    head, records = _records(old)
+    records[1], records[2] = records[2], records[1]  # "/a" and "/b": siblings, parents fine, order not
+    with pytest.raises(DecodeError, match="out of order"):
+        decode_snapshot(head + b"".join(records))
 
 
 def test_the_acl_table_is_sorted_by_encoding_whatever_order_acls_came_in():

@@ -16,7 +16,7 @@ and rollback() undo a half-applied multi in O(its changes).
 
 digest() is O(1): a sum of per-znode and per-session hashes kept up to date (tree_digest.py).
 freeze() is a copy-on-write view (an O(n) copy of references, then each znode is copied the first
-time it changes), its paths in order from a sorted index; snapshot_codec.py has its bytes.
+time it changes), its znodes in the dict's order, every parent first; snapshot_codec.py has its bytes.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 
-from sortedcontainers import SortedList
 from metastore.core import paths
 from metastore.core.acl import ACL, OPEN_ACL_UNSAFE, READ_ACL_UNSAFE, encode_acl
 from metastore.errors import (BadArguments, BadVersion, NoChildrenForEphemerals, NoNode, NodeExists,
@@ -98,8 +97,8 @@ _CONFIG_IS_LOCAL = "/zookeeper/config is the node's configuration, not replicate
 # A snapshot's znode: path, data, acl, czxid, mzxid, pzxid, ctime, mtime, version,
 # internal cversion, aversion, ephemeral owner.
 NodeRecord = tuple[str, bytes, tuple[ACL, ...], int, int, int, int, int, int, int, int, int]
-# What a snapshot encodes: last_zxid, nodes by path, sessions, digest, ACL table, paths in order (contents()).
-TreeView = tuple[int, "dict[str, Node]", dict[int, int], int, list[tuple[bytes, tuple[ACL, ...]]], "Sequence[str]"]
+# What a snapshot encodes: last_zxid, nodes by path, sessions, digest, ACL table (contents()).
+TreeView = tuple[int, "dict[str, Node]", dict[int, int], int, list[tuple[bytes, tuple[ACL, ...]]]]
 
 
 class Node:
@@ -142,7 +141,6 @@ class DataTree:
     def __init__(self) -> None:
         self.last_zxid = 0
         self._nodes: dict[str, Node] = {}
-        self._order = SortedList()  # every path: a snapshot walks it instead of sorting (seconds per million)
         self._sessions: dict[int, int] = {}
         self._ephemerals: dict[int, set[str]] = {}
         self._containers: set[str] = set()
@@ -319,7 +317,6 @@ class DataTree:
     def _insert(self, path: str, node: Node) -> None:
         node.acl = self._intern(node.acl)
         self._nodes[path] = node
-        self._order.add(path)
         kind = ephemeral_type(node.owner)
         if kind is EphemeralType.CONTAINER:
             self._containers.add(path)
@@ -331,7 +328,6 @@ class DataTree:
 
     def _remove(self, path: str) -> Node:
         node = self._nodes.pop(path)
-        self._order.remove(path)
         if node.hash is None:
             self._materialize(path, node)
         self._digest = (self._digest - node.hash) & _U64
@@ -510,13 +506,14 @@ class DataTree:
         which each znode is copied the first time it changes, so the view stays as it was
         (metastore/wire/snapshot_codec.py encodes it, later and on another thread)."""
         self._epoch += 1
-        last_zxid, nodes, sessions, digest, acls, order = self.contents()
-        return last_zxid, dict(nodes), dict(sessions), digest, acls, list(order)
+        last_zxid, nodes, sessions, digest, acls = self.contents()
+        return last_zxid, dict(nodes), dict(sessions), digest, acls
 
     def contents(self) -> TreeView:
-        """(last_zxid, nodes, sessions, digest, ACL table, paths in order) as they are, not copied: to
-        encode at once. The table has every ACL list a znode other than /zookeeper/config (no snapshot's)
+        """(last_zxid, nodes, sessions, digest, ACL table) as they are, not copied: to encode at once.
+        The nodes dict holds every parent before its children (a znode is created under an existing
+        parent, and deleted only once childless): the order a snapshot writes them in. The table has every ACL list a znode other than /zookeeper/config (no snapshot's)
         holds, as (its encoding, the interned list those znodes refer to), sorted by the encoding."""
         config_acl = self._nodes[paths.CONFIG].acl
         return self.last_zxid, self._nodes, self._sessions, self._digest, sorted(
-            (entry[1], entry[0]) for entry in self._acls.values() if entry[2] > (entry[0] is config_acl)), self._order
+            (entry[1], entry[0]) for entry in self._acls.values() if entry[2] > (entry[0] is config_acl))

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sortedcontainers import SortedList
 
 from metastore.core import paths
 from metastore.core.acl import ACL, encode_acl
@@ -29,7 +28,8 @@ _SPECIAL_NAMES = ("", ".", "..")
 
 
 class TreeAssembler:
-    """Records in path order in, one DataTree out. ValueError (or BadArguments from path
+    """Records in, one DataTree out: every parent before its children, and with `path_order` (the
+    snapshot versions before 3) sorted by path. ValueError (or BadArguments from path
     validation) as soon as a record breaks the tree's invariants.
 
     Per znode this is the cost of a restart and of a SNAP (a million znodes: seconds of Python),
@@ -39,12 +39,13 @@ class TreeAssembler:
     per distinct list (`acl_entry`), and no znode is hashed unless the digest must be verified
     (`finish`)."""
 
-    def __init__(self, last_zxid: int, sessions: dict[int, int]) -> None:
+    def __init__(self, last_zxid: int, sessions: dict[int, int], *, path_order: bool = False) -> None:
         for session_id in sessions:
             if not is_session_id(session_id):
                 raise ValueError(f"{session_id:#x} is not a session id")
         tree = self._tree = DataTree()
-        tree._nodes, tree._acls, tree._digest, tree._order = {}, {}, 0, SortedList()
+        tree._nodes, tree._acls, tree._digest = {}, {}, 0
+        self._path_order = path_order
         tree.last_zxid, tree._sessions = last_zxid, dict(sessions)
         self._previous = ""
         # The previous record's parent, by its path as the record's own prefix ("" for the root).
@@ -62,17 +63,20 @@ class TreeAssembler:
         return entry
 
     def add(self, record: NodeRecord) -> None:
-        """One znode, after every znode whose path sorts before it."""
+        """One znode, after its parent (and with path_order, after every znode whose path sorts before it)."""
         path, data, acl, *fixed = record
         self.add_fields(path, data, self.acl_entry(acl), *fixed)
 
     def add_fields(self, path: str, data: bytes, acl: list, czxid: int, mzxid: int, pzxid: int, ctime: int,
                    mtime: int, version: int, cversion: int, aversion: int, owner: int) -> None:
         """`add` without the record tuple (the snapshot decoder's call), its ACL as acl_entry's."""
-        previous = self._previous
-        if path <= previous and previous:
-            raise ValueError(f"{path!r} out of order")
-        self._previous = path
+        if self._path_order:
+            previous = self._previous
+            if path <= previous and previous:
+                raise ValueError(f"{path!r} out of order")
+            self._previous = path
+        elif path in self._tree._nodes:
+            raise ValueError(f"{path!r} comes twice")
         # The short way, for a sibling of the previous record: only its last name is left to check.
         i = path.rfind("/")
         name = path[i + 1:]
@@ -142,7 +146,6 @@ class TreeAssembler:
         nodes = tree._nodes
         if not {paths.ROOT, paths.ZOOKEEPER, paths.QUOTA} <= nodes.keys():
             raise ValueError("a system znode is missing")
-        tree._order = SortedList(nodes)  # in order already: one pass to check it
         for key, entry in tree._acls.items():
             if not entry[2]:  # an encoder writes only what some znode holds: one table per tree
                 raise ValueError(f"the ACL table's {list(key)} is used by no znode")

@@ -27,7 +27,6 @@ def fork(tree: DataTree) -> DataTree:
     twin = DataTree.__new__(DataTree)
     twin.last_zxid = tree.last_zxid
     twin._nodes = dict(tree._nodes)
-    twin._order = tree._order.copy()
     twin._sessions = dict(tree._sessions)
     twin._ephemerals = {owner: set(owned) for owner, owned in tree._ephemerals.items()}
     twin._containers = set(tree._containers)
