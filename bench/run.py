@@ -24,8 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench import (large_tree, large_tree_report, ledger, ledger_report, machine, report, report_section, streams, tls,
-                   tls_report)
+from bench import (large_tree, large_tree_report, ledger, ledger_report, machine, report, report_section, streams,
+                   tablespace, tls, tls_report)
 from bench.suite import FULL, PARTS, QUICK, QUIET_BUSY_MAX, Suite
 from bench.verify import VERIFY_END, VERIFY_START
 from bench.verify import write_section as write_verify_section
@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         tls_block = tls_report.existing_section(output)
         large_block = large_tree_report.existing_section(output)
         stream_block = report_section.existing_section(output, streams.START, streams.END)  # bench.streams' own
+        table_block = report_section.existing_section(output, tablespace.START, tablespace.END)  # bench.tablespace's
         if "tls" in parts:
             _wait_quiet(args)
             tls_results = tls.run(workdir / "tls", quick=args.quick, with_zk=not args.no_zk)
@@ -85,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
             large_tree_report.splice(output, large_block)
         if stream_block is not None:  # after section 10
             report_section.splice(output, stream_block, streams.START, streams.END)
+        if table_block is not None:  # after section 11
+            report_section.splice(output, table_block, tablespace.START, tablespace.END)
         print(f"bench: wrote {output}")
     finally:
         if args.keep:

@@ -15,11 +15,15 @@ What makes a single writer safe is the fence, not the lock that queues owners:
   in between (a roll) makes this one fail, and the takeover starts over from a fresh read;
 - a deposed owner's next append fails at the fenced bookies, and its next change to the list
   fails its version check: it can make nothing visible after its successor's recovery.
+
+A truncation changes the list too (by the same CAS) but not the log's epoch: an owner whose CAS
+was lost to it reads the list again and makes its change on that; one lost to a new epoch is
+fenced (`_change`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,15 +162,29 @@ def take_over(log_name: str) -> Protocol:
     raise StreamError(f"log {log_name!r} kept changing while this writer took it over; try again")
 
 
+def _change(log_name: str, owned: Owned, change: Callable[[SegmentList], SegmentList]) -> Protocol:
+    """Apply `change` to the list as this owner left it. A lost CAS is a takeover only if the
+    log's epoch moved: a truncation (or retention) changes the list too but keeps the epoch, and
+    the change is then made again on the list as it now is. Returns the list; LogFenced if
+    another owner took over."""
+    listing = owned.listing
+    for _ in range(TAKEOVER_ATTEMPTS):
+        applied: SegmentList | None = yield ApplyChange(listing, change(listing))
+        if applied is not None:
+            return applied
+        listing = yield ReadList()
+        if listing.log.epoch != owned.listing.log.epoch:
+            break
+    raise LogFenced(f"log {log_name!r} changed under its writer: another writer took it over")
+
+
 def complete(log_name: str, owned: Owned, tally: SegmentTally) -> Protocol:
     """Close our segment's ledger and complete the segment with its totals. Returns the list.
-    LogFenced if the list changed under us (another owner took over)."""
+    LogFenced if another owner took over."""
     last_entry: int = yield CloseLedger(owned.segment.ledger_id)
-    done = owned.listing.completed(owned.segment.seq, **tally.totals(last_entry), now_ms=(yield Now()))
-    applied: SegmentList | None = yield ApplyChange(owned.listing, done)
-    if applied is None:
-        raise LogFenced(f"log {log_name!r} changed under its writer: another writer took it over")
-    return applied
+    now = yield Now()
+    return (yield from _change(log_name, owned, lambda listing: listing.completed(
+        owned.segment.seq, **tally.totals(last_entry), now_ms=now)))
 
 
 def roll(log_name: str, owned: Owned, tally: SegmentTally) -> Protocol:
@@ -174,9 +192,11 @@ def roll(log_name: str, owned: Owned, tally: SegmentTally) -> Protocol:
     Returns Owned; LogFenced if another owner took over."""
     listing: SegmentList = yield from complete(log_name, owned, tally)
     ledger_id: int = yield CreateLedger(listing.log.next_segment)
-    after, segment = listing.started(ledger_id, (yield Now()))
-    applied: SegmentList | None = yield ApplyChange(listing, after)
-    if applied is None:
+    now = yield Now()
+    try:
+        applied: SegmentList = yield from _change(log_name, Owned(listing, owned.segment),
+                                                  lambda current: current.started(ledger_id, now)[0])
+    except LogFenced:
         yield DeleteLedger(ledger_id)
-        raise LogFenced(f"log {log_name!r} changed under its writer: another writer took it over")
-    return Owned(applied, segment)
+        raise
+    return Owned(applied, applied.segments[-1])

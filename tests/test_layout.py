@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ["edge", "zab", "metastore", "bookie", "ledger", "stream", "clusterd", "replay", "sim"]
+PACKAGES = ["edge", "zab", "metastore", "bookie", "ledger", "stream", "tablespace", "clusterd", "replay", "sim"]
 
 # Edge modules: the only ones allowed to touch sockets, files, clocks and threads.
 EDGE = {
@@ -33,6 +33,8 @@ EDGE = {
     "replay/spark_ledger.py", "replay/verify_ledgers.py",
     # Named logs: the namespace in the metastore, the writer and the readers (ledgers, clocks, trio).
     "stream/namespace.py", "stream/writer.py", "stream/reader.py",
+    # The table service: a replica, its HTTP server and client (sockets, trio).
+    "tablespace/replica.py", "tablespace/server.py", "tablespace/http.py", "tablespace/client.py",
 }
 IMPURE = {"trio", "socket", "time", "threading", "os", "subprocess", "asyncio", "select", "pathlib", "shutil"}
 MAX_MODULE_LINES = 500
@@ -62,7 +64,7 @@ def imported_roots(path: Path) -> set[str]:
     return roots
 
 
-PURE = [p for pkg in ("edge", "zab", "replay", "sim", "ledger", "stream") for p in modules(pkg) if str(p.relative_to(REPO)) not in EDGE]
+PURE = [p for pkg in ("edge", "zab", "replay", "sim", "ledger", "stream", "tablespace") for p in modules(pkg) if str(p.relative_to(REPO)) not in EDGE]
 PURE += modules("metastore/core") + modules("metastore/wire")  # the znode tree's rules and the metastore's bytes
 PURE += [REPO / "bookie/protocol.py"]  # the bookie wire codec: bytes in, messages out
 PURE += [REPO / "bookie/ledger_rules.py"]  # the bookie's rules: state + request -> outcome + journal records
@@ -106,6 +108,7 @@ MAY_IMPORT = {
     "bookie": {"metastore", "edge"},  # its registration in the metastore, through the client
     "ledger": {"bookie", "metastore", "edge"},
     "stream": {"ledger", "metastore", "edge"},  # seed 004: named logs stand on ledgers and the metastore
+    "tablespace": {"stream", "ledger", "metastore", "edge"},  # seed 003: a table service on named logs
     "replay": {"zab", "metastore", "bookie", "ledger", "stream", "edge"},
     "sim": {"zab", "metastore", "bookie", "ledger", "stream", "replay", "edge"},
     "clusterd": set(PACKAGES) - {"clusterd", "sim"},
@@ -142,7 +145,7 @@ def test_upward_import_exceptions_only_shrink():
         assert package in imported_roots(REPO / name), f"{name} no longer imports {package}: remove it from UPWARD_IMPORTS"
 
 
-@pytest.mark.parametrize("package", ["ledger", "bookie", "stream"])
+@pytest.mark.parametrize("package", ["ledger", "bookie", "stream", "tablespace"])
 def test_the_metastore_is_reached_through_its_client_interface(package: str):
     for path in modules(package):
         for name in imported_modules(path):

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from sim.ledger_world import InvariantViolation
 from sim.stream_world import FAULT_WINDOW_MS, StreamStory, StreamWorld, story_from_seed
 from stream import ownership as O
-from stream.errors import StreamError
+from stream.errors import LogFenced, StreamError
 from stream.segment_list import SegmentList
 
 
@@ -96,3 +96,52 @@ def _first_failure(take_over, seeds) -> InvariantViolation | None:
 def test_mutant_takeover_without_recovery_is_caught():
     error = _first_failure(_unfenced_take_over, range(40))
     assert error is not None, "a takeover that does not recover the last segment went unnoticed"
+
+
+def _drive(protocol, answers):
+    """Run a protocol step by hand: `answers(action)` gives each action's result."""
+    result = None
+    while True:
+        try:
+            action = protocol.send(result)
+        except StopIteration as done:
+            return done.value
+        result = answers(action)
+
+
+def _owned_list():
+    from stream.log_metadata import LogMetadata, LogSettings
+    listing = SegmentList(LogMetadata(0, LogSettings()), 0)
+    return _drive(O.take_over("log"), lambda a: {O.ReadList: listing, O.Now: 5, O.CreateLedger: 11}[type(a)]
+                  if not isinstance(a, O.ApplyChange) else a.before.applied(a.before.change_to(a.after)))
+
+
+@pytest.mark.parametrize("epoch_moved", [False, True])
+def test_a_roll_that_loses_its_cas_to_a_truncation_redoes_it_and_to_a_takeover_is_fenced(epoch_moved):
+    owned = _owned_list()
+    tally = O.SegmentTally()
+    tally.sealed(0, 2, 3, 30)
+    # Someone else changed the list meanwhile: a truncation keeps the epoch, a takeover moves it.
+    other = owned.listing.applied(owned.listing.change_to(owned.listing))
+    if epoch_moved:
+        other = other.applied(other.change_to(other.take_over()))
+    lost, register = [], [other]  # the list as the metastore holds it
+
+    def answers(action):
+        if isinstance(action, O.ApplyChange):
+            if action.before.log_version != register[0].log_version:
+                lost.append(action)
+                return None
+            register[0] = action.before.applied(action.before.change_to(action.after))
+            return register[0]
+        if isinstance(action, O.ReadList):
+            return register[0]
+        return {O.CloseLedger: 0, O.Now: 9, O.CreateLedger: 12, O.DeleteLedger: None}[type(action)]
+
+    if epoch_moved:
+        with pytest.raises(LogFenced):
+            _drive(O.roll("log", owned, tally), answers)
+        return
+    rolled = _drive(O.roll("log", owned, tally), answers)
+    assert len(lost) == 1 and rolled.segment.ledger_id == 12 and rolled.segment.seq == 2
+    assert rolled.listing.segments[0].completed and rolled.listing.segments[0].records == 3

@@ -19,7 +19,8 @@ import trio
 
 from clusterd import localcluster
 from clusterd.ctl import (bookie as bookiectl, ledger as ledgerctl, log as logctl, node as nodectl,
-                          recovery as recoveryctl, tls as tlsctl, verify as verifyctl, zk as zkctl)
+                          recovery as recoveryctl, table as tablectl, tls as tlsctl, verify as verifyctl,
+                          zk as zkctl)
 
 from clusterd.demo import main as demo
 from clusterd.config import ClusterConfig, ConfigError, NodeConfig, load
@@ -75,6 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     bookiectl.add_commands(command)
     ledgerctl.add_commands(command)
     logctl.add_commands(command)
+    tablectl.add_commands(command)
     recoveryctl.add_commands(command)
     verifyctl.add_commands(command)
     tlsctl.add_commands(command)
