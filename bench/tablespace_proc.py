@@ -23,9 +23,8 @@ VALUE = "x" * 100
 async def _load(args: argparse.Namespace) -> dict:
     hosts = [tuple(h) for h in json.loads(args.hosts)]
     counting = {"on": False, "done": 0}
-    async with MetaClient(hosts) as meta:
+    async with MetaClient(hosts) as meta, TableClient(meta, args.target) as table:
         if args.mode == "put":
-            table = TableClient(meta, args.target)
 
             async def one(i: int, n: int) -> None:
                 await table.put("bench", f"{args.client}-{i}-{n % 1000}", VALUE)
@@ -54,8 +53,6 @@ async def _load(args: argparse.Namespace) -> dict:
             counting["on"] = False
             elapsed = trio.current_time() - start
             nursery.cancel_scope.cancel()
-        if args.mode == "put":
-            await table.__aexit__(None, None, None)
     return {"done": counting["done"], "seconds": elapsed}
 
 

@@ -2,6 +2,9 @@
 
     POST /tx      {"ops": [{"op": "put"|"delete"|"check", "table": T, "key": K, "value": V, "expect": N}, ...]}
                   -> 200 {"results": [...], "position": "seg:entry:slot" | null}
+    POST /txs     {"txs": [{"ops": [...]}, ...]}: independent transactions in one request (the
+                  client's batching), run concurrently -> 200 {"results": [{"results": [...],
+                  "position": ...} | {"error": NAME, "message": ...}, ...]}
     GET  /get?table=T&key=K                      -> 200 {"value": V, "version": N} | 404
     GET  /scan?table=T&start=K&end=K&limit=N     -> 200 {"items": [[K, V, N], ...]}
     GET  /status                                 -> 200 the replica's role, position, keys, digest
@@ -68,6 +71,8 @@ class TableServer:
                 return 200, self.replica.status()
             if url.path == "/tx" and method == "POST":
                 return 200, await self._tx(body)
+            if url.path == "/txs" and method == "POST":
+                return 200, await self._txs(body)
             if url.path == "/get" and method == "GET":
                 return self._get(query)
             if url.path == "/scan" and method == "GET":
@@ -86,6 +91,23 @@ class TableServer:
             raise BadRequest(f'the body is {{"ops": [...]}} with 1 to {MAX_OPS} ops')
         results, position = await self.replica.transact([_op(o) for o in ops])
         return {"results": results, "position": None if position is None else str(position)}
+
+    async def _txs(self, body: dict[str, Any] | None) -> dict[str, Any]:
+        txs = (body or {}).get("txs")
+        if not isinstance(txs, list) or not 0 < len(txs) <= MAX_OPS:
+            raise BadRequest(f'the body is {{"txs": [{{"ops": [...]}}, ...]}} with 1 to {MAX_OPS} transactions')
+        self._leading()
+        results: list[dict[str, Any]] = [{}] * len(txs)
+
+        async def one(i: int, tx: Any) -> None:
+            try:
+                results[i] = await self._tx(tx if isinstance(tx, dict) else None)
+            except TableError as e:
+                results[i] = {"error": type(e).__name__, "message": str(e)}
+        async with trio.open_nursery() as nursery:  # concurrent: their records share entries
+            for i, tx in enumerate(txs):
+                nursery.start_soon(one, i, tx)
+        return {"results": results}
 
     def _leading(self) -> None:
         if self.replica.role != "leader":
