@@ -29,6 +29,7 @@ from replay.spark_source import NodeDir, SegmentFile
 from replay.verify_ledger_decode import DIGEST_BAD, entry_log_file, journal_file, ledgers_in
 from replay.verify_replay import replay, restore
 from replay.verify_report import MAX_EXAMPLES, CheckResult
+from metastore.core.tree import DataTree
 from zab.core import zxid as Z
 from zab.storage.snapshot import read_body
 
@@ -38,8 +39,8 @@ _ENTRY_SCHEMA = ("bookie int, source string, file string, ledger bigint, entry b
 _FILES = {"journal": re.compile(r"journal\.[0-9a-f]{16}"), "entrylogs": re.compile(r"entrylog\.[0-9a-f]{16}")}
 
 
-def _final_tree_task(task: tuple) -> tuple[list, list[str], str]:
-    """Replay one node to `end`; the ledgers under DEFAULT_ROOT (as metadata), broken znodes, error.
+def replayed_tree(task: tuple) -> tuple[DataTree, str]:
+    """Replay one node to `end`: the metastore tree there, and the replay's error ("" if none).
 
     `task` is (snapshot path or None, its zxid, end, segment paths, their chunk starts):
     the segments are read from the chunk holding the first zxid after the snapshot.
@@ -47,13 +48,19 @@ def _final_tree_task(task: tuple) -> tuple[list, list[str], str]:
     snapshot, start, end, segments, chunk_starts = task
     sm = restore(start, read_body(Path(snapshot)) if snapshot else None, str(snapshot))  # in pieces
     outcome = replay(sm, start, end, log_txns(segments, start, chunk_starts), ())
-    found, broken = ledgers_in(sm.tree, DEFAULT_ROOT)
-    return found, broken, outcome.error
+    return sm.tree, outcome.error
 
 
-def final_metadata(spark: SparkSession, segments: list[SegmentFile], snapshots: list, tops: dict[int, int],
-                   bases: dict[int, int | None]) -> tuple[list[LedgerMetadata], list[str], str]:
-    """Ledger metadata at the end of the committed history (see the module doc)."""
+def _final_tree_task(task: tuple) -> tuple[list, list[str], str]:
+    """The ledgers under DEFAULT_ROOT (as metadata) in the replayed tree, broken znodes, error."""
+    tree, error = replayed_tree(task)
+    found, broken = ledgers_in(tree, DEFAULT_ROOT)
+    return found, broken, error
+
+
+def replay_task(segments: list[SegmentFile], snapshots: list, tops: dict[int, int],
+                bases: dict[int, int | None]) -> tuple[int, int, tuple]:
+    """The most advanced node, its end, and the replayed_tree task that reaches it."""
     node = max(tops, key=lambda n: tops[n])
     end = tops[node]
     usable = [r for r in snapshots if r.node == node and r.status == "ok" and r.zxid <= end
@@ -63,7 +70,13 @@ def final_metadata(spark: SparkSession, segments: list[SegmentFile], snapshots: 
     chunk_starts = tuple(tuple(c.start for c in s.layout.chunks) if s.layout else ()
                          for s in segments if s.node == node)
     snapshot_path = str(Path(files[0]).parent.parent / "snapshots" / newest.file) if newest and files else None
-    task = (snapshot_path, newest.zxid if newest else 0, end, files, chunk_starts)
+    return node, end, (snapshot_path, newest.zxid if newest else 0, end, files, chunk_starts)
+
+
+def final_metadata(spark: SparkSession, segments: list[SegmentFile], snapshots: list, tops: dict[int, int],
+                   bases: dict[int, int | None]) -> tuple[list[LedgerMetadata], list[str], str]:
+    """Ledger metadata at the end of the committed history (see the module doc)."""
+    node, end, task = replay_task(segments, snapshots, tops, bases)
     found, broken, error = spark.sparkContext.parallelize([task], 1).map(_final_tree_task).first()
     return found, broken, error and f"node {node}: replay to {Z.fmt(end)} failed: {error}"
 
@@ -79,14 +92,20 @@ def _bookie_task(item: tuple[int, str, str]) -> tuple[list[tuple], list[int], st
     return rows, got.deleted, problem
 
 
-def read_entries(spark: SparkSession, nodes: list[NodeDir]) -> tuple[DataFrame, set[int], list[str]]:
-    """Every stored entry of every bookie (the `entries` DataFrame, cached), deleted ledger ids, file problems."""
+def bookie_files(nodes: list[NodeDir]) -> list[tuple[int, str, str]]:
+    """(bookie, "journal" or "entrylogs", path) of every bookie file under the nodes' data dirs."""
     items = []
     for n in nodes:
         for kind, pattern in _FILES.items():
             folder = Path(n.path) / "bookie" / kind
             if folder.is_dir():
                 items += [(n.node, kind, str(p)) for p in sorted(folder.iterdir()) if pattern.fullmatch(p.name)]
+    return items
+
+
+def read_entries(spark: SparkSession, nodes: list[NodeDir]) -> tuple[DataFrame, set[int], list[str]]:
+    """Every stored entry of every bookie (the `entries` DataFrame, cached), deleted ledger ids, file problems."""
+    items = bookie_files(nodes)
     results = spark.sparkContext.parallelize(items, max(1, len(items))).map(_bookie_task).cache() if items else None
     rows = results.flatMap(lambda r: r[0]) if results else spark.sparkContext.emptyRDD()
     entries = spark.createDataFrame(rows, _ENTRY_SCHEMA, verifySchema=False).persist()

@@ -8,6 +8,7 @@ password: their digest status is "unchecked".
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from bookie.entry import EntryFormatError, crc32c_digest_ok, parse_header
@@ -60,6 +61,20 @@ def entry_log_file(buf: bytes) -> BookieFile:
     entries = [_entry(ledger, entry, view[offset + 24: offset + 24 + length], offset)
                for ledger, entry, offset, length in found]
     return BookieFile(entries, [], header_ok, str(stop) if stop else "")
+
+
+def stored_entries(buf: bytes, kind: str) -> Iterator[tuple[int, int, memoryview]]:
+    """(ledger, entry, packaged entry) of every ADD in a journal segment ("journal") or entry
+    in an entry log ("entrylogs"), as the bookie's codec reads them."""
+    if kind == "journal":
+        for r in scan_journal(buf, FILE_HEADER_BYTES).records:
+            if r.kind == Kind.ADD:
+                yield r.ledger_id, r.value, memoryview(r.data)
+        return
+    found, _, _ = scan_entry_log(buf, FILE_HEADER_BYTES)
+    view = memoryview(buf)
+    for ledger, entry, offset, length in found:
+        yield ledger, entry, view[offset + 24: offset + 24 + length]
 
 
 def ledgers_in(tree: DataTree, root: str) -> tuple[list[LedgerMetadata], list[str]]:

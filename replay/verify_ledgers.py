@@ -16,9 +16,9 @@ import time
 
 from replay.verify_report import CheckResult, Verdict
 from replay import verify_zab
-from replay.verify_zab import add_arguments, verify_with_context
+from replay.verify_zab import add_arguments, zab_first
 
-ZAB_LOG, METADATA = "ZabLog", "LedgerMetadata"
+METADATA = "LedgerMetadata"
 
 
 def verify(args: argparse.Namespace, progress=None) -> Verdict:  # noqa: ANN001 - a callable or None
@@ -27,10 +27,7 @@ def verify(args: argparse.Namespace, progress=None) -> Verdict:  # noqa: ANN001 
 
     started = time.monotonic()
     say = progress or (lambda message: None)
-    zab, ctx = verify_with_context(args, say)
-    failed = [c.name for c in zab.checks if not c.passed]
-    zab_check = CheckResult(ZAB_LOG, checked=len(zab.checks), violations=len(failed),
-                            examples=[f"{name} failed: run `verify zab` for details" for name in failed])
+    zab_check, zab, ctx = zab_first(args, say)
     metadata = CheckResult(METADATA)
     say("reading the ledger metadata: replaying the metastore to the end of its committed history")
     ledgers = []

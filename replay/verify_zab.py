@@ -15,9 +15,10 @@ import time
 from collections.abc import Callable
 
 from replay.verify_decode import DEFAULT_CHUNK_RECORDS, VerifyInputError
-from replay.verify_report import Verdict, render_table
+from replay.verify_report import CheckResult, Verdict, render_table
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+ZAB_LOG = "ZabLog"
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, dirs_required: bool = True) -> None:
@@ -65,6 +66,16 @@ def verify_with_context(args: argparse.Namespace, progress=None):  # noqa: ANN00
     facts = {"nodes given": len(nodes), "records": records,
              "spark startup s": round(spark_started, 2), **ctx.facts}
     return Verdict("zab", checks, facts, time.monotonic() - started), ctx
+
+
+def zab_first(args: argparse.Namespace, say: Callable[[str], None]):  # noqa: ANN201 - (CheckResult, Verdict, Context)
+    """For the verifiers of what lives in the metastore (ledgers, logs): the Zab checks first,
+    summarised as one ZabLog row naming the failed checks, with their verdict and Context."""
+    zab, ctx = verify_with_context(args, say)
+    failed = [c.name for c in zab.checks if not c.passed]
+    row = CheckResult(ZAB_LOG, checked=len(zab.checks), violations=len(failed),
+                      examples=[f"{name} failed: run `verify zab` for details" for name in failed])
+    return row, zab, ctx
 
 
 def progress_printer(started: float | None = None):  # noqa: ANN201 - a callable

@@ -24,7 +24,7 @@ from metastore.client import MetaClient
 from metastore.errors import NoNode
 from tablespace.errors import BadRequest, NotLeader, OutcomeUnknown, TableError, VersionMismatch
 from tablespace.http import HttpConnection, HttpFailure
-from tablespace.replica import ROOT
+from tablespace.paths import leader_path
 
 RETRY_S = 0.1
 MAX_BATCH = 64
@@ -154,7 +154,7 @@ class TableClient:
     # -- the leader ---------------------------------------------------------------------------
     async def find_leader(self) -> str | None:
         try:
-            data, _ = await self.meta.get(f"{ROOT}/{self.tablespace}/leader")
+            data, _ = await self.meta.get(leader_path(self.tablespace))
             self.leader = json.loads(data)["address"]
         except (NoNode, ValueError, KeyError):
             self.leader = None

@@ -40,21 +40,13 @@ from stream.writer import LogWriter
 from tablespace import change
 from tablespace.errors import CorruptChange, NotLeader, OutcomeUnknown
 from tablespace.leading import Leader, Op
+from tablespace.paths import ROOT, checkpoint_password, log_name
 from tablespace.state import CheckpointDecoder, TableState
 
 log = logging.getLogger("quire.tablespace")
 
-ROOT = "/tablespaces"
 CHECKPOINT_EVERY = 10_000       # changes applied between a leader's checkpoints
 CHECKPOINT_ENTRY_BYTES = 1 << 20
-
-
-def log_name(tablespace: str) -> str:
-    return f"tablespace.{tablespace}"
-
-
-def checkpoint_password(tablespace: str) -> bytes:
-    return f"quire-tablespace:{tablespace}".encode()
 
 
 def after(position: Position) -> Position:
@@ -82,7 +74,7 @@ class Replica:
         self.ns = Namespace(meta, ledgers)
         self.tablespace, self.replica_id, self.address = check_name(tablespace, "tablespace"), replica_id, address
         self.log = log_name(tablespace)
-        self.root = f"{ROOT}/{tablespace}"
+        self.root = f"{ROOT}/{tablespace}"  # its `leader` and `checkpoint` (tablespace/paths.py)
         self.checkpoint_every = checkpoint_every
         self.state = TableState()
         self.position: Position | None = None   # of the last change applied

@@ -1,5 +1,5 @@
-"""`clusterctl verify zab|ledgers [DIR[=ID]...]`: the Spark verifiers (replay/verify_zab.py,
-replay/verify_ledgers.py).
+"""`clusterctl verify zab|ledgers|logs|tables [DIR[=ID]...]`: the Spark verifiers
+(replay/verify_zab.py, verify_ledgers.py, verify_logs.py, verify_tables.py).
 
 Without DIRs it verifies the data directories of the config's ensemble, with the
 config's voter count for majorities. Exit status as replay.verify_zab: 0 every
@@ -24,6 +24,13 @@ def add_commands(command: Any) -> None:
     ledgers = targets.add_parser("ledgers", help="every ledger's entries on Qa bookies of its write quorum, digests, "
                                  "closed ledgers", description="Check the bookies' entries against the ledger metadata.")
     _zab_arguments(ledgers)
+    logs = targets.add_parser("logs", help="named logs: segments, record sets, txids, truncation, subscriptions",
+                              description="Check every named log's segments against their ledgers' entries.")
+    _zab_arguments(logs)
+    tables = targets.add_parser("tables", help="tablespaces: checkpoint + log replayed, against --expect digests",
+                                description="Replay every tablespace from its checkpoint and its log.")
+    from replay.verify_tables import add_table_arguments
+    add_table_arguments(tables, dirs_required=False)
 
 
 def _zab_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,8 +39,9 @@ def _zab_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_verify(config: ClusterConfig, args: argparse.Namespace) -> int:
-    from replay import verify_ledgers, verify_zab
-    run = verify_ledgers.run if args.target == "ledgers" else verify_zab.run
+    from replay import verify_ledgers, verify_logs, verify_tables, verify_zab
+    run = {"ledgers": verify_ledgers.run, "logs": verify_logs.run, "tables": verify_tables.run}.get(
+        args.target, verify_zab.run)
     if not args.dirs:
         args.dirs = [f"{node.data_dir}={node.id}" for node in config.ensemble]
         if args.voters is None:
