@@ -50,6 +50,12 @@ def encode(effects: list[Effect] | tuple[Effect, ...]) -> bytes:
     return b"".join(out)
 
 
+def size_bound(ops: list) -> int:
+    """At least the size of the change a transaction of `ops` (tablespace/leading.py's Op) makes,
+    known before it is decided: each op as a put of its value."""
+    return _HEAD.size + sum(_OP.size + 4 + 4 + 8 + len(op.table.encode()) + len(op.key) + len(op.value) for op in ops)
+
+
 def decode(data: bytes) -> list[Effect]:
     """The effects of a change record; CorruptChange if it is not one, whole and nothing after."""
     view = memoryview(data)

@@ -36,9 +36,10 @@ from stream.errors import PositionTruncated, StreamError
 from stream.log_metadata import LogSettings, check_name
 from stream.namespace import Namespace
 from stream.position import Position
+from stream.record_set import HEAD_BYTES, RECORD_OVERHEAD
 from stream.writer import LogWriter
 from tablespace import change
-from tablespace.errors import CorruptChange, NotLeader, OutcomeUnknown
+from tablespace.errors import BadRequest, CorruptChange, NotLeader, OutcomeUnknown
 from tablespace.leading import Leader, Op
 from tablespace.paths import ROOT, checkpoint_password, log_name
 from tablespace.state import CheckpointDecoder, TableState
@@ -88,6 +89,7 @@ class Replica:
         self._deposed = trio.Event()
         self._since_checkpoint = 0
         self._checkpoint_due = trio.Event()
+        self._settings = LogSettings()  # the log's, read when leading
 
     # -- setup -------------------------------------------------------------------------------
     @staticmethod
@@ -156,6 +158,7 @@ class Replica:
             await trio.sleep(0.5)
 
     async def _lead(self, writer: LogWriter) -> None:
+        self._settings = (await self.ns.read(self.log)).log.settings  # fixed when the tablespace was created
         self._writer, self._leader = writer, Leader(self.state)
         self._next_txid = writer.last_txid + 1
         self._deposed = trio.Event()
@@ -182,9 +185,7 @@ class Replica:
             try:
                 data, _ = await self.meta.get(path)
                 ours = json.loads(data).get("replica") == self.replica_id
-            except NoNode:
-                ours = False
-            except ValueError:
+            except (NoNode, ValueError):
                 ours = False
             if not ours:
                 self._depose(StreamError("the leader znode is no longer this replica's"))
@@ -212,6 +213,9 @@ class Replica:
         if self.role != "leader" or leader is None or writer is None:
             raise NotLeader(f"replica {self.replica_id} does not lead tablespace {self.tablespace!r}",
                             self.leader_address)
+        if change.size_bound(ops) + RECORD_OVERHEAD + HEAD_BYTES > self._settings.max_entry_bytes:
+            raise BadRequest(f"the transaction is larger than the log's records may be "
+                             f"({self._settings.max_entry_bytes} bytes with their overhead): split it")
         effects, results = leader.prepare(ops)
         if not effects:
             return results, None
@@ -277,7 +281,9 @@ class Replica:
         keys = self.state.keys
         self._since_checkpoint = 0
         digest = hashlib.sha256(b"".join(chunks)).hexdigest()
-        handle = await self.ledgers.create(3, 3, 2, password=checkpoint_password(self.tablespace),
+        s = self._settings
+        handle = await self.ledgers.create(s.ensemble, s.write_quorum, s.ack_quorum,
+                                           password=checkpoint_password(self.tablespace),
                                            custom={"tablespace": self.tablespace.encode()})
         pending = [handle.start_append(chunk) for chunk in chunks]
         for p in pending:

@@ -128,3 +128,13 @@ def test_a_transaction_is_all_or_nothing_and_later_ops_see_earlier_ones():
 def test_malformed_ops_are_refused(op):
     with pytest.raises(BadRequest):
         Leader(TableState()).prepare([op])
+
+
+@given(st.lists(st.builds(Op, st.sampled_from(["put", "delete", "check"]), tables, keys, st.binary(max_size=30),
+                          st.sampled_from([None, ABSENT, 0])), min_size=1, max_size=6))
+def test_the_size_bound_known_before_deciding_is_at_least_the_changes_size(ops):
+    try:
+        effects, _ = Leader(TableState()).prepare(ops)
+    except (VersionMismatch, BadRequest):
+        return
+    assert len(change.encode(effects)) <= change.size_bound(ops)

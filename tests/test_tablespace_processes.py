@@ -142,6 +142,8 @@ def test_a_new_replica_boots_from_a_checkpoint_after_the_log_head_was_truncated(
     assert listed.returncode == 0, listed.stderr
     assert json.loads(listed.stdout)["truncated_before"] != "0:0:0"  # the head is gone
     assert concurrent_puts(cluster, "boot", 200) < 100  # batched: fewer requests than puts
+    too_large = {"ops": [{"op": "put", "table": "t", "key": "big", "value": "x" * 1_048_570}]}
+    assert leader.request("POST", "/tx", too_large)[0] == 400 and leader.status()["role"] == "leader"
     fresh = ReplicaProcess(cluster, "boot", "b1", tmp_path)
     replicas.append(fresh)
     state = converged(replicas)
