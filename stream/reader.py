@@ -41,6 +41,25 @@ class LogRecord:
     payload: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class RecordBatch:
+    """The records of one entry from slot `first_slot` on: record i is at (segment, entry,
+    first_slot + i). What `LogReader.batches()` yields: no object per record."""
+    segment: int
+    entry: int
+    first_slot: int
+    txids: list[int]
+    payloads: list[bytes]
+
+    @property
+    def last(self) -> Position:
+        return Position(self.segment, self.entry, self.first_slot + len(self.txids) - 1)
+
+    def records(self) -> list[LogRecord]:
+        return [LogRecord(Position(self.segment, self.entry, self.first_slot + i), txid, payload)
+                for i, (txid, payload) in enumerate(zip(self.txids, self.payloads))]
+
+
 class LogReader:
     """`async for record in namespace.reader(name, start):` every acknowledged record from `start`
     on, in order; with `follow=False` it ends at the last record acknowledged when it gets there."""
@@ -55,6 +74,19 @@ class LogReader:
 
     def __aiter__(self) -> AsyncIterator[LogRecord]:
         return self._records()
+
+    async def batches(self) -> AsyncIterator[RecordBatch]:
+        """The same records, an entry's worth at a time (a catch-up read of small records then
+        costs a decode per entry, not an object per record)."""
+        async for batch in self._batches():
+            self.position = batch.last
+            yield batch
+
+    async def _records(self) -> AsyncIterator[LogRecord]:
+        async for batch in self._batches():
+            for record in batch.records():
+                self.position = record.position
+                yield record
 
     async def _first(self, listing: SegmentList) -> Position:
         if self._subscription is not None:
@@ -75,7 +107,7 @@ class LogReader:
             return max(head, Position(found.seq if found else listing.log.next_segment, 0, 0))
         return head
 
-    async def _records(self) -> AsyncIterator[LogRecord]:
+    async def _batches(self) -> AsyncIterator[RecordBatch]:
         listing = await self.ns.read(self.name)
         at = await self._first(listing)
         while True:
@@ -90,10 +122,10 @@ class LogReader:
                 continue
             if segment.seq > at.segment:
                 at = Position(segment.seq, 0, 0)
-            async for record in self._segment(segment, at, listing.log.truncated_before):
-                self.position = record.position
-                at = Position(record.position.segment, record.position.entry, record.position.slot + 1)
-                yield record
+            async for batch in self._segment(segment, at, listing.log.truncated_before):
+                last = batch.last
+                at = Position(last.segment, last.entry, last.slot + 1)
+                yield batch
             # The segment's ledger is closed: it was completed, or is about to be (a roll, a recovery).
             # Gone from the list: truncated after it was read to its end (a segment is deleted only
             # once completed, and a read that found its ledger gone raised PositionTruncated).
@@ -111,7 +143,7 @@ class LogReader:
         return Position(segment.seq, segment.last_entry, segment.last_slot) if segment.records else \
             Position(segment.seq, 0, 0)
 
-    async def _segment(self, segment: Segment, at: Position, truncated: Position) -> AsyncIterator[LogRecord]:
+    async def _segment(self, segment: Segment, at: Position, truncated: Position) -> AsyncIterator[RecordBatch]:
         """The records of one segment at or after `at` (and not truncated), until its ledger ends."""
         try:
             handle = await self.ns.ledgers.open(segment.ledger_id, ledger_password(self.name))
@@ -127,20 +159,28 @@ class LogReader:
             while entry <= last:
                 window = await handle.read(entry, min(last, entry + READ_AHEAD_ENTRIES - 1))
                 for e in window:
-                    for record in self._unpack(segment.seq, e.entry_id, e.payload, first):
-                        yield record
+                    batch = self._unpack(segment.seq, e.entry_id, e.payload, first)
+                    if batch is not None:
+                        yield batch
                 entry += len(window)
             return
         async for e in handle.tail(entry):
-            for record in self._unpack(segment.seq, e.entry_id, e.payload, first):
-                yield record
+            batch = self._unpack(segment.seq, e.entry_id, e.payload, first)
+            if batch is not None:
+                yield batch
 
-    def _unpack(self, seq: int, entry_id: int, payload: bytes, first: Position) -> list[LogRecord]:
+    def _unpack(self, seq: int, entry_id: int, payload: bytes, first: Position) -> RecordBatch | None:
+        """The entry's records from `first` on and from the txid asked for, if any."""
         records = decode(payload)
         slot0 = first.slot if (seq, entry_id) == (first.segment, first.entry) else 0
-        return [LogRecord(Position(seq, entry_id, slot), records.txids[slot], records.payloads[slot])
-                for slot in range(slot0, records.count)
-                if self._txid is None or records.txids[slot] >= self._txid]
+        if self._txid is not None:  # records' txids increase: skip those below it
+            while slot0 < records.count and records.txids[slot0] < self._txid:
+                slot0 += 1
+        if slot0 >= records.count:
+            return None
+        if slot0 == 0:
+            return RecordBatch(seq, entry_id, 0, records.txids, records.payloads)
+        return RecordBatch(seq, entry_id, slot0, records.txids[slot0:], records.payloads[slot0:])
 
     async def _wait_for_change(self, listing: SegmentList) -> SegmentList:
         """The segment list once it changed from `listing` (watched, and read at least every LIST_POLL_S)."""

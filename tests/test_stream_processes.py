@@ -77,6 +77,9 @@ def test_records_read_back_in_order_once_and_a_clean_close_leaves_no_segment_in_
             from_txid = [r async for r in ns.reader("orders", txid=400, follow=False)]
             assert [r.txid for r in from_txid] == list(range(400, 502))
             assert [r.txid for r in await read_all(ns, "orders", many[10])] == list(range(12, 502))
+            batches = [b async for b in ns.reader("orders", many[10], follow=False).batches()]
+            assert [r for b in batches for r in b.records()] == await read_all(ns, "orders", many[10])
+            assert len(batches) < 490 and batches[0].first_slot == many[10].slot  # entries, not records
             with pytest.raises(LogNotFound):
                 await ns.read("nothing")
     run(cluster, scenario)
