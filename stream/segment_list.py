@@ -86,10 +86,14 @@ class SegmentList:
 
     def truncated(self, before: Position) -> SegmentList:
         """Records before `before` hidden from readers; completed segments wholly before it deleted.
-        Never moves the point back, never past the last completed record (+1)."""
+        Never moves the point back, never past the last completed record (+1, or the start of a
+        segment that only completed ones precede: the same records)."""
         point = max(before, self.log.truncated_before)
         done = [s for s in self.segments if s.completed and s.records]
-        if done and point > Position(done[-1].seq, done[-1].last_entry, done[-1].last_slot + 1):
+        current = self.in_progress
+        at_a_start = point.entry == point.slot == 0 and point.segment <= (
+            current.seq if current is not None else self.log.next_segment)  # only completed ones before it
+        if done and point > Position(done[-1].seq, done[-1].last_entry, done[-1].last_slot + 1) and not at_a_start:
             raise ValueError(f"cannot truncate past the last completed record ({done[-1].last_position})")
         keep = tuple(s for s in self.segments if not (s.completed and s.seq < point.segment))
         return replace(self, log=self.log.with_(truncated_before=point), segments=keep)

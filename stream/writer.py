@@ -28,6 +28,7 @@ import trio
 from ledger.errors import CloseConflict, LedgerClosed, LedgerError, LedgerFenced, LedgerInRecovery
 from ledger.handles import WriteHandle
 from metastore.client.recipes import Lock
+from metastore.errors import MetastoreError
 from stream import ownership
 from stream.errors import LogFenced, OwnershipTaken, StreamError
 from stream.namespace import ListChanged, Namespace, ledger_password, now_ms
@@ -299,6 +300,21 @@ class LogWriter:
         self._tally = ownership.SegmentTally()
         log.info("event=segment_rolled log=%s segment=%d ledger=%d", self.name, self._owned.segment.seq,
                  self._handle.ledger_id)
+        if self._settings.retention_ms or self._settings.retention_bytes:
+            assert self.ns.ledgers.nursery is not None
+            self.ns.ledgers.nursery.start_soon(self._retain)
+
+    async def _retain(self) -> None:
+        """Apply the log's retention after a roll (DistributedLog's writer does it too), beside
+        the writing: a truncation changes the list, which the writer's next roll takes in stride
+        (the epoch is unchanged)."""
+        try:
+            point = await self.ns.apply_retention(self.name)
+        except (LedgerError, StreamError, MetastoreError, ValueError) as e:
+            log.warning("event=log_retention_failed log=%s error=%s", self.name, e)
+            return
+        if point is not None:
+            log.info("event=log_retention log=%s truncated_before=%s", self.name, point)
 
     async def close(self) -> None:
         """Flush, complete the last segment and give up ownership (a clean shutdown leaves no

@@ -193,6 +193,10 @@ def test_truncation_deletes_whole_segments_hides_the_rest_and_never_goes_back():
     with pytest.raises(ValueError, match="past the last completed"):
         before.truncated(Position(2, 4, 3))
     assert before.truncated(Position(2, 4, 2)).log.truncated_before == Position(2, 4, 2)
+    whole = before.truncated(Position(3, 0, 0))  # after every completed record: segments 1 and 2 go
+    assert [s.seq for s in whole.segments] == [3] and whole.log.truncated_before == Position(3, 0, 0)
+    with pytest.raises(ValueError, match="past the last completed"):
+        before.truncated(Position(3, 0, 1))
 
 
 def test_retention_by_age_and_by_size_names_the_first_segment_kept():

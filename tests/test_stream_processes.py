@@ -362,3 +362,24 @@ def test_truncation_deletes_whole_segments_and_the_bookies_reclaim_their_space(c
                     await trio.sleep(0.1)
             assert all(g["ledgers_deleted"] >= len(gone) and g["bytes_freed"] > 0 for g in gc.values()), gc
     run(cluster, scenario)
+
+
+def test_retention_by_size_is_applied_by_the_writer_as_its_segments_roll(cluster):
+    name = "retained"
+    create_log(cluster, name, LogSettings(roll_bytes=2_000, retention_bytes=5_000))
+
+    async def scenario(open_namespace):
+        async with open_namespace() as ns:
+            async with ns.writer(name) as w:
+                for t in range(1, 201):  # 20 KB in entries of one record: about ten rolls
+                    await w.write(t, bytes(100))
+            with trio.fail_after(30):
+                while True:  # retention runs beside the writer, after each roll
+                    listing = await ns.read(name)
+                    if sum(s.bytes for s in listing.segments) <= 5_000:
+                        break
+                    await trio.sleep(0.1)
+            assert listing.segments[0].seq > 3 and listing.log.truncated_before == Position(listing.segments[0].seq, 0, 0)
+            kept = [r.txid for r in await read_all(ns, name)]
+            assert kept == list(range(201 - len(kept), 201)) and 0 < len(kept) <= 50
+    run(cluster, scenario)
