@@ -26,14 +26,11 @@ from typing import Any
 
 import trio
 
-from bookie.client import BookiePool
 from bookie.errors import BookieError
 from clusterd.config import ClusterConfig
 from clusterd.ctl import zk as zkctl
-from clusterd.daemon import tls_node
-from ledger.client import LedgerClient
+from clusterd.ctl.sdk_session import Session, action_parser, failure_in, out
 from ledger.errors import LedgerError
-from metastore.client import MetaClient
 from metastore.errors import MetastoreError
 from stream.errors import StreamError
 from stream.log_metadata import LogSettings
@@ -51,10 +48,7 @@ def add_commands(command: Callable[[str, Any, str], argparse.ArgumentParser]) ->
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
 
     def action(name: str, help_text: str, example: str) -> argparse.ArgumentParser:
-        a = actions.add_parser(name, help=help_text, description=help_text, epilog=f"example: {example}")
-        a.add_argument("--json", action="store_true", help="print JSON")
-        a.add_argument("--config", default=argparse.SUPPRESS, help="cluster config (default: ./cluster.toml)")
-        return a
+        return action_parser(actions, name, help_text, example)
 
     create = action("create", "a new, empty log", "clusterctl log create orders -E 3 -Q 3 -A 2")
     create.add_argument("name")
@@ -101,9 +95,7 @@ def cmd_log(config: ClusterConfig, args: argparse.Namespace) -> int:
         "delete": _delete}[args.action]
 
     async def main() -> int:
-        async with MetaClient(config.client_addresses(), tls=tls_node.operator_tls(config)) as meta, \
-                BookiePool(config.bookie_addresses(), tls=tls_node.operator_tls(config, "bookie")) as pool, \
-                LedgerClient(meta, pool) as ledgers:
+        async with Session(config) as (meta, ledgers):
             return await handler(Namespace(meta, ledgers), args)
     try:
         return trio.run(main)
@@ -121,14 +113,7 @@ _FAILURES = (StreamError, LedgerError, BookieError, MetastoreError, ValueError)
 
 
 def _failure(error: BaseException) -> BaseException | None:
-    """The operation's own error, out of the exception groups of the clients' nurseries."""
-    if isinstance(error, BaseExceptionGroup):
-        return next(filter(None, map(_failure, error.exceptions)), None)
-    return error if isinstance(error, _FAILURES) else None
-
-
-def _out(args: argparse.Namespace, data: Any, text: str) -> None:
-    print(json.dumps(data) if args.json else text, flush=True)
+    return failure_in(error, _FAILURES)
 
 
 async def _create(ns: Namespace, args: argparse.Namespace) -> int:
@@ -136,13 +121,13 @@ async def _create(ns: Namespace, args: argparse.Namespace) -> int:
                            roll_bytes=args.roll_bytes, roll_ms=args.roll_ms, retention_ms=args.retention_ms,
                            retention_bytes=args.retention_bytes)
     await ns.create(args.name, settings)
-    _out(args, {"created": args.name}, f"log {args.name} created")
+    out(args, {"created": args.name}, f"log {args.name} created")
     return 0
 
 
 async def _ls(ns: Namespace, args: argparse.Namespace) -> int:
     names = await ns.list()
-    _out(args, names, "\n".join(names))
+    out(args, names, "\n".join(names))
     return 0
 
 
@@ -181,7 +166,7 @@ async def _append(ns: Namespace, args: argparse.Namespace) -> int:
     async with ns.writer(args.name) as w:
         first = w.last_txid + 1 if args.txid is None else args.txid
         positions = await w.write_many((first + i, p) for i, p in enumerate(payloads))
-    _out(args, {"positions": [str(p) for p in positions], "first_txid": first},
+    out(args, {"positions": [str(p) for p in positions], "first_txid": first},
          f"{len(positions)} record(s) at {positions[0]}..{positions[-1]}, txids {first}..{first + len(payloads) - 1}")
     return 0
 
@@ -196,18 +181,18 @@ def _record_dict(r: LogRecord) -> dict[str, Any]:
 
 async def _tail(ns: Namespace, args: argparse.Namespace) -> int:
     async for r in ns.reader(args.name, args.start, txid=args.txid, follow=args.follow):
-        _out(args, _record_dict(r), f"{r.position}\t{r.txid}\t{r.payload.decode('utf-8', errors='replace')}")
+        out(args, _record_dict(r), f"{r.position}\t{r.txid}\t{r.payload.decode('utf-8', errors='replace')}")
     return 0
 
 
 async def _truncate(ns: Namespace, args: argparse.Namespace) -> int:
     listing = await ns.truncate(args.name, args.position)
-    _out(args, {"truncated_before": str(listing.log.truncated_before), "segments": len(listing.segments)},
+    out(args, {"truncated_before": str(listing.log.truncated_before), "segments": len(listing.segments)},
          f"log {args.name}: truncated before {listing.log.truncated_before}")
     return 0
 
 
 async def _delete(ns: Namespace, args: argparse.Namespace) -> int:
     await ns.delete(args.name)
-    _out(args, {"deleted": args.name}, f"log {args.name} deleted")
+    out(args, {"deleted": args.name}, f"log {args.name} deleted")
     return 0

@@ -18,20 +18,17 @@ leader, version mismatch, ...), 2 usage; `get` of a missing key: 1.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from collections.abc import Awaitable, Callable
-from contextlib import AsyncExitStack
 from typing import Any
 
 import trio
 
-from bookie.client import BookiePool
 from bookie.errors import BookieError
 from clusterd.config import ClusterConfig
 from clusterd.ctl import zk as zkctl
-from clusterd.daemon import tls_node
+from clusterd.ctl.sdk_session import Session, action_parser, failure_in, out
 from ledger.client import LedgerClient
 from ledger.errors import LedgerError
 from metastore.client import MetaClient
@@ -53,9 +50,7 @@ def add_commands(command: Callable[[str, Any, str], argparse.ArgumentParser]) ->
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
 
     def action(name: str, help_text: str, example: str) -> argparse.ArgumentParser:
-        a = actions.add_parser(name, help=help_text, description=help_text, epilog=f"example: {example}")
-        a.add_argument("--json", action="store_true", help="print JSON")
-        a.add_argument("--config", default=argparse.SUPPRESS, help="cluster config (default: ./cluster.toml)")
+        a = action_parser(actions, name, help_text, example)
         a.add_argument("name", help="the tablespace")
         return a
 
@@ -94,7 +89,7 @@ def cmd_table(config: ClusterConfig, args: argparse.Namespace) -> int:
         "create": _create, "put": _put, "get": _get, "delete": _delete, "scan": _scan, "status": _status}[args.action]
 
     async def main() -> int:
-        async with _Session(config) as (meta, ledgers):
+        async with Session(config) as (meta, ledgers):
             return await handler(config, meta, ledgers, args)
     try:
         return trio.run(main)
@@ -110,54 +105,28 @@ _FAILURES = (TableError, StreamError, LedgerError, BookieError, MetastoreError, 
 
 
 def _failure(error: BaseException) -> BaseException | None:
-    if isinstance(error, BaseExceptionGroup):
-        return next(filter(None, map(_failure, error.exceptions)), None)
-    return error if isinstance(error, _FAILURES) else None
-
-
-class _Session:
-    """The metastore, bookie and ledger clients of one session, as an async context."""
-
-    def __init__(self, config: ClusterConfig, session_timeout_ms: int | None = None) -> None:
-        self.config, self.session_ms = config, session_timeout_ms
-
-    async def __aenter__(self) -> tuple[MetaClient, LedgerClient]:
-        self.stack = AsyncExitStack()
-        kw = {} if self.session_ms is None else {"session_timeout_ms": self.session_ms}
-        meta = await self.stack.enter_async_context(
-            MetaClient(self.config.client_addresses(), tls=tls_node.operator_tls(self.config), **kw))
-        pool = await self.stack.enter_async_context(
-            BookiePool(self.config.bookie_addresses(), tls=tls_node.operator_tls(self.config, "bookie")))
-        ledgers = await self.stack.enter_async_context(LedgerClient(meta, pool))
-        return meta, ledgers
-
-    async def __aexit__(self, *exc: object) -> bool | None:
-        return await self.stack.__aexit__(*exc)
-
-
-def _out(args: argparse.Namespace, data: Any, text: str) -> None:
-    print(json.dumps(data) if args.json else text, flush=True)
+    return failure_in(error, _FAILURES)
 
 
 async def _create(config: ClusterConfig, meta: MetaClient, ledgers: LedgerClient, args: argparse.Namespace) -> int:
     settings = LogSettings(ensemble=args.ensemble, write_quorum=args.write_quorum, ack_quorum=args.ack_quorum,
                            roll_bytes=args.roll_bytes)
     await Replica.create(meta, ledgers, args.name, settings)
-    _out(args, {"created": args.name}, f"tablespace {args.name} created")
+    out(args, {"created": args.name}, f"tablespace {args.name} created")
     return 0
 
 
 async def _put(config: ClusterConfig, meta: MetaClient, ledgers: LedgerClient, args: argparse.Namespace) -> int:
     async with TableClient(meta, args.name) as t:
         version = await t.put(args.table, args.key, args.value, args.expect)
-    _out(args, {"version": version}, f"version {version}")
+    out(args, {"version": version}, f"version {version}")
     return 0
 
 
 async def _delete(config: ClusterConfig, meta: MetaClient, ledgers: LedgerClient, args: argparse.Namespace) -> int:
     async with TableClient(meta, args.name) as t:
         await t.delete(args.table, args.key, args.expect)
-    _out(args, {"deleted": args.key}, "deleted")
+    out(args, {"deleted": args.key}, "deleted")
     return 0
 
 
@@ -165,26 +134,26 @@ async def _get(config: ClusterConfig, meta: MetaClient, ledgers: LedgerClient, a
     async with TableClient(meta, args.name) as t:
         found = await t.get(args.table, args.key)
     if found is None:
-        _out(args, None, f"no key {args.key!r}")
+        out(args, None, f"no key {args.key!r}")
         return EXIT_FAILED
-    _out(args, {"value": found[0], "version": found[1]}, f"{found[0]}  (version {found[1]})")
+    out(args, {"value": found[0], "version": found[1]}, f"{found[0]}  (version {found[1]})")
     return 0
 
 
 async def _scan(config: ClusterConfig, meta: MetaClient, ledgers: LedgerClient, args: argparse.Namespace) -> int:
     async with TableClient(meta, args.name) as t:
         items = await t.scan(args.table, args.start, args.end, args.limit)
-    _out(args, [list(i) for i in items], "\n".join(f"{k}\t{v}\t{n}" for k, v, n in items))
+    out(args, [list(i) for i in items], "\n".join(f"{k}\t{v}\t{n}" for k, v, n in items))
     return 0
 
 
 async def _status(config: ClusterConfig, meta: MetaClient, ledgers: LedgerClient, args: argparse.Namespace) -> int:
     async with TableClient(meta, args.name) as t:
         if await t.find_leader() is None:
-            _out(args, {"leader": None}, f"tablespace {args.name}: no leader")
+            out(args, {"leader": None}, f"tablespace {args.name}: no leader")
             return EXIT_FAILED
         status, answer = await t._request("GET", "/status", None)
-    _out(args, answer, "\n".join(f"{k}: {v}" for k, v in answer.items()))
+    out(args, answer, "\n".join(f"{k}: {v}" for k, v in answer.items()))
     return 0 if status == 200 else EXIT_FAILED
 
 
@@ -202,7 +171,7 @@ def _serve(config: ClusterConfig, args: argparse.Namespace) -> int:
             print(f"SERVING {address}", flush=True)
             while True:
                 try:
-                    async with _Session(config, SERVE_SESSION_MS) as (meta, ledgers):
+                    async with Session(config, SERVE_SESSION_MS) as (meta, ledgers):
                         replica = Replica(meta, ledgers, args.name, args.replica, address,
                                           checkpoint_every=args.checkpoint_every)
                         holder["replica"] = replica
