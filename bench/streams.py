@@ -101,18 +101,19 @@ async def paced(ns: Namespace, name: str, seconds: float, rate: int) -> list[flo
     return latencies
 
 
-async def delivery(ns: Namespace, hosts: list, seconds: float, rate: int, folder: Path) -> list[float]:
-    await ns.create("delivery", SETTINGS)
+async def delivery(ns: Namespace, hosts: list, seconds: float, rate: int, folder: Path,
+                   name: str = "delivery") -> list[float]:
+    await ns.create(name, SETTINGS)
     count = int(seconds * rate)
     log = open(folder / "tail.out", "w+")
     reader = subprocess.Popen([sys.executable, "-m", "bench.streams_proc", "tail", "--hosts", json.dumps(hosts),
-                               "--log", "delivery", "--count", str(count)], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+                               "--log", name, "--count", str(count)], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     try:
         with trio.fail_after(30):
             while "ready" not in (folder / "tail.out").read_text():
                 await trio.sleep(0.05)
         await trio.sleep(1.0)  # its first long poll is out
-        await paced(ns, "delivery", seconds, rate)
+        await paced(ns, name, seconds, rate)
         with trio.fail_after(60):
             while reader.poll() is None:
                 await trio.sleep(0.05)

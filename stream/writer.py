@@ -38,7 +38,7 @@ from stream.segment import Segment
 
 log = logging.getLogger("quire.stream.writer")
 
-DEFAULT_MAX_IN_FLIGHT = 2
+DEFAULT_MAX_IN_FLIGHT = 1
 _FENCED = (LedgerFenced, LedgerClosed, LedgerInRecovery, CloseConflict)
 
 
