@@ -5,6 +5,7 @@ a log's znodes; an entry of a segment could come from any ledger writer)."""
 from __future__ import annotations
 
 import json
+import struct
 
 import pytest
 from hypothesis import given, strategies as st
@@ -71,6 +72,19 @@ def test_every_prefix_and_extension_of_a_record_set_is_refused():
             decode(SAMPLE_BYTES[:end])
     with pytest.raises(CorruptRecordSet, match="after"):
         decode(SAMPLE_BYTES + b"\0")
+
+
+def test_a_record_set_with_txids_out_of_order_or_out_of_range_is_refused():
+    head = struct.pack(">BIQQ", 1, 3, 0, 0)
+    def records(*txids):
+        return head + b"".join(struct.pack(">QI", t, 1) + b"x" for t in txids)
+    assert decode(records(1, 2, 3)).txids == [1, 2, 3]
+    with pytest.raises(CorruptRecordSet, match="transaction id 2 after 2"):
+        decode(records(1, 2, 2))
+    with pytest.raises(CorruptRecordSet, match="transaction id 1 after 5"):
+        decode(records(5, 1, 9))
+    with pytest.raises(CorruptRecordSet, match="out of range"):
+        decode(records(1, 2, 1 << 63))
 
 
 @given(st.data())
