@@ -34,6 +34,7 @@ import inspect
 import itertools
 import logging
 import math
+import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +44,7 @@ from bookie import protocol as P
 from bookie.errors import BookieError, EntryCorrupt, EntryTooLarge, NoSuchEntry, Overloaded, StorageError
 from bookie.service_config import BookieServiceConfig
 from bookie.service_connection import BookieConnection, ThreadAnswer
+from edge import metrics
 from edge.outbox import ByteBudget
 from edge.sockets import ConnectionCounts
 
@@ -307,12 +309,15 @@ class BookieService:
         if batch is None:
             self._answer_adds(conn, add_ids, adds, nbytes, outcomes, None)
         elif outcomes.count(None) == len(outcomes):  # every add accepted: answered from the writer's thread
-            batch.on_done(functools.partial(self._answered_adds, conn, len(adds), nbytes, answer))
+            started = time.perf_counter() if metrics.ENABLED else None
+            batch.on_done(functools.partial(self._answered_adds, conn, len(adds), nbytes, answer, started))
         else:
             batch.on_done(functools.partial(self._answer_adds, conn, add_ids, adds, nbytes, outcomes))
 
     def _answered_adds(self, conn: BookieConnection, count: int, nbytes: int, answer: ThreadAnswer,
-                       error: StorageError | None) -> None:
+                       started: float | None, error: StorageError | None) -> None:
+        if started is not None:  # one observation for the adds of one socket read: they share a latency
+            metrics.BOOKIE_ADD_SECONDS.observe(time.perf_counter() - started)
         conn.in_flight -= count
         conn.in_flight_bytes -= nbytes
         self.in_flight_bytes_total -= nbytes
@@ -364,7 +369,10 @@ class BookieService:
                     # durable before the entry is read, so the old writer cannot add behind it.
                     assert req.master_key is not None
                     await self.storage.fence(req.ledger_id, req.master_key)
+                started = time.perf_counter()
                 data = await self._read(req.ledger_id, req.entry_id)
+                if metrics.ENABLED:
+                    metrics.BOOKIE_READ_SECONDS.observe(time.perf_counter() - started)
                 return P.Response(req.request_id, P.Kind.READ, P.Status.OK, req.ledger_id, req.entry_id, data=data)
             case P.Fence():
                 self.stats["fences"] += 1

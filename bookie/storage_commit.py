@@ -75,7 +75,8 @@ class GroupCommit:
         self._idle = trio.Event()
         self._synced: tuple[Batch, list[int]] | None = None  # durable, not yet applied (set by the writer's thread)
         self._writer: GroupCommitWriter[Batch, list[int]] = GroupCommitWriter(
-            self._write_one, on_done=self._handed_back, after_sync=self._synced_now, name="quire-bookie-journal")
+            self._write_one, on_done=self._handed_back, after_sync=self._synced_now, name="quire-bookie-journal",
+            metrics_log="journal")
 
     def join(self, records: list[bytes], entries: list, count: int | None = None) -> Batch:
         """Put records (and the entries they carry) in the open batch; returns it. `count`: how many

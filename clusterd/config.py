@@ -136,8 +136,10 @@ class ClusterConfig:
     sasl_users_file: str = ""
     # ZooKeeper's enforce.auth.schemes (sasl, digest, x509): a session with none of them is refused.
     enforce_auth_schemes: str = ""
-    four_letter_words: str = "ruok,srvr,stat,mntr,conf,envi,isro"  # answered on the client port (allow-list)
+    # answered on the client port (allow-list)
+    four_letter_words: str = "ruok,srvr,stat,mntr,conf,envi,isro,cons,wchs,dump"
     read_only_mode: bool = False  # ZooKeeper's readonlymode.enabled: without a quorum, serve read-only sessions
+    metrics: bool = True  # record latency histograms (edge/metrics.py); off only to measure what they cost
     bookie_max_entry_bytes: int = 5 << 20  # bookies (nodes with the bookie role): the largest packaged entry stored
     bookie_max_in_flight: int = 10_000  # requests served at once per bookie connection; more: OVERLOADED
     # The bookie port's limits (bookie/service_config.py): per connection, then per address and in total.
@@ -233,7 +235,8 @@ CLIENT_PROTOCOLS = ("zookeeper",)
 _MAY_BE_EMPTY = frozenset({"super_digest", "session_secret", "sasl_users_file", "enforce_auth_schemes"})  # empty: the setting is off
 _KNOWN_SECRETS = frozenset({"quire-change-me", "quire"})  # shipped defaults once: everyone knows them (issue 17)
 BOOKIE_MAX_ENTRY_BYTES_LIMIT = 64 << 20  # the storage engine's ceiling (bookie/storage_config.py)
-KNOWN_FOUR_LETTER_WORDS = frozenset({"ruok", "srvr", "stat", "mntr", "conf", "envi", "isro"})
+KNOWN_FOUR_LETTER_WORDS = frozenset({"ruok", "srvr", "stat", "mntr", "conf", "envi", "isro", "cons", "wchs", "dump",
+                                     "srst"})
 
 
 def load(path: str | os.PathLike[str]) -> ClusterConfig:

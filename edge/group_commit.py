@@ -31,11 +31,14 @@ import collections
 import os
 import select
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
 import trio
+
+from edge import metrics
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -61,8 +64,11 @@ class GroupCommitWriter(Generic[T, R]):
     def __init__(self, write: Callable[[list[T]], R], *, on_done: Callable[[], None],
                  after_sync: Callable[[list[T], R], R | None] | None = None,
                  max_queued_bytes: int | None = None, idle_exit_s: float | None = 10.0,
-                 name: str = "quire-group-commit") -> None:
+                 name: str = "quire-group-commit", metrics_log: str | None = None) -> None:
         self._write, self._on_done, self._after_sync = write, on_done, after_sync
+        # (duration, batch size) histograms of edge/metrics.py, for a log the node's metrics name
+        self._observed = None if metrics_log is None else (
+            metrics.FSYNC_SECONDS.labels(metrics_log), metrics.FSYNC_BATCH.labels(metrics_log))
         self.max_queued_bytes, self.idle_exit_s, self.name = max_queued_bytes, idle_exit_s, name
         # Submissions in order (the event loop appends, the thread pops: no lock needed under the GIL).
         self._todo: collections.deque[tuple[list[T], int]] = collections.deque()
@@ -211,7 +217,14 @@ class GroupCommitWriter(Generic[T, R]):
             return None, self.failed
         try:
             self.writes += 1
-            result = self._write(items)
+            if self._observed is not None and metrics.ENABLED:
+                start = time.perf_counter()
+                result = self._write(items)
+                seconds, batch = self._observed
+                seconds.observe(time.perf_counter() - start)
+                batch.observe(len(items))
+            else:
+                result = self._write(items)
             return (result if self._after_sync is None else self._after_sync(items, result)), None
         except BaseException as err:  # handed back to every waiter; a bug in after_sync stops it too
             self.failed = err

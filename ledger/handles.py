@@ -17,12 +17,14 @@ ledger once it is recovered.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import trio
 
 from bookie.entry import NO_ENTRY, Digester, Entry
+from edge import metrics
 from ledger import actions as A
 from ledger.driver import Context, OpDriver
 from ledger.errors import EntryNotAvailable, LedgerError, ReadBeyondLastConfirmed
@@ -37,10 +39,11 @@ TAIL_BATCH = 64
 class PendingAppend:
     """One append in flight: `entry_id` at once, `await result()` for the outcome."""
 
-    __slots__ = ("entry_id", "_event", "_error", "done")
+    __slots__ = ("entry_id", "_event", "_error", "done", "started")
 
-    def __init__(self, entry_id: int) -> None:
+    def __init__(self, entry_id: int, started: float = 0.0) -> None:
         self.entry_id = entry_id
+        self.started = started  # perf_counter() at the call, for the append latency metric (0: not timed)
         self._event: trio.Event | None = None  # made only for a result() awaited before the outcome
         self._error: LedgerError | None = None
         self.done = False
@@ -94,6 +97,7 @@ class WriteHandle:
         self._driver = OpDriver(ctx, writer.ledger_id, master_key, tick_s=tick_s, inline=True)  # acks wake us at once
         self._pending: dict[int, PendingAppend] = {}
         self._closing: _Outcome | None = None
+        self._changes_counted = writer.ensemble_changes
         self._op = self._driver.add(writer, self._on_action, start=False)
         ctx.nursery.start_soon(self._driver.pump, self._finished)
 
@@ -117,7 +121,7 @@ class WriteHandle:
     def start_append(self, payload: bytes) -> PendingAppend:
         """Send an append now and return at once; raises the handle's error if it cannot write."""
         entry_id, actions = self._writer.append(bytes(payload))
-        pending = self._pending[entry_id] = PendingAppend(entry_id)
+        pending = self._pending[entry_id] = PendingAppend(entry_id, time.perf_counter() if metrics.ENABLED else 0.0)
         self._driver.execute(self._op, actions)
         return pending
 
@@ -149,8 +153,16 @@ class WriteHandle:
     def _on_action(self, action: A.Action) -> None:
         if isinstance(action, A.Acknowledge):
             pop = self._pending.pop
+            now, observe = time.perf_counter(), metrics.LEDGER_APPEND_SECONDS.observe
             for entry_id in action.entry_ids:
-                pop(entry_id)._finish()
+                pending = pop(entry_id)
+                pending._finish()
+                if pending.started:
+                    observe(now - pending.started)
+            changes = self._writer.ensemble_changes
+            if changes != self._changes_counted:  # counted here: the writer itself is sans-I/O and process-free
+                metrics.LEDGER_ENSEMBLE_CHANGES.inc(changes - self._changes_counted)
+                self._changes_counted = changes
         elif isinstance(action, A.FailAdds):
             for entry_id in action.entry_ids:
                 self._pending.pop(entry_id)._finish(action.error)

@@ -293,8 +293,13 @@ def assert_same_view(model: Model, tree: DataTree) -> None:
         assert tree.ephemerals(session_id) == model.ephemerals(session_id)
     assert tree.all_children_number("/") == len(model.nodes) - 1
     assert tree.digest() == tree.recompute_digest()
+    assert tree.data_bytes == data_bytes(tree)  # mntr's approximate data size, kept incrementally
     order = {path: i for i, path in enumerate(tree._nodes)}  # the order a snapshot writes: parents first
     assert all(order[paths.parent_of(p)] < i for p, i in order.items() if p != "/")
+
+
+def data_bytes(tree: DataTree) -> int:
+    return sum(len(path) + len(node.data or b"") for path, node in tree._nodes.items())
 
 
 def run(ops: list, snapshot_at: int):
@@ -329,6 +334,7 @@ def test_tree_matches_the_model_and_replay_from_any_snapshot_is_exact(ops, snaps
             result = apply(restored, zxid, decode_txn(raw))
             assert isinstance(result, AlreadyApplied) == (zxid <= frozen.zxid)
         assert restored.digest() == tree.digest() == restored.recompute_digest()
+        assert restored.data_bytes == tree.data_bytes == data_bytes(restored)
         assert encode_tree(restored) == encode_tree(tree)
         assert restored.last_zxid == tree.last_zxid
 

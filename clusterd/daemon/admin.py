@@ -1,7 +1,7 @@
 """The admin port: a deliberately tiny HTTP/1.1 server, and the client clusterctl uses.
 
     GET /status   -> the node's status as JSON
-    GET /metrics  -> Prometheus text format
+    GET /metrics  -> Prometheus text format (edge/metrics.py, clusterd/daemon/status_metrics.py)
 
 With [tls] admin = true (the default of a [tls] table) the port speaks HTTPS and
 requires a client certificate of the cluster CA (curl --cacert ca.pem --cert
@@ -17,21 +17,21 @@ from __future__ import annotations
 
 import json
 import logging
-import math
-import re
 from collections.abc import Callable
 from typing import Any
 
 import trio
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from clusterd.daemon.status_metrics import StatusCollector
 from clusterd.daemon.tls_streams import ClientTls, ServerTls
+from edge import metrics
 
 log = logging.getLogger(__name__)
 
 MAX_REQUEST_HEAD_BYTES = 8 << 10
 READ_TIMEOUT_S = 5.0
 MAX_RESPONSE_BYTES = 4 << 20
-ROLES = ("leader", "follower", "observer", "looking", "bookie")  # "bookie": a bookie-only node
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout"}
 
 
@@ -81,10 +81,9 @@ class AdminServer:
             raise HttpError(404, f"no such path {path!r}: try /status or /metrics")
         if method != "GET":
             raise HttpError(405, f"method {method} not allowed: use GET")
-        status = self._status()
         if path == "/status":
-            return _response(200, "application/json", json.dumps(status, default=str).encode() + b"\n")
-        return _response(200, "text/plain; version=0.0.4", render_metrics(status).encode())
+            return _response(200, "application/json", json.dumps(self._status(), default=str).encode() + b"\n")
+        return _response(200, CONTENT_TYPE_LATEST, render_metrics(self._status))
 
 
 async def _read_head(stream: trio.abc.Stream) -> bytes:
@@ -117,38 +116,12 @@ def _response(status: int, content_type: str, body: bytes) -> bytes:
     return head.encode() + body
 
 
-def render_metrics(status: dict[str, Any]) -> str:
-    """Prometheus text of the numbers in a node status: role, epochs, zxids, log, client and bookie stats."""
-    lines = []
-
-    def gauge(name: str, value: Any, help_text: str) -> None:
-        value = int(value) if isinstance(value, bool) else value
-        if isinstance(value, (int, float)) and math.isfinite(value):
-            lines.extend([f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name} {value}"])
-
-    lines += ["# HELP quire_role 1 for the node's current Zab role, 0 for the others", "# TYPE quire_role gauge"]
-    lines += [f'quire_role{{role="{r}"}} {int(status.get("role") == r)}' for r in ROLES]
-    gauge("quire_epoch", status.get("epoch"), "currentEpoch: epoch of the last NEWLEADER acknowledged")
-    gauge("quire_accepted_epoch", status.get("accepted_epoch"), "acceptedEpoch: last epoch proposal accepted")
-    gauge("quire_last_zxid", status.get("last_zxid"), "zxid of the last transaction in the log")
-    gauge("quire_last_committed_zxid", status.get("last_committed_zxid"), "zxid of the last committed transaction")
-    gauge("quire_connected_peers", len(status.get("peers") or ()), "peers currently connected")
-    for group in ("log", "clients"):
-        for key, value in sorted((status.get(group) or {}).items()):
-            gauge(f"quire_{group}_{_metric_name(key)}", value, f"{group} statistic {key}")
-    bookie = status.get("bookie") or {}
-    gauge("quire_bookie_registered", bookie.get("registered"), "1 while the bookie is registered in the metastore")
-    gauge("quire_bookie_read_only", bookie.get("read_only"), "1 while the bookie's disk is over its threshold")
-    service = bookie.get("service") or {}
-    for key, value in sorted(service.items()):
-        gauge(f"quire_bookie_{_metric_name(key)}", value, f"bookie service statistic {key}")
-    for key, value in sorted((service.get("storage") or {}).items()):
-        gauge(f"quire_bookie_storage_{_metric_name(key)}", value, f"bookie storage statistic {key}")
-    return "\n".join(lines) + "\n"
-
-
-def _metric_name(key: str) -> str:
-    return re.sub(r"[^a-zA-Z0-9_]", "_", str(key))
+def render_metrics(status: Callable[[], dict[str, Any]]) -> bytes:
+    """Prometheus text: this process's histograms and counters (edge/metrics.py), then the gauges
+    read from the node's status now (clusterd/daemon/status_metrics.py)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StatusCollector(status))
+    return generate_latest(metrics.REGISTRY) + generate_latest(registry)
 
 
 async def fetch_status(host: str, port: int, *, timeout_s: float = 2.0,

@@ -24,6 +24,7 @@ import trio
 
 from bookie.gc import ExistsCheck, GcPolicy, MetadataScan
 from bookie.storage import BookieStorage
+from edge import metrics
 from ledger.service_loop import ServiceLoop
 from ledger.manager import LedgerManager
 from metastore.client import MetaClient
@@ -66,6 +67,7 @@ class BookieGarbageCollector:
         live = frozenset(await manager.list_ledgers())
         self.policy.observe_scan(MetadataScan(meta.last_zxid, int(trio.current_time() * 1000), live))
         self.stats["scans"] += 1
+        metrics.BOOKIE_GC_RUNS.inc()
         checks = {}
         for ledger_id in sorted(self.policy.candidates(self.storage.ledgers())):
             exists = await manager.exists(ledger_id)
@@ -74,9 +76,12 @@ class BookieGarbageCollector:
         if doomed:
             await self.storage.delete_ledgers(sorted(doomed))
             self.stats["ledgers_deleted"] += len(doomed)
+            metrics.BOOKIE_GC_LEDGERS.inc(len(doomed))
             log.info("event=bookie_gc_deleted ledgers=%s", sorted(doomed))
         compacted = await self.storage.compact()
         if compacted.logs_compacted:
             self.stats["compactions"] += 1
             self.stats["bytes_freed"] += compacted.bytes_freed
+            metrics.BOOKIE_COMPACTIONS.inc()
+            metrics.BOOKIE_COMPACTION_FREED_BYTES.inc(compacted.bytes_freed)
         return doomed

@@ -28,6 +28,8 @@ from clusterd.daemon.admin import AdminServer
 from clusterd.daemon.bookie_node import BookieNode, BookieStartupError
 from clusterd.config import ClusterConfig, ConfigError, NodeConfig, load
 from clusterd.tls_context import TlsSetupError
+from edge import metrics
+from metastore.edge.four_letter import client_port_status
 from metastore.edge.edge_guard import ClientLimits
 from metastore.edge.sasl_edge import SaslConfigError, SaslSettings, load_settings
 from metastore.edge.service import MetastoreConfig, MetastoreService
@@ -93,6 +95,7 @@ def _die(status: int, message: str) -> NoReturn:
 
 async def run_node(config: ClusterConfig, node: NodeConfig) -> None:
     """Run every service of `node` until SIGTERM or SIGINT."""
+    metrics.ENABLED = config.metrics
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_cancel_on_signal, signals, nursery.cancel_scope)
@@ -160,8 +163,7 @@ async def _start_ensemble_services(nursery: trio.Nursery, config: ClusterConfig,
         await nursery.start(service.run)
     except OSError as e:
         raise StartupError(f"cannot listen for clients on {node.bind_host}:{node.client_port}: {e}") from None
-    return {"status": driver.status, "clients": lambda: dict(service.stats, reply_bytes=service.reply_budget.used,
-                                                              reply_refusals=service.reply_budget.refusals)}
+    return {"status": driver.status, "clients": lambda: client_port_status(service)}
 
 
 def sasl_settings(config: ClusterConfig) -> SaslSettings:

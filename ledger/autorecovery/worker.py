@@ -48,6 +48,7 @@ from bookie.client import BookiePool
 from bookie.entry import DigestType, EntryFormatError, crc32c_digest_ok, parse_header
 from bookie.errors import BookieError, EntryCorrupt, NoSuchEntry, NoSuchLedger
 from bookie.registration import DAEMON_ACL, list_bookies
+from edge import metrics
 from ledger.autorecovery.tasks import (TASKS, AutoRecoveryConfig, decommissioned, list_tasks, lock_path, paused, read_task,
                                    task_path, wall_ms)
 from ledger.service_loop import ServiceLoop
@@ -197,6 +198,7 @@ class ReplicationWorker:
         except NoNode:
             pass
         self.stats["ledgers_repaired"] += 1
+        metrics.RECOVERY_LEDGERS_REPLICATED.inc()
         log.warning("event=ledger_rereplicated ledger=%s lost=%s damaged=%s", ledger_id, sorted(task.lost),
                     sorted(task.damaged))
         return 1
@@ -331,6 +333,7 @@ class ReplicationWorker:
             await client.pool.client(target).add(ledger_id, entry_id, metadata.master_key, data, recovery=True)
             self.stats["entries_copied"] += 1
             self.stats["bytes_copied"] += len(data)
+            metrics.RECOVERY_BYTES_COPIED.inc(len(data))
             return
         if candidates and absent == len(candidates):
             raise Unrepairable(f"ledger {ledger_id} entry {entry_id}: every surviving replica ({list(candidates)}) "

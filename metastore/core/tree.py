@@ -149,6 +149,9 @@ class DataTree:
         self._digest = 0
         self._epoch = 0
         self._undo: list[tuple] | None = None  # (undo function, *args) while a savepoint is open
+        # Bytes of every znode's path and data: ZooKeeper's approximate data size (mntr), kept as
+        # the tree changes so that a monitor's scrape costs no walk of a large tree.
+        self.data_bytes = 0
         self._install_system_nodes()
 
     def _install_system_nodes(self) -> None:
@@ -317,6 +320,7 @@ class DataTree:
     def _insert(self, path: str, node: Node) -> None:
         node.acl = self._intern(node.acl)
         self._nodes[path] = node
+        self.data_bytes += len(path) + len(node.data or b"")
         kind = ephemeral_type(node.owner)
         if kind is EphemeralType.CONTAINER:
             self._containers.add(path)
@@ -328,6 +332,7 @@ class DataTree:
 
     def _remove(self, path: str) -> Node:
         node = self._nodes.pop(path)
+        self.data_bytes -= len(path) + len(node.data or b"")
         if node.hash is None:
             self._materialize(path, node)
         self._digest = (self._digest - node.hash) & _U64
@@ -401,6 +406,7 @@ class DataTree:
 
     def _restore_data(self, path: str, data: bytes, data_hash: bytes, version: int, mzxid: int, mtime: int) -> None:
         node = self._writable(path)
+        self.data_bytes += len(data or b"") - len(node.data or b"")
         node.data, node.data_hash, node.version, node.mzxid, node.mtime = data, data_hash, version, mzxid, mtime
         self._rehash(path, node)
 
@@ -459,6 +465,7 @@ class DataTree:
         installs it at startup: version -1, mzxid = the config version. Not replicated state:
         outside the digest and the snapshot."""
         node = self._writable(paths.CONFIG)
+        self.data_bytes += len(data or b"") - len(node.data or b"")
         node.data, node.data_hash = data, data_hash(data)
         node.version, node.mzxid, node.mtime = -1, config_version, time_ms
 

@@ -44,7 +44,7 @@ class TreeAssembler:
             if not is_session_id(session_id):
                 raise ValueError(f"{session_id:#x} is not a session id")
         tree = self._tree = DataTree()
-        tree._nodes, tree._acls, tree._digest = {}, {}, 0
+        tree._nodes, tree._acls, tree._digest, tree.data_bytes = {}, {}, 0, 0
         self._path_order = path_order
         tree.last_zxid, tree._sessions = last_zxid, dict(sessions)
         self._previous = ""
@@ -100,6 +100,7 @@ class TreeAssembler:
         if owner:
             self._own(path, owner)
         self._tree._nodes[path] = node
+        self._tree.data_bytes += len(path) + len(data or b"")
         self.records += 1
 
     def _own(self, path: str, owner: int) -> None:

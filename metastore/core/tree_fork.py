@@ -33,6 +33,7 @@ def fork(tree: DataTree) -> DataTree:
     twin._ttls = set(tree._ttls)
     twin._acls = {acl: list(entry) for acl, entry in tree._acls.items()}  # the reference counts change
     twin._digest = tree._digest
+    twin.data_bytes = tree.data_bytes
     twin._epoch = next(_FORK_EPOCHS)
     twin._undo = None
     return twin

@@ -195,6 +195,13 @@ class WatchManager:
     def count(self) -> int:
         return sum(len(s) for table in self._by_kind.values() for s in table.values())
 
+    def summary(self) -> dict[str, int]:
+        """ZooKeeper's wchs: connections holding watches, distinct paths watched, watches."""
+        paths = set()
+        for table in self._by_kind.values():
+            paths.update(table)
+        return {"connections": len(self._by_conn), "paths": len(paths), "watches": self.count()}
+
     def _discard(self, kind: WatchKind, path: str, conn: int) -> None:
         watchers = self._by_kind[kind][path]
         watchers.discard(conn)

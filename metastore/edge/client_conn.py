@@ -35,6 +35,11 @@ class Connection:
     active: bool = True  # since the last touch round
     replies: collections.deque[Job] = field(default_factory=collections.deque)  # started, not yet answered
     reply_sizes: collections.deque[int] = field(default_factory=collections.deque)  # their request bytes
+    reply_started: collections.deque[tuple[int, float]] = field(default_factory=collections.deque)  # (op, arrival)
+    received: int = 0  # requests (ZooKeeper's cons: recved)
+    sent: int = 0  # frames: answers and notifications (cons: sent)
+    request_op: int = 0  # the request being started, and when it arrived (for the latency metrics)
+    request_arrived: float = 0.0
     advanced: trio.Event = field(default_factory=trio.Event)  # set whenever replies were answered
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)  # reading requests and awaiting replies
     closed: bool = False
@@ -54,6 +59,7 @@ class Connection:
 
     def send(self, payload: bytes) -> None:
         """Queue one frame; write it now when nothing else is queued or in flight."""
+        self.sent += 1
         self.send_raw(jute.frame(payload))
 
     def send_raw(self, data: bytes) -> None:

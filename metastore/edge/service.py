@@ -16,6 +16,7 @@ from __future__ import annotations
 import secrets
 import itertools
 import logging
+import time
 from dataclasses import dataclass
 from functools import partial
 
@@ -29,6 +30,7 @@ from metastore.edge.edge_guard import CLIENT_FAULTS, ClientLimits, ClientRefused
 from metastore.core.acl import SUPER_SCHEME, Id, digest_auth_ids
 from metastore.edge.four_letter import answer_four_letter_word
 from metastore.edge.handshake import SessionHandshake, now_ms
+from metastore.edge.request_latency import RequestLatency
 from metastore.wire.jute_defs import Err, KeeperState, OpCode, UnknownOpcode, Xid
 from metastore.core.prep import HOUSEKEEPING
 from metastore.edge.sasl_edge import SaslEdge, SaslSettings
@@ -59,7 +61,8 @@ class MetastoreConfig:
     min_session_timeout_ms: int = 2_000
     max_session_timeout_ms: int = 60_000
     session_secret: bytes = b""  # optional, mixed with the cluster secret (metastore.core.cluster_secret)
-    four_letter_words: frozenset[str] = frozenset({"ruok", "srvr", "stat", "mntr", "conf", "envi", "isro"})
+    four_letter_words: frozenset[str] = frozenset({"ruok", "srvr", "stat", "mntr", "conf", "envi", "isro", "cons",
+                                                   "wchs", "dump"})
     tick_ms: int = 50
     limits: ClientLimits = ClientLimits()
     tls: object = None  # TLS only when set, as ZooKeeper's secureClientPort (clusterd/daemon/tls_streams.py ServerTls)
@@ -89,9 +92,10 @@ class MetastoreService:
         self._cxids = itertools.count(1)
         self._handshake = SessionHandshake(self)
         driver.listen(self)
+        self.latency = RequestLatency()
         self.stats = {"requests": 0, "notifications": 0, "connections": 0, "connections_refused": 0,
                       "outstanding": 0, "outstanding_max": 0, "outstanding_bytes": 0, "outstanding_bytes_max": 0,
-                      "throttled": 0, "cut_off": 0, "sessions_refused": 0}
+                      "throttled": 0, "cut_off": 0, "sessions_refused": 0, "packets_sent": 0}
         self._addresses = ConnectionCounts(config.limits.max_client_connections, config.limits.max_connections,
                                            per_address_setting="max_client_connections",
                                            total_setting="max_client_connections_total")
@@ -250,6 +254,7 @@ class MetastoreService:
             pass  # the client went away (a reset arrives wrapped in the nursery's group): only it is affected
         finally:
             self.stats["cut_off"] += conn.cut_off
+            self.stats["packets_sent"] += conn.sent
             self._finished(conn, len(conn.replies))  # a connection cut off leaves its requests unanswered
             del self.connections[conn.id]
             self.watches.drop_connection(conn.id)
@@ -321,17 +326,21 @@ class MetastoreService:
     def _started(self, conn: Connection, job: Job, size: int) -> None:
         conn.replies.append(job)
         conn.reply_sizes.append(size)
+        conn.reply_started.append((conn.request_op, conn.request_arrived))
         stats = self.stats
         stats["outstanding"] += 1
         stats["outstanding_bytes"] += size
         stats["outstanding_max"] = max(stats["outstanding_max"], stats["outstanding"])
         stats["outstanding_bytes_max"] = max(stats["outstanding_bytes_max"], stats["outstanding_bytes"])
 
-    def _finished(self, conn: Connection, n: int) -> None:
-        """`n` requests at the head of the connection's queue were answered or dropped."""
+    def _finished(self, conn: Connection, n: int, *, answered: bool = True) -> None:
+        """`n` requests at the head of the connection's queue were answered (or dropped)."""
         for _ in range(n):
             conn.replies.popleft()
             self.stats["outstanding_bytes"] -= conn.reply_sizes.popleft()
+            op, arrived = conn.reply_started.popleft()
+            if answered:
+                self.latency.observe(op, time.perf_counter() - arrived)
         self.stats["outstanding"] -= n
         if self._below_limits():
             self._below_limit.set()
@@ -362,7 +371,7 @@ class MetastoreService:
                 break
             self._finished(conn, 1)
             if not answer():
-                self._finished(conn, len(replies))
+                self._finished(conn, len(replies), answered=False)
                 conn.scope.cancel()  # the connection ends here: stop reading requests too
                 break
         conn.advanced.set()
@@ -396,8 +405,10 @@ class MetastoreService:
             log.info("event=unknown_opcode conn=%s error=%r", conn.id, e)
             return None
         conn.active = True
+        conn.received += 1
         self.stats["requests"] += 1
         op = header.type
+        conn.request_op, conn.request_arrived = op, time.perf_counter()
         if op == OpCode.SASL or not self.sasl.admits(conn, op):  # SASL, and enforce.auth before anything else
             return self.sasl.answer(conn, header, body)
         if op == OpCode.PING:

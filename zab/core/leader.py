@@ -341,6 +341,23 @@ class LeaderRole:
         return frozenset([self.id] + [f for f in self.forwarding if self.learners[f].state is LearnerState.UPTODATE
                                       and now - self.learners[f].last_heard <= limit])
 
+    def followers_status(self) -> dict:
+        """What a monitor asks of a leader (ZooKeeper's mntr zk_followers, zk_synced_followers,
+        zk_pending_syncs): per learner its state, the highest zxid it acknowledged and how many
+        transactions it is behind (within this epoch: a zxid of an older one counts as all of it)."""
+        last, synced = self.peer.last_zxid, self._synced()
+        learners = {}
+        for fid, handle in sorted(self.learners.items()):
+            acked = self.acked_through.get(fid, 0)
+            same_epoch = Z.epoch_of(acked) == Z.epoch_of(last)
+            behind = Z.counter_of(last) - Z.counter_of(acked) if same_epoch else Z.counter_of(last)
+            learners[str(fid)] = {"state": handle.state.name.lower(), "observer": handle.observer,
+                                  "synced": fid in synced, "acked_zxid": acked,
+                                  "lag_txns": None if handle.observer else max(0, behind)}
+        return {"followers": learners, "synced_followers": len(synced) - 1,
+                "pending_syncs": sum(1 for h in self.learners.values()
+                                     if h.state in (LearnerState.SNAPPING, LearnerState.SYNCING))}
+
     def on_new_ensemble(self) -> list[Action]:
         """The committed or the pending ensemble changed. Step down if we are no longer a voter
         (the new voters elect at once); drop learners it removed, or whose way of learning it

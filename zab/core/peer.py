@@ -131,7 +131,8 @@ class Peer:
         return {"id": self.id, "role": self.role.value, "phase": self.phase.value,
                 "epoch": self.current_epoch, "accepted_epoch": self.accepted_epoch,
                 "last_zxid": self.last_zxid, "last_committed_zxid": self.last_committed,
-                "leader": self.leader_id, "snapshot_in_txns": self._snapshot_due - self._since_snapshot}
+                "leader": self.leader_id, "snapshot_in_txns": self._snapshot_due - self._since_snapshot,
+                **(self.role_state.followers_status() if isinstance(self.role_state, LeaderRole) else {})}
 
     # -- dispatch -------------------------------------------------------------
     def _on_tick(self) -> list[Action]:

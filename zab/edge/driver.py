@@ -22,6 +22,7 @@ import collections
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +39,7 @@ from zab.core.ensemble import Ensemble, peer_addresses
 from zab.storage.ensemble_file import read_ensemble, write_ensemble
 from zab.storage.epochfile import write_epoch
 from zab.errors import NoLeader, OutcomeUnknown
-from edge import long_lived
+from edge import long_lived, metrics
 from zab.edge.log_writer import DEFAULT_MAX_QUEUED_BYTES, LogWriter
 from zab.core.peer import DiskState, Peer
 from zab.storage.recovery import recover
@@ -154,6 +155,12 @@ class PeerDriver:
         self._persisting: PersistEpoch | None = None
         self._persist_wakeup = trio.Event()
         self._waiters: dict[tuple[int, int], _Waiter] = {}  # by (session, request identity)
+        # Metrics (edge/metrics.py): when this node last became LOOKING, and, while it leads, when
+        # each proposal was appended (by zxid), until its delivery (the commit latency).
+        metrics.ELECTIONS.inc()  # a node starts LOOKING
+        self._looking_since: float | None = time.perf_counter()
+        self._leading = False
+        self._proposed_at: dict[int, float] = {}
         if not 0 < config.my_id < 1 << REQUEST_NODE_BITS:
             raise ValueError(f"node id {config.my_id} must be in 1..{(1 << REQUEST_NODE_BITS) - 1}")
         self._request_seq = int.from_bytes(os.urandom(8), "big") & _REQUEST_SEQ_MASK
@@ -303,6 +310,10 @@ class PeerDriver:
                     long_lived.resume()
                 elif isinstance(a, TakeSnapshot):
                     long_lived.settle("snapshot")
+                elif isinstance(a, LogAppend) and self._leading and metrics.ENABLED:
+                    now, proposed = time.perf_counter(), self._proposed_at
+                    for txn in a.txns:
+                        proposed[txn.zxid] = now
                 self.writer.submit(a)
             elif isinstance(a, Send):
                 if a.to == self.cfg.my_id:
@@ -322,6 +333,10 @@ class PeerDriver:
 
     def _execute_other(self, a: Action) -> None:
         if isinstance(a, Delivered):
+            if self._proposed_at:
+                started = self._proposed_at.pop(a.txn.zxid, None)
+                if started is not None:
+                    metrics.COMMIT_SECONDS.observe(time.perf_counter() - started)
             self._answer(a.txn.session_id, a.txn.cxid, result=a.result)
             if self._listener is not None:
                 self._listener.delivered(a.txn, a.result)
@@ -338,6 +353,7 @@ class PeerDriver:
         elif isinstance(a, RequestFailed):
             self._answer(a.session_id, a.cxid, error=NoLeader(f"no established leader ({a.reason}); retry shortly"))
         elif isinstance(a, RoleChanged):
+            self._role_metrics(a.role)
             if self._listener is not None:
                 self._listener.role_changed(a.role, a.leader, a.epoch, a.broadcasting)
             log.info("event=role node=%s role=%s leader=%s epoch=%s", self.cfg.my_id, a.role.value, a.leader, a.epoch)
@@ -354,6 +370,17 @@ class PeerDriver:
             self.transport.disconnect(a.peer)
         else:
             raise TypeError(f"unexpected action {a!r}")
+
+    def _role_metrics(self, role: Role) -> None:
+        self._leading = role is Role.LEADING
+        self._proposed_at.clear()  # a new role: proposals of the last one commit, if ever, under another
+        if role is Role.LOOKING:
+            if self._looking_since is None:
+                metrics.ELECTIONS.inc()
+                self._looking_since = time.perf_counter()
+        elif self._looking_since is not None:
+            metrics.ELECTION_SECONDS.observe(time.perf_counter() - self._looking_since)
+            self._looking_since = None
 
     def listen(self, listener: "DriverListener") -> None:
         """Tell `listener` of every delivery, session touch, role change and (on a leader) tick, in order.

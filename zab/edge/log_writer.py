@@ -89,7 +89,7 @@ class LogWriter:
         # and before each read of a peer link). The thread lives as long as run(): no idle exit.
         self._commit: GroupCommitWriter[Action, list[Action]] = GroupCommitWriter(
             self._write, on_done=self._batch_done, after_sync=self._release, max_queued_bytes=max_queued_bytes,
-            idle_exit_s=None, name="quire-log-writer")
+            idle_exit_s=None, name="quire-log-writer", metrics_log="txnlog")
         self.max_queued_bytes = max_queued_bytes
         self.acks_sent_from_thread = 0
         self._error: BaseException | None = None  # from the thread or from on_done, raised by run()
