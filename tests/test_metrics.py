@@ -4,6 +4,7 @@ that Metricbeat's ZooKeeper module reads, and srvr/stat/cons/wchs/dump with real
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -210,3 +211,48 @@ def test_metrics_off_leaves_the_status_gauges(tmp_path: Path) -> None:
         assert all(value(s, "quire_fsync_seconds_count", log="txnlog") == 0 for s in samples.values())
     finally:
         c.down()
+
+
+# ZooKeeper 3.8's AdminServer command names (its docs' "The AdminServer" list).
+ZOOKEEPER_COMMANDS = {
+    "configuration", "connection_stat_reset", "connections", "dirs", "dump", "environment", "get_trace_mask",
+    "hash", "initial_configuration", "is_read_only", "last_snapshot", "leader", "monitor",
+    "observer_connection_stat_reset", "observers", "ruok", "server_stats", "set_trace_mask", "stat_reset",
+    "stats", "system_properties", "voting_view", "watch_summary", "watches", "watches_by_path", "zabstate",
+    "snapshot", "restore",
+}
+
+
+def admin_get(cluster: Cluster, node_id: int, path: str, method: str = "GET") -> tuple[int, bytes]:
+    node = next(n for n in cluster.config.nodes if n.id == node_id)
+    with socket.create_connection((node.host, node.admin_port), timeout=10) as s:
+        s.sendall(f"{method} {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        raw = b""
+        while chunk := s.recv(65536):
+            raw += chunk
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return int(head.split(b" ")[1]), body
+
+
+def test_admin_server_commands_answer_json_as_zookeepers(cluster: Cluster) -> None:
+    leader = leader_of(cluster)
+    code, body = admin_get(cluster, leader, "/commands")
+    assert code == 200
+    served = json.loads(body)["commands"]
+    assert set(served) <= ZOOKEEPER_COMMANDS and {"monitor", "stats", "connections", "dump", "watch_summary"} <= set(served)
+    with kazoo_session(cluster, only=leader) as zk:
+        zk.create("/cmd-eph", b"", ephemeral=True)
+        for name in served:
+            code, body = admin_get(cluster, leader, f"/commands/{name}")
+            answer = json.loads(body)
+            assert code == 200 and answer["command"] == name and answer["error"] is None, name
+        monitor = json.loads(admin_get(cluster, leader, "/commands/mntr")[1])  # short names too
+        assert monitor["command"] == "monitor"
+        for key in METRICBEAT_MNTR + METRICBEAT_LEADER:
+            assert key[3:] in monitor, key
+        dump = json.loads(admin_get(cluster, leader, "/commands/dump")[1])
+        assert dump["session_id_to_ephemeral_paths"][f"0x{zk.client_id[0]:x}"] == ["/cmd-eph"]
+        conns = json.loads(admin_get(cluster, leader, "/commands/connections")[1])["connections"]
+        assert any(c["session_id"] == f"0x{zk.client_id[0]:x}" for c in conns)
+    assert admin_get(cluster, leader, "/commands/stat_reset")[0] == 404  # it changes state: not served
+    assert admin_get(cluster, leader, "/commands/monitor", method="POST")[0] == 405

@@ -2,6 +2,7 @@
 
     GET /status   -> the node's status as JSON
     GET /metrics  -> Prometheus text format (edge/metrics.py, clusterd/daemon/status_metrics.py)
+    GET /commands/<name> -> ZooKeeper's AdminServer commands, read-only (metastore/edge/admin_commands.py)
 
 With [tls] admin = true (the default of a [tls] table) the port speaks HTTPS and
 requires a client certificate of the cluster CA (curl --cacert ca.pem --cert
@@ -50,9 +51,11 @@ class AdminUnavailable(Exception):
 class AdminServer:
     """Answers /status and /metrics from `status`, a function returning the node's status."""
 
-    def __init__(self, status: Callable[[], dict[str, Any]], *, tls: ServerTls | None = None) -> None:
+    def __init__(self, status: Callable[[], dict[str, Any]], *, tls: ServerTls | None = None,
+                 commands: Callable[[str], dict | None] | None = None) -> None:
         self._status = status
         self._tls = tls
+        self._commands = commands  # ZooKeeper's AdminServer commands: only where a client port runs
 
     async def handle_connection(self, stream: trio.SocketStream) -> None:
         if self._tls is not None:
@@ -77,13 +80,26 @@ class AdminServer:
 
     def _route(self, method: str, target: str) -> bytes:
         path = target.split("?", 1)[0]
-        if path not in ("/status", "/metrics"):
-            raise HttpError(404, f"no such path {path!r}: try /status or /metrics")
+        if path not in ("/status", "/metrics", "/commands") and not path.startswith("/commands/"):
+            raise HttpError(404, f"no such path {path!r}: try /status, /metrics or /commands")
         if method != "GET":
             raise HttpError(405, f"method {method} not allowed: use GET")
+        if path.startswith("/commands"):
+            return self._command(path)
         if path == "/status":
             return _response(200, "application/json", json.dumps(self._status(), default=str).encode() + b"\n")
         return _response(200, CONTENT_TYPE_LATEST, render_metrics(self._status))
+
+
+    def _command(self, path: str) -> bytes:
+        if self._commands is None:
+            raise HttpError(404, "this node has no client port: ZooKeeper's admin commands are served by voters "
+                                 "and observers")
+        name = path[len("/commands"):].strip("/")
+        answer = self._commands(name or "")
+        if answer is None:
+            raise HttpError(404, f"no command {name!r}: GET /commands lists them")
+        return _response(200, "application/json", json.dumps(answer, default=str).encode() + b"\n")
 
 
 async def _read_head(stream: trio.abc.Stream) -> bytes:

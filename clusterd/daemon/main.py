@@ -29,6 +29,7 @@ from clusterd.daemon.bookie_node import BookieNode, BookieStartupError
 from clusterd.config import ClusterConfig, ConfigError, NodeConfig, load
 from clusterd.tls_context import TlsSetupError
 from edge import metrics
+from metastore.edge.admin_commands import command_names, run_command
 from metastore.edge.four_letter import client_port_status
 from metastore.edge.edge_guard import ClientLimits
 from metastore.edge.sasl_edge import SaslConfigError, SaslSettings, load_settings
@@ -135,7 +136,15 @@ async def _start_services(nursery: trio.Nursery, config: ClusterConfig, node: No
             out["bookie"] = bookie.status()
         return out
 
-    admin = AdminServer(node_status, tls=tls_node.admin_port_tls(config, node))
+    service = status.get("service")
+
+    def command(name: str) -> dict | None:
+        if not name:
+            return {"commands": command_names(), "command": "", "error": None}
+        return run_command(name, service)
+
+    admin = AdminServer(node_status, tls=tls_node.admin_port_tls(config, node),
+                        commands=command if service is not None else None)
     await nursery.start(trio.serve_listeners, admin.handle_connection,
                         await _listen(node.bind_host, node.admin_port, "admin"))
 
@@ -163,7 +172,7 @@ async def _start_ensemble_services(nursery: trio.Nursery, config: ClusterConfig,
         await nursery.start(service.run)
     except OSError as e:
         raise StartupError(f"cannot listen for clients on {node.bind_host}:{node.client_port}: {e}") from None
-    return {"status": driver.status, "clients": lambda: client_port_status(service)}
+    return {"status": driver.status, "clients": lambda: client_port_status(service), "service": service}
 
 
 def sasl_settings(config: ClusterConfig) -> SaslSettings:
