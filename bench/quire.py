@@ -63,7 +63,8 @@ class TlsFiles:
         return ClientTls(self.context())
 
 
-def write_config(folder: Path, *, tls: bool = False, bookies: bool = True, observers: int = 0) -> Path:
+def write_config(folder: Path, *, tls: bool = False, bookies: bool = True, observers: int = 0,
+                 metrics: bool = True) -> Path:
     """Copy the shipped cluster.toml into `folder` with fresh ports; every host stays 127.0.0.1.
 
     `observers`: that many more nodes with the observer role only (`localcluster.extra_node`), with
@@ -84,6 +85,8 @@ def write_config(folder: Path, *, tls: bool = False, bookies: bool = True, obser
     text = re.sub(r"(?m)^client_protocol[ \t]*=.*\n", "", text)
     if not bookies:
         text = _without_bookies(text)
+    if not metrics:  # bench/metrics_cost.py's rows without them
+        text = text.replace("[cluster]\n", "[cluster]\nmetrics = false\n", 1)
     first = max(n.id for n in shipped.nodes) + 1
     text += "".join(localcluster.extra_node(i, "observer") for i in range(first, first + observers))
     if tls:
@@ -108,9 +111,9 @@ class QuireCluster:
     manager) ends them all."""
 
     def __init__(self, folder: Path, *, log_level: str = "info", tls: bool = False, bookies: bool = True,
-                 observers: int = 0) -> None:
+                 observers: int = 0, metrics: bool = True) -> None:
         self.folder = folder
-        self.config = cfg.load(write_config(folder, tls=tls, bookies=bookies, observers=observers))
+        self.config = cfg.load(write_config(folder, tls=tls, bookies=bookies, observers=observers, metrics=metrics))
         assert bookies or not any(n.is_bookie for n in self.config.nodes), f"bookies left in {self.config.path}"
         self.client_tls = make_tls_material(self.config) if tls else None
         self._admin_tls = self.client_tls.streams() if self.client_tls else None  # [tls] admin is on too
