@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 from collections.abc import Iterator
@@ -256,3 +257,12 @@ def test_admin_server_commands_answer_json_as_zookeepers(cluster: Cluster) -> No
         assert any(c["session_id"] == f"0x{zk.client_id[0]:x}" for c in conns)
     assert admin_get(cluster, leader, "/commands/stat_reset")[0] == 404  # it changes state: not served
     assert admin_get(cluster, leader, "/commands/monitor", method="POST")[0] == 405
+
+
+def test_the_grafana_dashboard_names_only_served_metrics(cluster: Cluster) -> None:
+    dashboard = json.loads((Path(__file__).resolve().parent.parent / "docs" / "grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    used = {m for e in exprs for m in re.findall(r"\bquire_[a-z_]+", e)}
+    served = set().union(*(names(scrape(cluster, n.id)) for n in cluster.config.nodes))
+    served |= {n.rsplit("_", 1)[0] for n in served if n.endswith(("_bucket", "_count", "_sum"))}
+    assert used and used <= served, sorted(used - served)
