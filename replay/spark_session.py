@@ -4,21 +4,32 @@ Python workers must import this project (replay, zab, metastore) and run the
 driver's interpreter: in local mode they use `sys.executable`, which has the
 project installed; with another master the packages are zipped and shipped with
 the job (`addPyFile`), and the executors' Python must have `crc32c` installed.
+The driver's JVM needs Java 17 or newer: `require_java` checks it before Spark starts.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from replay.verify_decode import VerifyInputError
+
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED_PACKAGES = ("replay", "zab", "metastore", "ledger", "bookie")
 DEFAULT_MASTER = "local[*]"
+MIN_JAVA = 17  # the oldest Java that PySpark 4 runs on
+JAVA_HINT = ("install Java 17+ (Debian/Ubuntu: apt-get install openjdk-17-jre-headless) and put its `java` "
+             "on PATH or set JAVA_HOME")
+JAVA_VERSION_TIMEOUT_S = 60.0  # a JVM printing its version takes well under a second
 
 
 def is_local(master: str) -> bool:
@@ -32,6 +43,8 @@ def build_session(master: str = DEFAULT_MASTER, *, app_name: str = "quire-verify
     The UI is off and logs are quiet; `shuffle_partitions` defaults to twice the
     local cores (small inputs do not need Spark's 200).
     """
+    if SparkSession.getActiveSession() is None:
+        require_java()
     cores = os.cpu_count() or 2
     # PySpark starts local workers with $PYSPARK_PYTHON (default: python3 on the PATH,
     # which may lack this project's dependencies); the driver's own interpreter has them.
@@ -49,6 +62,55 @@ def build_session(master: str = DEFAULT_MASTER, *, app_name: str = "quire-verify
     if not is_local(master):
         spark.sparkContext.addPyFile(str(_zip_packages()))
     return spark
+
+
+class JavaUnavailable(VerifyInputError):
+    """No usable Java for Spark's JVM: the verifier stops before starting Spark, with a message
+    saying what to install (exit status 2, as for any refused input)."""
+
+
+def require_java(environ: Mapping[str, str] = os.environ) -> str:
+    """The `java` Spark's launcher will start (JAVA_HOME/bin/java when JAVA_HOME is set, else
+    `java` on PATH), once checked to be version MIN_JAVA or newer; raises JavaUnavailable
+    otherwise, so that a missing or old Java is one line and not a PySpark traceback."""
+    java = _java_command(environ)
+    try:
+        done = subprocess.run([java, "-version"], capture_output=True, text=True, errors="replace",
+                              env=dict(environ), timeout=JAVA_VERSION_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise JavaUnavailable(f"cannot run `{java} -version` ({e}); {JAVA_HINT}") from None
+    major = java_major_version(done.stderr + done.stdout)
+    if major is None:
+        raise JavaUnavailable(f"cannot tell which Java {java} is: `{java} -version` printed no version "
+                              f"(exit status {done.returncode}); {JAVA_HINT}")
+    if major < MIN_JAVA:
+        raise JavaUnavailable(f"Spark needs Java {MIN_JAVA} or newer, but {java} is Java {major}; {JAVA_HINT}")
+    return java
+
+
+def _java_command(environ: Mapping[str, str]) -> str:
+    home = environ.get("JAVA_HOME")
+    if home:
+        java = Path(home) / "bin" / "java"
+        if not os.access(java, os.X_OK):
+            raise JavaUnavailable(f"Spark needs Java {MIN_JAVA} or newer, but JAVA_HOME={home} has no "
+                                  f"bin/java; {JAVA_HINT}")
+        return str(java)
+    found = shutil.which("java", path=environ.get("PATH", os.defpath))
+    if found is None:
+        raise JavaUnavailable(f"Spark needs Java {MIN_JAVA} or newer, and there is no `java` on PATH "
+                              f"(JAVA_HOME is not set); {JAVA_HINT}")
+    return found
+
+
+def java_major_version(version_output: str) -> int | None:
+    """Java's major version in what `java -version` prints: `version "17.0.9"` is 17, `"21"`
+    is 21, `"17-ea"` is 17, and the old scheme's `"1.8.0_392"` is 8; None without a version."""
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', version_output)
+    if match is None:
+        return None
+    major = int(match.group(1))
+    return int(match.group(2)) if major == 1 and match.group(2) is not None else major
 
 
 def _zip_packages() -> Path:

@@ -4,16 +4,20 @@
     and the metastore commands of clusterd/ctl/zk.py (ls, get PATH, stat, create, set, rm, cas), the
     bookie, ledger, recovery, verify and tls commands.
 
-Exit status: 0 done, 1 the operation failed, 2 the command line or the config was refused.
+Exit status: 0 done, 1 the operation failed, 2 the command line or the config was refused,
+141 the reader of stdout went away first (`clusterctl status | head -1`; no traceback).
+`clusterctl --version` prints the package version.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import select
 import sys
 from functools import partial
-from typing import Any
+from typing import Any, NoReturn
 
 import trio
 
@@ -24,22 +28,60 @@ from clusterd.ctl import (bookie as bookiectl, ledger as ledgerctl, log as logct
 
 from clusterd.demo import main as demo
 from clusterd.config import ClusterConfig, ConfigError, NodeConfig, load
+from clusterd.ctl.sdk_session import failure_in
 from clusterd.localcluster import ClusterError
+from clusterd.version import package_version
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+EXIT_CLOSED_PIPE = 128 + 13  # what a shell reports for a process killed by SIGPIPE
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> NoReturn:
+    """Run one clusterctl command and exit with its status (module docstring)."""
+    try:
+        try:
+            status: Any = _run(argv)
+        except SystemExit as e:  # argparse's --help, --version and usage errors; _fail
+            status = e.code
+        # Flushed here, inside the try, so that a reader gone early is seen now and not
+        # as an unraisable error while the interpreter shuts down.
+        sys.stdout.flush()
+    except (BrokenPipeError, BaseExceptionGroup) as e:
+        # A socket's EPIPE is a real failure: only our own closed stdout ends quietly.
+        if failure_in(e, (BrokenPipeError,)) is None or not _stdout_reader_gone():
+            raise
+        _exit_on_closed_pipe()
+    sys.exit(status)
+
+
+def _run(argv: list[str] | None) -> Any:
     args = _parser().parse_args(argv)
     try:
         config = load(args.config)
     except ConfigError as e:
         _fail(EXIT_USAGE, str(e))
     try:
-        sys.exit(args.command(config, args))
+        return args.command(config, args)
     except ClusterError as e:
         _fail(EXIT_FAILED, str(e))
+
+
+def _stdout_reader_gone() -> bool:
+    # The write end of a pipe (or socket) whose reader has closed polls as POLLERR (or POLLHUP).
+    poller = select.poll()
+    poller.register(sys.stdout.fileno(), select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
+def _exit_on_closed_pipe() -> NoReturn:
+    """The reader of our output went away (`clusterctl status | head -1`): stop quietly, as a C
+    tool killed by SIGPIPE would, with the shell's status for that (128 + SIGPIPE's 13), so a
+    pipeline under `set -o pipefail` still sees that the output was cut short."""
+    # Python still holds the unwritten output and would try it again, noisily, at exit.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    sys.exit(EXIT_CLOSED_PIPE)
 
 
 def _fail(status: int, message: str) -> None:
@@ -53,6 +95,7 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--config", default=argparse.SUPPRESS, help="cluster config (default: ./cluster.toml)")
     parser = argparse.ArgumentParser(prog="clusterctl", description="Run and use a local Quire cluster.")
     parser.add_argument("--config", default="cluster.toml", help="cluster config (default: ./cluster.toml)")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     def command(name: str, func: Any, help_text: str) -> argparse.ArgumentParser:

@@ -36,9 +36,12 @@ class Session:
         return await self.stack.__aexit__(*exc)
 
 
-def action_parser(actions: Any, name: str, help_text: str, example: str) -> argparse.ArgumentParser:
-    """One action's sub-parser, with --json, --config and an example in its help."""
-    a = actions.add_parser(name, help=help_text, description=help_text, epilog=f"example: {example}")
+def action_parser(actions: Any, name: str, help_text: str, example: str, *more_examples: str) -> argparse.ArgumentParser:
+    """One action's sub-parser, with --json, --config and its examples in its help, one a line."""
+    epilog = (f"example: {example}" if not more_examples
+              else "examples:\n" + "\n".join(f"  {e}" for e in (example, *more_examples)))
+    a = actions.add_parser(name, help=help_text, description=help_text, epilog=epilog,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     a.add_argument("--json", action="store_true", help="print JSON")
     a.add_argument("--config", default=argparse.SUPPRESS, help="cluster config (default: ./cluster.toml)")
     return a

@@ -3,15 +3,19 @@
 
 Without DIRs it verifies the data directories of the config's ensemble, with the
 config's voter count for majorities. Exit status as replay.verify_zab: 0 every
-check passed, 1 a check failed, 2 the input was refused.
+check passed, 1 a check failed, 2 the input was refused or there is no Java 17+
+for Spark (checked first: one line on stderr saying what to install).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from clusterd.config import ClusterConfig
+
+EXIT_USAGE = 2
 
 
 def add_commands(command: Any) -> None:
@@ -40,6 +44,13 @@ def _zab_arguments(parser: argparse.ArgumentParser) -> None:
 
 def cmd_verify(config: ClusterConfig, args: argparse.Namespace) -> int:
     from replay import verify_ledgers, verify_logs, verify_tables, verify_zab
+    from replay.spark_session import JavaUnavailable, require_java
+    # Checked before reading anything, so that a missing Java is this one line on stderr.
+    try:
+        require_java()
+    except JavaUnavailable as e:
+        print(f"clusterctl: verify: {e}", file=sys.stderr)
+        return EXIT_USAGE
     run = {"ledgers": verify_ledgers.run, "logs": verify_logs.run, "tables": verify_tables.run}.get(
         args.target, verify_zab.run)
     if not args.dirs:
