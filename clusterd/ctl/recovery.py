@@ -24,11 +24,10 @@ from typing import Any
 from bookie.registration import DAEMON_ACL
 from clusterd.daemon import identity as daemon_identity
 from clusterd.ctl import zk as zkctl
-from ledger.autorecovery.tasks import (DECOMMISSIONED, ELECTION, TASKS, decommissioned, list_tasks,
-                                   mark_under_replicated, paused, read_task, set_paused, worker_progress)
+from ledger.autorecovery.decommission import decommission, mark_ledgers_on, recommission
+from ledger.autorecovery.tasks import (ELECTION, TASKS, decommissioned, list_tasks, paused, read_task, set_paused,
+                                   worker_progress)
 from clusterd.config import ClusterConfig
-from ledger.errors import NoSuchLedger
-from ledger.manager import LedgerManager
 from metastore.wire import jute_records as J
 from metastore.client import MetaClient
 from metastore.errors import NoNode
@@ -94,34 +93,6 @@ def operator_acl(config: ClusterConfig) -> Sequence[J.ACL] | None:
 
 
 # -- decommission -----------------------------------------------------------------------------------
-
-async def decommission(meta: MetaClient, bookie_id: int, acl: Sequence[J.ACL] | None = None) -> int:
-    """Flag the bookie as decommissioned and mark its ledgers (flag and tasks created with `acl`);
-    how many ledgers reference it."""
-    await meta.ensure_path(f"{DECOMMISSIONED}/{bookie_id}", acl=acl)
-    return len(await mark_ledgers_on(meta, bookie_id, acl))
-
-
-async def mark_ledgers_on(meta: MetaClient, bookie_id: int, acl: Sequence[J.ACL] | None = None) -> list[int]:
-    """Mark (again: idempotent) every ledger with a fragment on the bookie; their ids."""
-    manager, found = LedgerManager(meta), []
-    for ledger_id in await manager.list_ledgers():
-        try:
-            metadata, _ = await manager.read(ledger_id)
-        except NoSuchLedger:
-            continue
-        if bookie_id in metadata.bookies:
-            found.append(ledger_id)
-            await mark_under_replicated(meta, ledger_id, {bookie_id}, acl=acl)
-    return found
-
-
-async def recommission(meta: MetaClient, bookie_id: int) -> None:
-    try:
-        await meta.delete(f"{DECOMMISSIONED}/{bookie_id}")
-    except NoNode:
-        pass
-
 
 def cmd_decommission(config: ClusterConfig, args: argparse.Namespace, bookie_id: int) -> int:
     """`bookie decommission ID`: drain, then wait until no ledger references the bookie."""

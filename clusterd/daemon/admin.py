@@ -1,47 +1,45 @@
-"""The admin port: a deliberately tiny HTTP/1.1 server, and the client clusterctl uses.
+"""The admin port: a small HTTP/1.1 server, and the client clusterctl uses.
 
+    GET /         -> the status page (clusterd/daemon/status_page.py), polling:
+    GET /cluster  -> every node's status, as this node fetched it now
     GET /status   -> the node's status as JSON
     GET /metrics  -> Prometheus text format (edge/metrics.py, clusterd/daemon/status_metrics.py)
     GET /commands/<name> -> ZooKeeper's AdminServer commands, read-only (metastore/edge/admin_commands.py)
+    GET|PUT /api/v1/... -> BookKeeper's HTTP API on bookie nodes (clusterd/daemon/bookkeeper_api.py)
 
 With [tls] admin = true (the default of a [tls] table) the port speaks HTTPS and
 requires a client certificate of the cluster CA (curl --cacert ca.pem --cert
 client-NAME.pem --key client-NAME.key https://host:port/status).
 
-One request per connection (the response says `Connection: close`). The request
-head is bounded in size and must arrive within a timeout, so a stuck or hostile
-client costs one small task for a few seconds; anything else gets 400, 404 or
-405 and the connection closes.
+One request per connection (the response says `Connection: close`), parsed by h11
+(clusterd/daemon/admin_http.py): the request is bounded in size and must arrive
+within a timeout, so a stuck or hostile client costs one small task for a few
+seconds; anything else gets 400, 404, 405 or 413 and the connection closes.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+import h11
 import trio
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from clusterd.daemon.admin_http import (MAX_HEAD_BYTES, READ_TIMEOUT_S, Answer, HttpError, Request, read_request,
+                                        send_answer)
 from clusterd.daemon.status_metrics import StatusCollector
+from clusterd.daemon.status_page import PAGE
 from clusterd.daemon.tls_streams import ClientTls, ServerTls
 from edge import metrics
 
 log = logging.getLogger(__name__)
 
-MAX_REQUEST_HEAD_BYTES = 8 << 10
-READ_TIMEOUT_S = 5.0
 MAX_RESPONSE_BYTES = 4 << 20
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout"}
 
-
-class HttpError(Exception):
-    """The request cannot be served; `status` is the HTTP status to answer with."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
+Api = Callable[[Request], Awaitable[Answer | None]]
 
 
 class AdminUnavailable(Exception):
@@ -49,13 +47,19 @@ class AdminUnavailable(Exception):
 
 
 class AdminServer:
-    """Answers /status and /metrics from `status`, a function returning the node's status."""
+    """Answers the admin port's paths (module doc) from `status`, a function returning the node's
+    status, and the optional parts a node has: ZooKeeper's commands (where a client port runs),
+    the cluster view, and the BookKeeper API (`api`: None for a path it does not serve)."""
 
     def __init__(self, status: Callable[[], dict[str, Any]], *, tls: ServerTls | None = None,
-                 commands: Callable[[str], dict | None] | None = None) -> None:
+                 commands: Callable[[str], dict | None] | None = None,
+                 cluster: Callable[[], Awaitable[dict[str, Any]]] | None = None,
+                 api: Api | None = None) -> None:
         self._status = status
         self._tls = tls
+        self._cluster = cluster  # every node's status, for the status page
         self._commands = commands  # ZooKeeper's AdminServer commands: only where a client port runs
+        self._api = api  # BookKeeper's /api/v1 (clusterd/daemon/bookkeeper_api.py): bookie nodes
 
     async def handle_connection(self, stream: trio.SocketStream) -> None:
         if self._tls is not None:
@@ -64,34 +68,44 @@ class AdminServer:
                 return
         try:
             async with stream:
-                await stream.send_all(await self._respond(stream))
+                conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+                await send_answer(conn, stream, await self._respond(conn, stream))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the client left before the answer; nothing to clean up
 
-    async def _respond(self, stream: trio.abc.Stream) -> bytes:
+    async def _respond(self, conn: h11.Connection, stream: trio.abc.Stream) -> Answer:
         try:
             with trio.fail_after(READ_TIMEOUT_S):
-                head = await _read_head(stream)
-            return self._route(*parse_request_head(head))
+                request = await read_request(conn, stream)
+            return await self._route(request)
         except trio.TooSlowError:
-            return _response(408, "text/plain", b"request head not received in time\n")
+            return _text(408, "request not received in time")
         except HttpError as e:
-            return _response(e.status, "text/plain", f"{e}\n".encode())
+            return _text(e.status, str(e))
 
-    def _route(self, method: str, target: str) -> bytes:
-        path = target.split("?", 1)[0]
-        if path not in ("/status", "/metrics", "/commands") and not path.startswith("/commands/"):
-            raise HttpError(404, f"no such path {path!r}: try /status, /metrics or /commands")
-        if method != "GET":
-            raise HttpError(405, f"method {method} not allowed: use GET")
+    async def _route(self, request: Request) -> Answer:
+        path = request.path
+        if path.startswith("/api/v1/"):
+            answer = None if self._api is None else await self._api(request)
+            if answer is None:
+                raise HttpError(404, f"no such path {path!r} (BookKeeper's /api/v1 is served by bookie nodes)")
+            return answer
+        if path not in ("/", "/cluster", "/status", "/metrics", "/commands") and not path.startswith("/commands/"):
+            raise HttpError(404, f"no such path {path!r}: try /, /status, /metrics, /commands or /api/v1/...")
+        if request.method != "GET":
+            raise HttpError(405, f"method {request.method} not allowed: use GET")
+        if path == "/":
+            return Answer(200, "text/html; charset=utf-8", PAGE.encode())
+        if path == "/cluster":
+            view = {"nodes": [{"status": self._status()}]} if self._cluster is None else await self._cluster()
+            return json_answer(view)
         if path.startswith("/commands"):
             return self._command(path)
         if path == "/status":
-            return _response(200, "application/json", json.dumps(self._status(), default=str).encode() + b"\n")
-        return _response(200, CONTENT_TYPE_LATEST, render_metrics(self._status))
+            return json_answer(self._status())
+        return Answer(200, CONTENT_TYPE_LATEST, render_metrics(self._status))
 
-
-    def _command(self, path: str) -> bytes:
+    def _command(self, path: str) -> Answer:
         if self._commands is None:
             raise HttpError(404, "this node has no client port: ZooKeeper's admin commands are served by voters "
                                  "and observers")
@@ -99,37 +113,15 @@ class AdminServer:
         answer = self._commands(name or "")
         if answer is None:
             raise HttpError(404, f"no command {name!r}: GET /commands lists them")
-        return _response(200, "application/json", json.dumps(answer, default=str).encode() + b"\n")
+        return json_answer(answer)
 
 
-async def _read_head(stream: trio.abc.Stream) -> bytes:
-    head = b""
-    while b"\r\n\r\n" not in head:
-        if len(head) > MAX_REQUEST_HEAD_BYTES:
-            raise HttpError(400, f"request head larger than {MAX_REQUEST_HEAD_BYTES} bytes")
-        data = await stream.receive_some(MAX_REQUEST_HEAD_BYTES)
-        if not data:
-            raise HttpError(400, "connection closed inside the request head")
-        head += data
-    return head.split(b"\r\n\r\n", 1)[0]
+def json_answer(value: Any, status: int = 200) -> Answer:
+    return Answer(status, "application/json", json.dumps(value, default=str).encode() + b"\n")
 
 
-def parse_request_head(head: bytes) -> tuple[str, str]:
-    """(method, target) of an HTTP/1.x request head; HttpError(400) if malformed."""
-    request_line = head.split(b"\r\n", 1)[0]
-    parts = request_line.split(b" ")
-    if len(parts) != 3 or not parts[2].startswith(b"HTTP/1.") or not parts[1].startswith(b"/"):
-        raise HttpError(400, "malformed request line")
-    try:
-        return parts[0].decode("ascii"), parts[1].decode("ascii")
-    except UnicodeDecodeError:
-        raise HttpError(400, "request line is not ASCII") from None
-
-
-def _response(status: int, content_type: str, body: bytes) -> bytes:
-    head = (f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: {content_type}\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")
-    return head.encode() + body
+def _text(status: int, message: str) -> Answer:
+    return Answer(status, "text/plain; charset=utf-8", f"{message}\n".encode())
 
 
 def render_metrics(status: Callable[[], dict[str, Any]]) -> bytes:

@@ -45,6 +45,14 @@ class BookieGarbageCollector:
         # A metastore outage only postpones collection: nothing is deleted without a confirmed absence.
         self.loop = ServiceLoop("bookie_gc", log, min_s=min(1.0, interval_ms / 1000), rng=rng)
         self.stats: dict[str, Any] = {"scans": 0, "ledgers_deleted": 0, "compactions": 0, "bytes_freed": 0}
+        self._wait: trio.CancelScope | None = None  # the wait between rounds, which trigger() cuts short
+        self.forced = False  # a round asked for (BookKeeper's PUT /api/v1/bookie/gc) and not yet run
+
+    def trigger(self) -> None:
+        """Run a round now rather than at the end of the interval (BookKeeper's forced GC)."""
+        self.forced = True
+        if self._wait is not None:
+            self._wait.cancel()
 
     def statistics(self) -> dict[str, Any]:
         return {**self.stats, "errors": self.loop.failures, "last_error": self.loop.last_error}
@@ -58,7 +66,11 @@ class BookieGarbageCollector:
         async with MetaClient(self.hosts, start_timeout_s=10.0, auth=self.auth) as meta:
             manager = LedgerManager(meta)
             while True:
-                await trio.sleep(self.interval_ms / 1000)
+                with trio.move_on_after(self.interval_ms / 1000) as self._wait:
+                    if not self.forced:
+                        await trio.sleep_forever()
+                self._wait = None
+                self.forced = False
                 await self.collect_once(meta, manager)
 
     async def collect_once(self, meta: MetaClient, manager: LedgerManager) -> set[int]:

@@ -64,6 +64,14 @@ def metastore_client_tls(config: ClusterConfig, node: NodeConfig) -> ClientTls |
     return ClientTls(node_client_context(tls, node.id, check_hostname=True), _timeout_s(config))
 
 
+def admin_client_tls(config: ClusterConfig, node: NodeConfig) -> ClientTls | None:
+    """What a node dials the other nodes' admin ports with (its /cluster view): its certificate."""
+    tls = config.tls
+    if tls is None or not tls.admin:
+        return None
+    return ClientTls(node_client_context(tls, node.id, check_hostname=True), _timeout_s(config))
+
+
 def bookie_client_tls(config: ClusterConfig, node: NodeConfig) -> ClientTls | None:
     """What the node's own bookie clients (AutoRecovery's re-replication) dial bookies with."""
     tls = config.tls
@@ -115,6 +123,12 @@ def warn_if_plaintext(config: ClusterConfig, node: NodeConfig) -> None:
         log.warning("plain text on a non-loopback address: anyone who can reach %s can read and forge "
                     "this node's traffic; add a [tls] table to cluster.toml (docs/operations.md, \"TLS\")",
                     node.host, extra={"ports": ",".join(plain)})
+
+
+def admin_mutations_allowed(config: ClusterConfig, node: NodeConfig) -> bool:
+    """Whether the admin port may change anything (BookKeeper's PUTs): only when it requires a
+    client certificate of the cluster CA, or when nothing but this host can reach it."""
+    return bool(config.tls is not None and config.tls.admin) or _is_loopback(node.bind_host)
 
 
 def _is_loopback(host: str) -> bool:

@@ -71,7 +71,18 @@ class Auditor:
         self.config = config
         self.leading = False
         self.lost: frozenset[int] = frozenset()
+        self._wait: trio.CancelScope | None = None  # the auditor's wait, which trigger() cuts short
+        self.forced = False  # an audit asked for (BookKeeper's PUT /api/v1/autorecovery/trigger_audit)
         self.stats: Counter[str] = Counter()
+
+    def trigger(self) -> bool:
+        """Scan every ledger now (while this node is the auditor); False if it is not."""
+        if not self.leading:
+            return False
+        self.forced = True
+        if self._wait is not None:
+            self._wait.cancel()
+        return True
 
     def statistics(self) -> dict[str, Any]:
         return {"leading": self.leading, "lost_bookies": sorted(self.lost), **self.stats,
@@ -117,14 +128,17 @@ class Auditor:
             tracker.observe(known, registered, now)
             self.lost = tracker.lost(now) | await decommissioned(meta)
             marked &= self.lost  # a bookie that came back and is lost again is marked again
-            if not await paused(meta) and (not self.lost <= marked or now >= next_scan):
+            if not await paused(meta) and (not self.lost <= marked or now >= next_scan or self.forced):
+                self.forced = False
                 await self.mark(meta, manager, self.lost)
                 marked, next_scan = self.lost, now + self.config.audit_interval_ms
             deadline = tracker.next_deadline_ms()
             wait_ms = min(self.config.poll_ms, max(1, (deadline - now) if deadline is not None else 1 << 30),
                           max(1, next_scan - now))
-            with trio.move_on_after(wait_ms / 1000):
-                await watch.wait()
+            with trio.move_on_after(wait_ms / 1000) as self._wait:
+                if not self.forced:
+                    await watch.wait()
+            self._wait = None
 
     async def mark(self, meta: MetaClient, manager: LedgerManager, lost: frozenset[int]) -> int:
         """Scan every ledger and mark those on a lost bookie; how many tasks were created or widened."""
