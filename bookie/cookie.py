@@ -43,6 +43,11 @@ _CRC_LINE = re.compile(r"crc=([0-9a-f]{8})\n")
 class CookieCorrupt(StorageError):
     """The cookie file is unreadable: the directory's identity is unknown."""
 
+    def __init__(self, what: str) -> None:
+        super().__init__(f"{what}: the directory's identity is unknown; restore the cookie file from a copy, "
+                         "or retire this bookie's identity and start it on an empty directory (docs/operations.md, "
+                         "\"Replacing a dead machine\")")
+
 
 @dataclass(frozen=True, slots=True)
 class Cookie:
@@ -107,4 +112,5 @@ def check_cookie(found: Cookie | None, *, bookie_id: int, instance_id: str | Non
             f"{where} holds instance {found.instance_id} of bookie {bookie_id}, but instance {instance_id} is "
             "registered: the directory was replaced by another copy; restore the right one or decommission")
     if cluster is not None and found.cluster != cluster:
-        raise CookieMismatch(f"{where} belongs to cluster {found.cluster!r}, not {cluster!r}")
+        raise CookieMismatch(f"{where} belongs to cluster {found.cluster!r}, not {cluster!r}: point this bookie "
+                             "at its own cluster's directory")

@@ -1,7 +1,8 @@
 """Socket helpers shared by every port (trio edge): write-through on a trio socket stream,
 for every connection that has a writer task (Zab's peer links, the metastore's client
 port, the bookie's client and service); the remote address of a stream; and the count
-of open connections per client address that the client and bookie ports admit against.
+of open connections per client address that the client and bookie ports admit against; and
+the listeners of every port, a failure to bind raised as PortUnavailable.
 
 A lone message (a proposal to an idle follower, a reply, one add awaited at a
 time) would otherwise wait for its connection's writer task to run in a later
@@ -17,6 +18,7 @@ ciphertext being sealed at once (edge/tls_stream.py).
 from __future__ import annotations
 
 import collections
+import errno
 import os
 from contextvars import ContextVar
 from typing import Any
@@ -56,6 +58,32 @@ def peer_address(stream: trio.abc.Stream) -> str:
         return f"{host}:{port}"
     except (AttributeError, OSError):
         return "?"
+
+
+class PortUnavailable(Exception):
+    """A port this process must serve cannot be bound: another process holds it, or the address is
+    not this machine's. A refusal at start (the environment's fault, not a bug); the message names
+    the port, what it serves and what to do."""
+
+    def __init__(self, what: str, host: str, port: int, error: OSError) -> None:
+        self.what, self.host, self.port, self.errno = what, host, port, error.errno
+        if error.errno == errno.EADDRINUSE:
+            advice = (f"another process holds it (`ss -ltnp 'sport = :{port}'` shows which): stop it, or give "
+                      "this node another port in cluster.toml")
+        elif error.errno == errno.EACCES:
+            advice = "ports below 1024 need privileges this user lacks: choose a port above 1023"
+        else:  # EADDRNOTAVAIL, or a name that does not resolve (socket.gaierror)
+            advice = "check that the node's host (or bind_host) in cluster.toml is an address of this machine"
+        super().__init__(f"cannot listen for {what} on {host}:{port}: {error.strerror or error}; {advice}")
+
+
+async def open_listeners(port: int, host: str, what: str) -> list[trio.SocketListener]:
+    """trio.open_tcp_listeners, a failure to bind raised as PortUnavailable naming `what` the port
+    serves (clusterd turns it into one line and its own exit status)."""
+    try:
+        return await trio.open_tcp_listeners(port, host=host)
+    except OSError as e:
+        raise PortUnavailable(what, host, port, e) from None
 
 
 class ConnectionCounts:

@@ -26,7 +26,9 @@ from bookie.errors import CookieMismatch
 from bookie_fixtures import trio_test
 from clusterd import config as cfg
 from clusterd import localcluster
-from clusterd.daemon.bookie_node import BookieNode, BookieStartupError
+from clusterd.daemon.bookie_node import BookieNode
+from clusterd.daemon.main import EXIT_BOOKIE_STORAGE
+from edge.sockets import PortUnavailable
 from clusterd.daemon.identity import load_or_create
 from metastore.client import MetaClient
 from metastore.errors import SessionExpired
@@ -164,7 +166,7 @@ def test_a_wiped_bookie_directory_is_refused_at_start(cluster):
     shutil.rmtree(node.data_dir / "bookie")  # the disk was replaced
     done = subprocess.run([sys.executable, "-m", "clusterd.daemon.main", "--config", str(cluster.path), "--id", "4"],
                           env=ENV, cwd=cluster.path.parent, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 1, done.stderr
+    assert done.returncode == EXIT_BOOKIE_STORAGE, done.stderr
     assert "clusterd: bookie 4:" in done.stderr and "wiped" in done.stderr
 
 
@@ -174,5 +176,5 @@ def test_a_bookie_port_in_use_is_a_startup_error(tmp_path):
     with socket.socket() as squatter:
         squatter.bind((node.host, node.bookie_port))
         squatter.listen()
-        with pytest.raises(BookieStartupError, match=f"cannot listen for bookie clients on 127.0.0.1:{node.bookie_port}"):
+        with pytest.raises(PortUnavailable, match=f"cannot listen for bookie clients on 127.0.0.1:{node.bookie_port}"):
             trio.run(BookieNode(config, node).run)

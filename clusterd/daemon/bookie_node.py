@@ -3,12 +3,12 @@
 On a node with the bookie role (clusterd/daemon/main.py starts this on ensemble and
 bookie-only nodes alike, when the cluster speaks the ZooKeeper protocol):
 
-1. bind the bookie port at once, so a port in use fails the start (exit 1);
+1. bind the bookie port at once, so a port in use fails the start (PortUnavailable, exit 5);
 2. open a metastore session through the ensemble's client ports (waiting for
    a quorum as long as it takes: on an ensemble node that is this node's own
    peers coming up), read the bookie's cookie znode;
 3. open the storage at `<data_dir>/bookie` with that instance id (a wiped or
-   swapped directory is refused: CookieMismatch, exit 1), record the instance
+   swapped directory is refused: BookieStorageRefused, exit 4), record the instance
    id on the first start;
 4. serve the bookie port, run the storage's background duties, register in
    /quire/bookies (available/ or readonly/) and keep registered.
@@ -32,6 +32,7 @@ from ledger.autorecovery.tasks import DECOMMISSIONED, AutoRecoveryConfig
 from clusterd.daemon.autorecovery_node import AutoRecovery
 from clusterd.daemon.bookie_gc import BookieGarbageCollector
 from clusterd.config import ClusterConfig, NodeConfig
+from edge.sockets import open_listeners
 from ledger.service_loop import ServiceLoop, retryable
 from metastore.client import MetaClient
 
@@ -42,6 +43,11 @@ METASTORE_RETRY_S = 1.0
 
 class BookieStartupError(Exception):
     """The bookie cannot start; the message says why (clusterd turns it into exit status 1)."""
+
+
+class BookieStorageRefused(BookieStartupError):
+    """The bookie's data directory is refused (its cookie does not match what the metastore records,
+    or its storage cannot be trusted); the message says what to do. clusterd exits with status 4."""
 
 
 def storage_config(config: ClusterConfig) -> BookieStorageConfig:
@@ -115,11 +121,7 @@ class BookieNode:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         node = self.node
-        try:
-            listeners = await trio.open_tcp_listeners(node.bookie_port, host=node.bind_host)
-        except OSError as e:
-            raise BookieStartupError(f"cannot listen for bookie clients on {node.bind_host}:{node.bookie_port}: "
-                                     f"{e.strerror or e}") from None
+        listeners = await open_listeners(node.bookie_port, node.bind_host, "bookie clients")
         task_status.started()
         self.phase = "waiting for the metastore"
         self.storage = await self._open_storage()
@@ -172,9 +174,9 @@ class BookieNode:
                                                            instance_id=recorded, cluster=self.config.name,
                                                            journal_directory=node.bookie_journal_dir)
                     except CookieMismatch as e:
-                        raise BookieStartupError(f"bookie {node.id}: {e}") from None
+                        raise BookieStorageRefused(f"bookie {node.id}: {e}") from None
                     except StorageError as e:
-                        raise BookieStartupError(f"bookie {node.id}: cannot open {directory}: {e}") from None
+                        raise BookieStorageRefused(f"bookie {node.id}: cannot open {directory}: {e}") from None
                     if recorded is None:
                         await record_cookie(meta, node.id, storage.instance_id, DAEMON_ACL)
                     return storage
@@ -184,6 +186,6 @@ class BookieNode:
                 if storage is not None:
                     await storage.close(checkpoint=False)
                 if isinstance(e, CookieMismatch):  # another instance recorded its cookie first
-                    raise BookieStartupError(f"bookie {node.id}: {e}") from None
+                    raise BookieStorageRefused(f"bookie {node.id}: {e}") from None
                 log.warning("event=bookie_waiting_for_metastore error=%r retry_s=%s", e, METASTORE_RETRY_S)
             await trio.sleep(METASTORE_RETRY_S)

@@ -5,8 +5,9 @@ port (on voters and observers: the ZooKeeper client protocol), the bookie (on no
 with the bookie role: clusterd/daemon/bookie_node.py) and the
 admin HTTP port. A bookie-only node runs no Zab peer: its bookie reaches the
 metastore through the ensemble's client ports. SIGTERM or SIGINT
-cancels the nursery and the process exits 0. Exit status 2 means the
-configuration was refused, 1 that the node could not start (e.g. a port in use).
+cancels the nursery and the process exits 0. A node that refuses to start says why and what
+to do in one line, on stderr and in its log, and exits with its refusal's status (EXIT_*
+below; docs/operations.md, "Exit status"); anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any, NoReturn
 
 import trio
@@ -25,9 +27,13 @@ from clusterd import localcluster
 
 from clusterd.daemon import tls_node
 from clusterd.daemon.admin import AdminServer
-from clusterd.daemon.bookie_node import BookieNode, BookieStartupError
+from clusterd.daemon.bookie_node import BookieNode, BookieStartupError, BookieStorageRefused
+from clusterd.daemon.bookkeeper_api import bookkeeper_api
+from clusterd.daemon.cluster_view import cluster_view
 from clusterd.config import ClusterConfig, ConfigError, NodeConfig, load
 from clusterd.tls_context import TlsSetupError
+from edge.files import FILE_MODE
+from edge.sockets import PortUnavailable, open_listeners
 from edge import metrics
 from metastore.edge.admin_commands import command_names, run_command
 from metastore.edge.four_letter import client_port_status
@@ -37,11 +43,20 @@ from metastore.edge.service import MetastoreConfig, MetastoreService
 from metastore.core.state_machine import MetastoreStateMachine
 from zab.edge.driver import PeerDriver
 from zab.core.ensemble import OBSERVER, PARTICIPANT, Ensemble, Server
+from zab.storage.ensemble_file import EnsembleFileError
+from zab.storage.storage_errors import EpochFileError, LogCorruptError, MissingHistoryError, SnapshotCorruptError
 
 log = logging.getLogger("clusterd")
 
-EXIT_STARTUP_FAILED = 1
+# Exit statuses, one per kind of refusal, so that a supervisor (systemd's RestartPreventExitStatus)
+# can tell what needs an operator from what may clear by itself: docs/operations.md, "Exit status".
+EXIT_STARTUP_FAILED = 1  # any other refusal; the message says why
 EXIT_BAD_CONFIG = 2
+EXIT_ZAB_STATE = 3  # txn log damaged before its end, history missing, epoch or ensemble file unreadable
+EXIT_BOOKIE_STORAGE = 4  # the bookie's directory: cookie mismatch, storage that cannot be trusted
+EXIT_PORT_UNAVAILABLE = 5  # a port in use, or an address that is not this machine's
+EXIT_DATA_DIR_IN_USE = 6  # another live clusterd runs on this data directory
+EXIT_TLS = 7  # the node's certificate, key or the cluster CA cannot be loaded
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -49,25 +64,71 @@ class StartupError(Exception):
     """The node cannot start; the message says why. Not a bug: the environment is at fault."""
 
 
+class DataDirInUse(StartupError):
+    """Another live clusterd holds this node's data directory (its pid file names it)."""
+
+
+# Every refusal at start, the more specific before their bases. Anything else that ends the node
+# is a bug and keeps its traceback.
+_REFUSALS: tuple[tuple[type[Exception] | tuple[type[Exception], ...], int], ...] = (
+    (DataDirInUse, EXIT_DATA_DIR_IN_USE),
+    (PortUnavailable, EXIT_PORT_UNAVAILABLE),
+    ((LogCorruptError, SnapshotCorruptError, EpochFileError, MissingHistoryError, EnsembleFileError), EXIT_ZAB_STATE),
+    (BookieStorageRefused, EXIT_BOOKIE_STORAGE),
+    (TlsSetupError, EXIT_TLS),
+    (ConfigError, EXIT_BAD_CONFIG),
+    ((StartupError, BookieStartupError), EXIT_STARTUP_FAILED),
+)
+
+
 def main(argv: list[str] | None = None) -> NoReturn:
+    """Run node --id of --config until SIGTERM or SIGINT (exit 0), or refuse to start (refusal_of)."""
     args = _parse_args(argv)
     try:
         config = load(args.config)
         node = config.node(args.id)
     except ConfigError as e:
-        _die(EXIT_BAD_CONFIG, str(e))
+        _refuse(None, EXIT_BAD_CONFIG, str(e))
     _setup_logging(args.log_level, node.id)
     try:
         _claim_data_dir(node)
     except StartupError as e:
-        _die(EXIT_STARTUP_FAILED, str(e))
+        _refuse(node, _status_of(e), str(e))
     try:
         trio.run(run_node, config, node)
-    except* (StartupError, BookieStartupError, TlsSetupError) as group:
-        _die(EXIT_STARTUP_FAILED, "; ".join(str(e) for e in group.exceptions))
+    except BaseException as e:  # noqa: BLE001 (a refusal ends here; anything else is raised again)
+        refusal = refusal_of(e)
+        if refusal is None:
+            raise
+        _refuse(node, *refusal)
     finally:
         localcluster.remove_pid_file(node, os.getpid())
     sys.exit(0)
+
+
+def refusal_of(error: BaseException) -> tuple[int, str] | None:
+    """(exit status, message) when `error`, or every exception of its group (trio's nurseries group
+    them), is a refusal at start; None when any of them is something else: a bug."""
+    leaves = list(_leaves(error))
+    statuses = [_status_of(leaf) for leaf in leaves]
+    if any(status is None for status in statuses):
+        return None
+    return statuses[0], "; ".join(dict.fromkeys(str(leaf) for leaf in leaves))
+
+
+def _leaves(error: BaseException) -> Iterator[BaseException]:
+    if isinstance(error, BaseExceptionGroup):
+        for inner in error.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield error
+
+
+def _status_of(error: BaseException) -> int | None:
+    for types, status in _REFUSALS:
+        if isinstance(error, types):
+            return status
+    return None
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -75,6 +136,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--id", type=int, required=True, help="this node's id in the config")
     parser.add_argument("--config", default="cluster.toml", help="cluster config file (default: ./cluster.toml)")
     parser.add_argument("--log-level", default="warning", choices=LOG_LEVELS, help="default: warning")
+    from clusterd.version import package_version  # only the parser needs it
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     return parser.parse_args(argv)
 
 
@@ -82,16 +145,38 @@ def _claim_data_dir(node: NodeConfig) -> None:
     """Refuse to run twice on one data directory; then record our pid there."""
     other = localcluster.running_pid(node)
     if other is not None and other != os.getpid():
-        raise StartupError(f"node {node.id} is already running as pid {other} ({localcluster.pid_path(node)})")
+        raise DataDirInUse(f"node {node.id} is already running as pid {other} ({localcluster.pid_path(node)}): "
+                           "stop it first (clusterctl down, or SIGTERM to that pid), or give this node another "
+                           "data_dir in cluster.toml")
     try:
         localcluster.write_pid_file(node, os.getpid())
     except OSError as e:
         raise StartupError(f"cannot use data directory {node.data_dir}: {e}") from None
 
 
-def _die(status: int, message: str) -> NoReturn:
-    print(f"clusterd: {message}", file=sys.stderr)
+def _refuse(node: NodeConfig | None, status: int, message: str) -> NoReturn:
+    """One line on stderr and in the node's log (None: the config named no node), then exit."""
+    line = f"clusterd: {message} (exit {status})"
+    print(line, file=sys.stderr, flush=True)
+    if node is not None:
+        _append_to_node_log(node, line)
     sys.exit(status)
+
+
+def _append_to_node_log(node: NodeConfig, line: str) -> None:
+    """Add `line` to <data_dir>/clusterd.log, where clusterctl and operators look for why a node is
+    down, unless stderr is that file already (a node started by clusterctl up)."""
+    path = localcluster.log_path(node)
+    if not path.parent.is_dir():
+        return  # nothing of this node on disk: no log to keep
+    try:
+        if path.exists() and os.path.samestat(os.fstat(2), os.stat(path)):
+            return
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
+        with os.fdopen(fd, "a") as log_file:
+            log_file.write(line + "\n")
+    except OSError:
+        pass  # stderr has the line; a log we cannot write must not bury it under a traceback
 
 
 async def run_node(config: ClusterConfig, node: NodeConfig) -> None:
@@ -144,9 +229,12 @@ async def _start_services(nursery: trio.Nursery, config: ClusterConfig, node: No
         return run_command(name, service)
 
     admin = AdminServer(node_status, tls=tls_node.admin_port_tls(config, node),
-                        commands=command if service is not None else None)
+                        commands=command if service is not None else None,
+                        cluster=cluster_view(config, node, node_status),
+                        api=None if bookie is None else bookkeeper_api(
+                            bookie, mutations=tls_node.admin_mutations_allowed(config, node)))
     await nursery.start(trio.serve_listeners, admin.handle_connection,
-                        await _listen(node.bind_host, node.admin_port, "admin"))
+                        await open_listeners(node.admin_port, node.bind_host, "admin"))
 
 
 async def _start_ensemble_services(nursery: trio.Nursery, config: ClusterConfig,
@@ -168,10 +256,7 @@ async def _start_ensemble_services(nursery: trio.Nursery, config: ClusterConfig,
         tls=tls_node.client_port_tls(config, node), super_digest=config.super_digest or None,
         limits=client_limits(config), sasl=sasl_settings(config), read_only_mode=config.read_only_mode))
     await nursery.start(driver.run)
-    try:
-        await nursery.start(service.run)
-    except OSError as e:
-        raise StartupError(f"cannot listen for clients on {node.bind_host}:{node.client_port}: {e}") from None
+    await nursery.start(service.run)
     return {"status": driver.status, "clients": lambda: client_port_status(service), "service": service}
 
 
@@ -194,13 +279,6 @@ def client_limits(config: ClusterConfig) -> ClientLimits:
         global_outstanding_bytes=config.global_outstanding_bytes,
         max_watch_bytes_per_connection=config.max_watch_bytes_per_connection,
         max_watch_bytes=config.max_watch_bytes, max_sessions=config.max_sessions)
-
-
-async def _listen(host: str, port: int, what: str) -> list[trio.SocketListener]:
-    try:
-        return await trio.open_tcp_listeners(port, host=host)
-    except OSError as e:
-        raise StartupError(f"cannot listen for {what} on {host}:{port}: {e.strerror or e}") from None
 
 
 # -- logging: quiet, one key=value line per event, on stderr -------------------

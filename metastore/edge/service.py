@@ -22,6 +22,7 @@ from functools import partial
 
 import trio
 
+from edge.sockets import open_listeners
 from metastore.wire import envelope as E
 from metastore.wire import jute
 from metastore.core import cluster_secret as CS
@@ -108,7 +109,7 @@ class MetastoreService:
 
     # -- running -------------------------------------------------------------------
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        listeners = await trio.open_tcp_listeners(self.cfg.port, host=self.cfg.host)
+        listeners = await open_listeners(self.cfg.port, self.cfg.host, "clients")
         try:
             async with trio.open_nursery() as nursery:
                 self._housekeeping = nursery

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import trio
 
+from edge.sockets import open_listeners
 from zab.core.actions import PeerDisconnected, Received
 from zab.wire.codec import FrameDecoder, decode_hello, decode_message, encode_frame, encode_hello
 from zab.errors import FrameError
@@ -108,7 +109,7 @@ class PeerTransport:
     # -- running ---------------------------------------------------------------------
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         host, port = self.addresses[self.my_id]
-        listeners = await trio.open_tcp_listeners(port, host=host)
+        listeners = await open_listeners(port, host, "peers (Zab and its election)")
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(trio.serve_listeners, self._accept, listeners)

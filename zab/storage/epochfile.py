@@ -25,7 +25,7 @@ from crc32c import crc32c
 
 from zab.core import zxid as zxids
 from edge.files import ensure_directory, write_atomically
-from zab.storage.storage_errors import EpochFileError
+from zab.storage.storage_errors import WIPE_ZAB_STATE, EpochFileError
 
 ACCEPTED_EPOCH = "acceptedEpoch"
 CURRENT_EPOCH = "currentEpoch"
@@ -95,7 +95,7 @@ def read_epochs(data_dir: Path) -> tuple[int, int]:
         raise EpochFileError(
             f"{Path(data_dir) / CURRENT_EPOCH} holds {current}, more than {ACCEPTED_EPOCH} "
             f"{accepted}: Zab never writes that, so the data directory was modified or "
-            "damaged; wipe it and let the node resync from the ensemble"
+            "damaged; " + WIPE_ZAB_STATE
         )
     return accepted, current
 
@@ -108,5 +108,5 @@ def _check_name(name: str) -> None:
 def _corrupt(source: str, what: str) -> EpochFileError:
     return EpochFileError(
         f"epoch file {source} is invalid ({what}); the node cannot know which epochs it "
-        "promised: wipe its data directory and let it resync from the ensemble"
+        "promised: " + WIPE_ZAB_STATE
     )

@@ -22,17 +22,14 @@ from pathlib import Path
 from zab.storage.epochfile import read_epochs
 from edge.files import ensure_directory
 from zab.storage.snapshot import PurgePlan, SnapshotStore, read_body
-from zab.storage.storage_errors import MissingHistoryError
+from zab.storage.storage_errors import WIPE_ZAB_STATE, MissingHistoryError
 from zab.core.txn import Txn
 from zab.storage.txnlog import DEFAULT_SEGMENT_MAX_BYTES, TxnLog
 
 TXNLOG_DIR = "txnlog"
 SNAPSHOT_DIR = "snapshots"
 
-_WIPE_ADVICE = (
-    "refuse to serve with missing history rather than start empty: wipe this node's "
-    "data directory and let it resync from the ensemble"
-)
+_WIPE_ADVICE = "refuse to serve with missing history rather than start empty: " + WIPE_ZAB_STATE
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from pathlib import Path
 from crc32c import crc32c
 
 from edge.files import FILE_MODE, TMP_SUFFIX, ensure_directory, fsync_directory, write_all
-from zab.storage.storage_errors import SnapshotCorruptError
+from zab.storage.storage_errors import WIPE_ZAB_STATE, SnapshotCorruptError
 
 _log = logging.getLogger("quire.snapshot")
 
@@ -156,8 +156,7 @@ def read_snapshot(path: Path) -> tuple[int, bytes]:
 def _corrupt(source: str, what: str) -> SnapshotCorruptError:
     return SnapshotCorruptError(
         f"snapshot {source} is invalid ({what}); it will be ignored. If no valid "
-        "snapshot and no complete log remain, wipe this node's data directory and "
-        "let it resync from the ensemble"
+        "snapshot and no complete log remain, " + WIPE_ZAB_STATE
     )
 
 

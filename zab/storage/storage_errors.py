@@ -22,6 +22,15 @@ from __future__ import annotations
 
 import enum
 
+# What the operator does about a refusal below: the node's Zab files go, the rest of its data
+# directory (the bookie's storage, the persisted ensemble, the pid and log files) stays, and the
+# leader brings it back by DIFF or SNAP. One node at a time: a voter with an empty log counts
+# toward a quorum at once (docs/operations.md, "Replacing a dead machine").
+WIPE_ZAB_STATE = (
+    "wipe this node's Zab state (acceptedEpoch, currentEpoch, txnlog/ and snapshots/ in its data "
+    "directory; keep the rest) and restart it while the other nodes run: it resyncs from the leader"
+)
+
 
 class StorageError(Exception):
     """Base class: durable state on this node cannot be trusted as it is."""

@@ -54,7 +54,7 @@ from crc32c import crc32c
 from zab.storage.record import encode_record, offset_after, scan_records, scan_zxids, valid_record_follows
 from edge.files import ensure_directory, fsync_directory
 from edge.segments import FailStop, SegmentWriter, fsync_file, remove_durably, truncate_durably
-from zab.storage.storage_errors import LogCorruptError, RecordReason, StorageError
+from zab.storage.storage_errors import WIPE_ZAB_STATE, LogCorruptError, RecordReason, StorageError
 from zab.core.txn import Txn
 
 _log = logging.getLogger("quire.txnlog")
@@ -72,8 +72,8 @@ _NAME = re.compile(r"log\.([0-9a-f]{16})")
 
 _WIPE_ADVICE = (
     "this node's txn log is damaged before its end, so acknowledged history may be "
-    "lost: do not start it as is; wipe its data directory and let it resync from "
-    "the ensemble"
+    "lost: do not start it as is; "
+    + WIPE_ZAB_STATE
 )
 
 
