@@ -103,7 +103,8 @@ def client_port_status(service: Any) -> dict[str, Any]:
                 packets_received=received, packets_sent=sent, connections_open=len(service.connections),
                 sessions=len(tree.sessions()), watches=service.watches.count(), znodes=len(tree),
                 approximate_data_size=approximate_data_size(tree),
-                latency_min_ms=lat_min, latency_avg_ms=lat_avg, latency_max_ms=lat_max)
+                latency_min_ms=lat_min, latency_avg_ms=lat_avg, latency_max_ms=lat_max,
+                latency_count=service.latency.count, latency_total_s=round(service.latency.total_s, 6))
 
 
 def approximate_data_size(tree: Any) -> int:
