@@ -21,12 +21,13 @@ the key, so that a typo never silently becomes a default.
 
 from __future__ import annotations
 
-import json
 import os
 import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
+
+import tomli_w
 
 from clusterd.bind_address import bind_address_problem
 from clusterd.tls_config import TlsConfig, TlsConfigError, parse_tls
@@ -422,29 +423,21 @@ def to_toml(config: ClusterConfig, folder: Path) -> str:
     Data and journal dirs inside `folder` are written relative to it, so the file stays valid
     when the folder moves. `load` of the result gives back an equal config.
     """
-    lines = ["[cluster]"]
-    lines += [f"{key} = {_toml_value(getattr(config, key))}" for key in CLUSTER_DEFAULTS]
+    doc: dict[str, Any] = {"cluster": {key: getattr(config, key) for key in CLUSTER_DEFAULTS}, "node": []}
     for n in config.nodes:
-        lines += ["", "[[node]]", f"id = {n.id}", f"host = {_toml_value(n.host)}"]
-        lines += [f"{BIND_HOST} = {_toml_value(n.bind_host)}"] if n.bind_host != n.host else []
-        lines += [f"{key} = {port}" for key, port in n.ports.items()]
-        lines += [f"roles = {_toml_value(sorted(n.roles))}", f"data_dir = {_toml_dir(n.data_dir, folder)}"]
+        table: dict[str, Any] = {"id": n.id, "host": n.host}
+        if n.bind_host != n.host:
+            table[BIND_HOST] = n.bind_host
+        table.update(n.ports)
+        table.update(roles=sorted(n.roles), data_dir=_toml_dir(n.data_dir, folder))
         if n.bookie_journal_dir is not None:
-            lines.append(f"{BOOKIE_JOURNAL_DIR} = {_toml_dir(n.bookie_journal_dir, folder)}")
+            table[BOOKIE_JOURNAL_DIR] = _toml_dir(n.bookie_journal_dir, folder)
+        doc["node"].append(table)
     if config.tls is not None:
-        lines += ["", *config.tls.to_toml(folder)]
-    return "\n".join(lines) + "\n"
+        doc["tls"] = config.tls.to_table(folder)
+    return tomli_w.dumps(doc)
 
 
 def _toml_dir(directory: Path, folder: Path) -> str:
     """A directory as to_toml writes it: relative to `folder` when inside it."""
-    return _toml_value((directory.relative_to(folder) if directory.is_relative_to(folder) else directory).as_posix())
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, (str, bool)):
-        # JSON string escapes without ensure_ascii are a subset of TOML basic-string escapes; true, false.
-        return json.dumps(value, ensure_ascii=False)
-    return str(value)
+    return (directory.relative_to(folder) if directory.is_relative_to(folder) else directory).as_posix()

@@ -25,6 +25,7 @@ import clusterd
 from clusterd.daemon import tls_node
 from clusterd.daemon.admin import AdminUnavailable, fetch_status
 from clusterd.config import BOOKIE, BOOKIE_PORT, PORT_KEYS, ClusterConfig, NodeConfig
+from clusterd.tables import text_table
 from edge.files import FILE_MODE, ensure_directory
 from zab.core.zxid import fmt
 
@@ -173,14 +174,10 @@ def status_row(node_id: int, status: dict[str, Any] | None) -> dict[str, Any]:
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     """The status rows as an aligned text table, zxids as 0x<epoch>_<counter>."""
-    header = ["node", "pid", "role", "epoch", "last_zxid", "last_committed", "peers"]
-    lines = [header]
-    for row in rows:
-        lines.append([str(row["id"]), _show(row["pid"]), row["role"], _show(row["epoch"]),
-                      _show_zxid(row["last_zxid"]), _show_zxid(row["last_committed_zxid"]),
-                      ",".join(map(str, row["peers"] or [])) or "-"])
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines)
+    return text_table(["node", "pid", "role", "epoch", "last_zxid", "last_committed", "peers"],
+                      [[str(row["id"]), _show(row["pid"]), row["role"], _show(row["epoch"]),
+                        _show_zxid(row["last_zxid"]), _show_zxid(row["last_committed_zxid"]),
+                        ",".join(map(str, row["peers"] or [])) or "-"] for row in rows])
 
 
 def _show(value: Any) -> str:

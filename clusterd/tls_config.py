@@ -62,8 +62,8 @@ class TlsConfig:
     def client_key(self, name: str) -> Path:
         return self.dir / f"client-{name}.key"
 
-    def to_toml(self, folder: PurePath) -> list[str]:
-        """The [tls] table as cluster.toml lines (paths inside `folder` relative to it)."""
+    def to_table(self, folder: PurePath) -> dict[str, Any]:
+        """The [tls] table's values for cluster.toml (paths inside `folder` relative to it)."""
         def rel(p: Path, base: PurePath) -> str:
             return (p.relative_to(base) if p.is_relative_to(base) else p).as_posix()
         values: dict[str, Any] = {
@@ -71,15 +71,7 @@ class TlsConfig:
             "cert": self.cert_template,
             "key": self.key_template, "peer": self.peer, "client": self.client, "bookie": self.bookie, "admin": self.admin,
             "client_auth": self.client_auth, "handshake_timeout_ms": self.handshake_timeout_ms}
-        return ["[tls]"] + [f"{k} = {_toml(v)}" for k, v in values.items()]
-
-
-def _toml(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return str(value)
+        return values
 
 
 _KINDS: dict[str, type] = {"dir": str, "ca": str, "ca_key": str, "cert": str, "key": str, "peer": bool,

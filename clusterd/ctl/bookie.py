@@ -15,6 +15,7 @@ from typing import Any
 from bookie.registration import list_bookies
 from clusterd.ctl import recovery as recoveryctl, zk as zkctl
 from clusterd.config import ClusterConfig
+from clusterd.tables import text_table
 
 Command = Callable[[ClusterConfig, argparse.Namespace], int]
 
@@ -51,7 +52,5 @@ def cmd_bookie(config: ClusterConfig, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print(f"{'bookie':<7} {'address':<22} state")
-    for r in rows:
-        print(f"{r['id']:<7} {r['host'] + ':' + str(r['port']):<22} {r['state']}")
+    print(text_table(["bookie", "address", "state"], [[r["id"], f"{r['host']}:{r['port']}", r["state"]] for r in rows]))
     return 0
