@@ -57,8 +57,10 @@ class BookieInfo:
         return json.dumps(asdict(self), sort_keys=True).encode()
 
     @classmethod
-    def from_json(cls, data: bytes) -> BookieInfo:
+    def from_json(cls, data: bytes | None) -> BookieInfo:
         """Parse a registration; ValueError if it is not one."""
+        if data is None:
+            raise ValueError("not a bookie registration: null data")
         try:
             raw = json.loads(data)
             info = cls(int(raw["id"]), str(raw["host"]), int(raw["port"]), bool(raw.get("read_only", False)))
@@ -103,7 +105,7 @@ async def read_cookie(meta: MetaClient, bookie_id: int) -> str | None:
         data, _ = await meta.get(f"{COOKIES}/{bookie_id}")
     except NoNode:
         return None
-    return data.decode()
+    return (data or b"").decode(errors="replace")  # null or garbage: a mismatch the bookie reports
 
 
 async def record_cookie(meta: MetaClient, bookie_id: int, instance_id: str,

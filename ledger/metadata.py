@@ -190,8 +190,10 @@ def encode(m: LedgerMetadata) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
-def decode(data: bytes) -> LedgerMetadata:
+def decode(data: bytes | None) -> LedgerMetadata:
     """Parse and validate znode data; LedgerMetadataError names what is wrong."""
+    if data is None:  # a znode written with null data (a ZooKeeper client may do that)
+        raise LedgerMetadataError("ledger metadata znode holds null data")
     try:
         doc = json.loads(data)
     except (ValueError, UnicodeDecodeError) as e:

@@ -16,6 +16,7 @@ from bookie.storage_codec import (ENTRY_LOG_MAGIC, FILE_HEADER_BYTES, JOURNAL_MA
                                   scan_entry_log, scan_journal)
 from ledger.metadata import LedgerMetadata, LedgerMetadataError, decode, ledger_id_from_path
 from metastore.core.tree import DataTree
+from replay.znode_data import record_bytes
 
 DIGEST_OK, DIGEST_BAD, DIGEST_UNCHECKED = "ok", "bad", "unchecked"
 # One stored entry: (ledger, entry, lac, length, digest status, offset or -1) or a damaged record.
@@ -93,7 +94,7 @@ def ledgers_in(tree: DataTree, root: str) -> tuple[list[LedgerMetadata], list[st
         except LedgerMetadataError:
             continue  # a folder level, or an owned ledger's guard child (ledger/manager.py)
         try:
-            found.append(decode(tree.get(path)[0]))
+            found.append(decode(record_bytes(tree, path)))
         except (LedgerMetadataError, ValueError, KeyError) as err:
             broken.append(f"{path}: {err}")
     return sorted(found, key=lambda m: m.ledger_id), broken

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from ledger.metadata import LedgerMetadata
 from metastore.core.tree import DataTree
+from replay.znode_data import record_bytes
 from stream.errors import StreamError
 from stream.log_metadata import LogMetadata, LogPaths
 from stream.position import HEAD, Position
@@ -53,14 +54,14 @@ def logs_in(tree: DataTree, root: str) -> tuple[list[LogView], list[str]]:
     for name in tree.children(root):
         p = LogPaths(root, name)
         try:
-            metadata = LogMetadata.decode(tree.get(p.log)[0], f"log {name!r}")
+            metadata = LogMetadata.decode(record_bytes(tree, p.log), f"log {name!r}")
             segments = []
             for child in tree.children(p.segments) if tree.node(p.segments) else []:
                 if p.seq_of(child) is not None:
-                    segments.append(Segment.decode(tree.get(p.segment(p.seq_of(child)))[0], f"{name} {child}"))
+                    segments.append(Segment.decode(record_bytes(tree, p.segment(p.seq_of(child))), f"{name} {child}"))
             subscriptions = {}
             for sub in tree.children(p.subscribers) if tree.node(p.subscribers) else []:
-                raw = tree.get(p.subscriber(sub))[0].decode("ascii", "replace")
+                raw = record_bytes(tree, p.subscriber(sub)).decode("ascii", "replace")
                 subscriptions[sub] = Position.parse(raw)
         except (StreamError, ValueError, KeyError) as e:
             broken.append(f"log {name}: {e}")

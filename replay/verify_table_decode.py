@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from metastore.core.tree import DataTree
 from replay.verify_stream_decode import LogView
+from replay.znode_data import record_bytes
 from stream.errors import StreamError
 from stream.position import Position
 from stream.record_set import decode
@@ -53,7 +54,7 @@ def tablespaces_in(tree: DataTree, logs: list[LogView]) -> tuple[list[Tablespace
         record = None
         if tree.node(checkpoint_path(name)) is not None:
             try:
-                record = json.loads(tree.get(checkpoint_path(name))[0])
+                record = json.loads(record_bytes(tree, checkpoint_path(name)))
                 record["position"] = Position.parse(record["position"])
                 int(record["ledger_id"]), str(record["digest"])
             except (ValueError, KeyError, TypeError) as e:

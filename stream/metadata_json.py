@@ -17,8 +17,10 @@ def dumps(fields: dict[str, Any]) -> bytes:
     return json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
 
 
-def loads(data: bytes, what: str, known: set[str]) -> dict[str, Any]:
+def loads(data: bytes | None, what: str, known: set[str]) -> dict[str, Any]:
     """The object `data` holds, with exactly the `known` keys; CorruptMetadata otherwise."""
+    if data is None:  # a znode written with null data (a ZooKeeper client may do that)
+        raise CorruptMetadata(f"{what}: the znode holds null data")
     if len(data) > MAX_METADATA_BYTES:
         raise CorruptMetadata(f"{what}: {len(data)} bytes of metadata, more than this version writes")
     try:

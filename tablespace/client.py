@@ -156,7 +156,7 @@ class TableClient:
         try:
             data, _ = await self.meta.get(leader_path(self.tablespace))
             self.leader = json.loads(data)["address"]
-        except (NoNode, ValueError, KeyError):
+        except (NoNode, ValueError, KeyError, TypeError):  # TypeError: null data or not an object
             self.leader = None
         return self.leader
 

@@ -153,7 +153,7 @@ class Replica:
             try:
                 data, _ = await self.meta.get(f"{self.root}/leader")
                 self.leader_address = json.loads(data)["address"]
-            except (NoNode, ValueError, KeyError):
+            except (NoNode, ValueError, KeyError, TypeError):  # TypeError: null data or not an object
                 self.leader_address = None
             await trio.sleep(0.5)
 
@@ -185,7 +185,7 @@ class Replica:
             try:
                 data, _ = await self.meta.get(path)
                 ours = json.loads(data).get("replica") == self.replica_id
-            except (NoNode, ValueError):
+            except (NoNode, ValueError, TypeError, AttributeError):  # null data, or JSON but no object
                 ours = False
             if not ours:
                 self._depose(StreamError("the leader znode is no longer this replica's"))
@@ -295,11 +295,14 @@ class Replica:
         old: dict | None = None
         try:
             data, stat = await self.meta.get(path)
-            old = json.loads(data)
+            try:
+                old = json.loads(data)
+            except (ValueError, TypeError):  # unreadable (null data, say): replaced, its ledger left to find
+                old = None
             await self.meta.set(path, record, version=stat.version)
         except NoNode:
             await self.meta.create(path, record)
-        if old is not None:
+        if isinstance(old, dict) and isinstance(old.get("ledger_id"), int):
             await self.ns.delete_ledger(old["ledger_id"])
         listing = await self.ns.read(self.log)
         done = [s for s in listing.segments if s.completed and s.records]

@@ -61,6 +61,7 @@ READS = st.one_of(
     st.tuples(st.just(OpCode.GET_EPHEMERALS), st.builds(jute.GetEphemeralsRequest, PATHS)),
     st.tuples(st.just(OpCode.GET_ALL_CHILDREN_NUMBER), st.builds(jute.GetAllChildrenNumberRequest, PATHS)),
     st.tuples(st.just(OpCode.WHO_AM_I), st.none()),
+    st.tuples(st.just(OpCode.CHECK), st.builds(jute.CheckVersionRequest, PATHS, I32)),  # standalone: a read
 )
 READS = READS | st.tuples(st.just(OpCode.MULTI_READ), st.lists(
     READS.filter(lambda r: r[0] in (OpCode.GET_DATA, OpCode.GET_CHILDREN)),  # what multiRead decodes

@@ -1,8 +1,9 @@
 """The tree snapshot's format versions (metastore/wire/snapshot_stream.py): the encoder writes
-version 3, the decoder also reads versions 1 and 2 (a node's old snapshot files, a SNAP from a
-leader that still writes them); the ACL table of versions 2 and 3 is one per tree: sorted by
-encoding, every entry used; versions 1 and 2 list znodes sorted by path, version 3 in the tree's
-own order, which must put every parent before its children."""
+version 4, the decoder also reads versions 1 to 3 (a node's old snapshot files, a SNAP from a
+leader that still writes them); the ACL table of versions 2 to 4 is one per tree: sorted by
+encoding, every entry used; versions 1 and 2 list znodes sorted by path, versions 3 and 4 in the
+tree's own order, which must put every parent before its children; version 4 alone holds null
+data (data length 0xFFFFFFFF), apart from empty data."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ import pytest
 
 from metastore.core import paths
 from metastore.core.acl import ACL, OPEN_ACL_UNSAFE, READ_ACL_UNSAFE, Id, Perm, encode_acl
-from metastore.core.tree import CONTAINER_OWNER, DataTree, ttl_owner
+from metastore.core.ephemeral_owner import CONTAINER_OWNER, ttl_owner
+from metastore.core.tree import DataTree
 from metastore.core.txn import Create, CreateSession, Transaction, apply
 from metastore.errors import DecodeError
 from metastore.wire.snapshot_codec import decode_snapshot, encode_tree
-from metastore.wire.snapshot_stream import _RECORD, SnapshotDecoder, _acl_end
+from metastore.wire.snapshot_stream import _RECORD, NULL_DATA_LENGTH, SNAPSHOT_VERSION, SnapshotDecoder, _acl_end
 
 SESSION = 0x0100_0000_0000_0001
 IP_ACL = (ACL(Perm.ALL, Id("ip", "10.0.0.0/8")),)
@@ -69,7 +71,7 @@ def test_a_version_1_snapshot_loads_as_the_same_tree(piece):
     old = version_1(tree)
     assert old[4] == 1 and old != encode_tree(tree)
     restored = fed(old, piece)
-    assert same_tree(restored, tree) and encode_tree(restored)[4] == 3
+    assert same_tree(restored, tree) and encode_tree(restored)[4] == SNAPSHOT_VERSION == 4
     assert restored.digest() == tree.digest() == restored.recompute_digest()
     assert restored.ephemerals(SESSION) == ["/b/e"] and restored.containers() == ["/b"] and restored.ttl_nodes() == ["/t"]
     for path in ("/a", "/b/e", "/c", "/t", paths.CONFIG):
@@ -85,6 +87,67 @@ def version_2(tree: DataTree) -> bytes:
     return new[:4] + b"\x02" + new[5:]
 
 
+def version_3(tree: DataTree) -> bytes:
+    """Version 3: version 4 for a tree without null data."""
+    assert all(node.data is not None for node in tree._nodes.values())
+    new = encode_tree(tree)
+    return new[:4] + b"\x03" + new[5:]
+
+
+@pytest.mark.parametrize("piece", [1, 7, 1 << 20])
+def test_a_version_3_snapshot_loads_as_the_same_tree(piece):
+    tree = sample()
+    restored = fed(version_3(tree), piece)
+    assert same_tree(restored, tree) and encode_tree(restored) == encode_tree(tree)
+
+
+def null_and_empty() -> DataTree:
+    """/n holds null data (a client's create(path, None)), /e empty data."""
+    tree = DataTree()
+    apply(tree, 0x1_0000_0001, Transaction(7, Create("/n", None, OPEN_ACL_UNSAFE, 0, 1)))
+    apply(tree, 0x1_0000_0002, Transaction(8, Create("/e", b"", OPEN_ACL_UNSAFE, 0, 2)))
+    return tree
+
+
+def test_a_version_4_snapshot_as_docs_metastore_tree_md_lays_it_out():
+    """The bytes, field by field, of the znodes a client made with create("/n", None) and
+    create("/e", b""): /n's data length is 0xFFFFFFFF and no data follows; /e's is 0."""
+    tree = null_and_empty()
+    acl = encode_acl(OPEN_ACL_UNSAFE)
+    expected = b"QZNT" + bytes([4]) + struct.pack(">QQ", 0x1_0000_0002, tree.digest())
+    expected += struct.pack(">I", 1) + acl + struct.pack(">I", 0) + struct.pack(">I", 5)
+    # The system znodes, all-zero but for the root: pzxid of its last child's create, stored cversion 2.
+    for name, pzxid, cversion in [(b"/", 0x1_0000_0002, 2), (b"/zookeeper", 0, 0), (b"/zookeeper/quota", 0, 0)]:
+        expected += struct.pack(">IIIQQQqqiiiQ", len(name), 0, 0, 0, 0, pzxid, 0, 0, 0, cversion, 0, 0) + name
+    expected += struct.pack(">IIIQQQqqiiiQ", 2, 0xFFFF_FFFF, 0, 0x1_0000_0001, 0x1_0000_0001, 0x1_0000_0001,
+                            7, 7, 0, 0, 0, 0) + b"/n"  # null data: the marker, no bytes
+    expected += struct.pack(">IIIQQQqqiiiQ", 2, 0, 0, 0x1_0000_0002, 0x1_0000_0002, 0x1_0000_0002,
+                            8, 8, 0, 0, 0, 0) + b"/e"  # empty data: length 0
+    assert encode_tree(tree) == expected
+    restored = fed(expected, 5)
+    assert restored.get("/n")[0] is None and restored.get("/e")[0] == b""
+    assert restored.get("/n")[1].data_length == restored.get("/e")[1].data_length == 0  # as ZooKeeper's Stat
+    assert restored.digest() == tree.digest() == restored.recompute_digest()
+
+
+def test_null_data_and_empty_data_have_different_digests():
+    """ZooKeeper's digest skips null data; ours tells it from empty, so that a replica that
+    turned one into the other shows a different digest (docs/metastore_tree.md, "Digest")."""
+    tree, other = null_and_empty(), DataTree()
+    apply(other, 0x1_0000_0001, Transaction(7, Create("/n", b"", OPEN_ACL_UNSAFE, 0, 1)))
+    apply(other, 0x1_0000_0002, Transaction(8, Create("/e", b"", OPEN_ACL_UNSAFE, 0, 2)))
+    assert tree.digest() != other.digest()
+    assert {p: n.data for p, n in tree._nodes.items() if p in ("/n", "/e")} == {"/n": None, "/e": b""}
+
+
+def test_the_null_marker_is_a_length_before_version_4():
+    """In a version 3 snapshot the marker is a data length of 4 GiB: the snapshot is truncated."""
+    new = encode_tree(null_and_empty())
+    assert NULL_DATA_LENGTH.to_bytes(4, "big") in new
+    with pytest.raises(DecodeError, match="truncated"):
+        decode_snapshot(new[:4] + b"\x03" + new[5:])
+
+
 def same_tree(a: DataTree, b: DataTree) -> bool:
     """The same znodes, whatever order each tree holds them in (what the digest covers, and the ACLs)."""
     return (a.digest() == b.digest() and set(a._nodes) == set(b._nodes)
@@ -96,7 +159,7 @@ def test_a_version_2_snapshot_loads_as_the_same_tree(piece):
     tree = sample()
     old = version_2(tree)
     restored = fed(old, piece)
-    assert same_tree(restored, tree) and encode_tree(restored)[4] == 3
+    assert same_tree(restored, tree) and encode_tree(restored)[4] == SNAPSHOT_VERSION
 
 
 @pytest.mark.parametrize("old", [version_1, version_2])
@@ -124,9 +187,10 @@ def _records(data: bytes) -> tuple[bytes, list[bytes]]:
 
 
 def test_a_version_3_snapshot_keeps_the_trees_order_and_refuses_a_child_before_its_parent_or_a_repeat():
+    """Version 4 keeps version 3's order (it only adds null data), so the encoder's bytes serve."""
     tree = sample()
     new = encode_tree(tree)
-    assert new[4] == 3
+    assert new[4] == 4 and fed(version_3(tree), 7).get("/c") == tree.get("/c")
     count = len(tree._nodes) - 1
     head, records = _records(new)
     names = [r[_RECORD.size:_RECORD.size + struct.unpack_from(">I", r)[0]].decode() for r in records]

@@ -14,8 +14,8 @@ from metastore.core.acl import ACL, OPEN_ACL_UNSAFE, READ_ACL_UNSAFE, Id, Perm
 from metastore.errors import (BadArguments, DecodeError, NoChildrenForEphemerals, NoNode, NotEmpty, TxnConflict)
 from metastore.wire.snapshot_codec import FrozenTree, decode_snapshot, encode_tree
 from metastore.wire.snapshot_stream import SnapshotDecoder
-from metastore.core.tree import (CONTAINER_OWNER, MAX_TTL_MS, DataTree, EphemeralType, ephemeral_type, i32,
-                            next_version, ttl_owner)
+from metastore.core.ephemeral_owner import CONTAINER_OWNER, MAX_TTL_MS, EphemeralType, ephemeral_type, ttl_owner
+from metastore.core.tree import DataTree, i32, next_version
 from metastore.core.txn import (AlreadyApplied, CloseSession, Create, CreateSession, Delete, SessionClosed, SetACL,
                            SetData, Transaction, apply)
 

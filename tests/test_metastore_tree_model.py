@@ -32,7 +32,8 @@ from metastore.core.acl import ACL, OPEN_ACL_UNSAFE, READ_ACL_UNSAFE, Id, Perm, 
 from metastore.core.stat import Stat
 from metastore.wire.snapshot_codec import FrozenTree, decode_snapshot, encode_tree
 from metastore.wire.snapshot_stream import SnapshotDecoder
-from metastore.core.tree import CONTAINER_OWNER, DataTree, next_version, ttl_owner
+from metastore.core.ephemeral_owner import CONTAINER_OWNER, ttl_owner
+from metastore.core.tree import DataTree, next_version
 from metastore.core.txn import (AlreadyApplied, Check, CloseSession, Create, CreateResult, CreateSession, CheckResult,
                            Delete, DeleteResult, Error, ErrorResult, Multi, MultiResult, SessionClosed,
                            SessionCreated, SetACL, SetACLResult, SetData, SetDataResult, Transaction, apply)
@@ -71,7 +72,7 @@ class Model:
         n = self.nodes[path]
         owner = n["owner"] if n.get("kind") == "ephemeral" else 0  # containers and TTL nodes show 0
         return Stat(n["czxid"], n["mzxid"], n["ctime"], n["mtime"], n["version"], n["cversion"], n["aversion"],
-                    owner, len(n["data"]), len(self.children(path)), n["pzxid"])
+                    owner, len(n["data"] or b""), len(self.children(path)), n["pzxid"])  # null data: length 0
 
     def ephemerals(self, session_id: int) -> list[str]:
         return sorted(p for p, n in self.nodes.items() if n.get("kind") == "ephemeral" and n["owner"] == session_id)
@@ -193,7 +194,7 @@ class Model:
 
 # -- random client operations ------------------------------------------------------------
 index = st.integers(min_value=0, max_value=63)
-data = st.binary(max_size=6)
+data = st.none() | st.binary(max_size=6)  # None: null data, which the tree keeps apart from b""
 version_choice = st.sampled_from(("any", "exact", "wrong"))
 names = st.sampled_from(("a", "b", "c", "q-"))
 

@@ -10,7 +10,8 @@ import pytest
 from metastore.core.acl import ACL, OPEN_ACL_UNSAFE, Id, Perm
 from metastore.errors import DecodeError, TxnConflict
 from metastore.wire.snapshot_codec import encode_tree
-from metastore.core.tree import CONTAINER_OWNER, DataTree
+from metastore.core.ephemeral_owner import CONTAINER_OWNER
+from metastore.core.tree import DataTree
 from metastore.core.txn import (AlreadyApplied, Check, CheckResult, CloseSession, Create, CreateResult, CreateSession,
                            Delete, DeleteResult, Error, ErrorResult, Multi, MultiResult, SessionCreated, SetACL,
                            SetData, SetDataResult, Transaction, apply)

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from metastore.core.acl import ACL, Id
 from metastore.errors import DecodeError
 from metastore.wire.snapshot_codec import decode_snapshot, encode_tree
-from metastore.core.tree import CONTAINER_OWNER, DataTree, ttl_owner
+from metastore.core.ephemeral_owner import CONTAINER_OWNER, ttl_owner
+from metastore.core.tree import DataTree
 from metastore.core.txn import (Check, CloseSession, Create, CreateSession, Delete, Error, Multi, SetACL, SetData,
                            Transaction)
 from metastore.wire.txn_codec import decode_txn, encode_txn
@@ -39,13 +40,14 @@ ids = st.builds(Id, st.sampled_from(("world", "digest", "ip", "x")), st.text(max
 acls = st.lists(st.builds(ACL, i32, ids), max_size=3).map(tuple)
 owners = st.sampled_from((0, CONTAINER_OWNER, ttl_owner(1), ttl_owner(2**40 - 1))) | session_ids
 
-creates = st.builds(Create, znode_paths, blobs, acls, owners, i32)
-ops = st.one_of(creates, st.builds(Delete, znode_paths), st.builds(SetData, znode_paths, blobs, i32),
+datas = st.none() | blobs  # znode data: None is null data, kept apart from b""
+creates = st.builds(Create, znode_paths, datas, acls, owners, i32)
+ops = st.one_of(creates, st.builds(Delete, znode_paths), st.builds(SetData, znode_paths, datas, i32),
                 st.builds(Check, znode_paths, i32))
 errors = st.builds(Error, i32)
 multis = st.builds(Multi, st.lists(ops, max_size=4).map(tuple) | st.lists(errors, max_size=4).map(tuple))
 bodies = st.one_of(
-    creates, st.builds(Delete, znode_paths), st.builds(SetData, znode_paths, blobs, i32),
+    creates, st.builds(Delete, znode_paths), st.builds(SetData, znode_paths, datas, i32),
     st.builds(SetACL, znode_paths, acls, i32), st.builds(CreateSession, session_ids, st.integers(1, 2**31 - 1)),
     st.builds(CloseSession, session_ids, st.lists(znode_paths, max_size=3, unique=True).map(
         lambda ps: tuple(sorted(ps)))),
@@ -118,7 +120,8 @@ def _sample_snapshot() -> bytes:
     bodies = [CreateSession(0x0100_0000_0000_0001, 5000),
               Create("/a", b"data", (ACL(31, Id("world", "anyone")),), 0, 1),
               Create("/a/e", b"", (ACL(1, Id("ip", "10.0.0.0/8")),), 0x0100_0000_0000_0001, 1),
-              Create("/c", b"", (ACL(31, Id("world", "anyone")),), CONTAINER_OWNER, 2)]
+              Create("/c", b"", (ACL(31, Id("world", "anyone")),), CONTAINER_OWNER, 2),
+              Create("/n", None, (ACL(31, Id("world", "anyone")),), 0, 3)]  # null data
     for zxid, body in enumerate(bodies, 1):
         apply(tree, zxid, Transaction(zxid, body))
     return encode_tree(tree)
@@ -145,6 +148,6 @@ def test_snapshot_mutations_are_refused_or_consistent(data):
 
 
 @FUZZ
-@given(st.sampled_from([1, 2]), st.binary(max_size=120))
+@given(st.sampled_from([1, 2, 3, 4]), st.binary(max_size=120))
 def test_random_snapshot_bytes_are_refused(version, data):
     assert isinstance(clean(decode_snapshot, b"QZNT" + bytes([version]) + data), DecodeError)

@@ -98,7 +98,9 @@ def _print_json(value: Any) -> None:
     print(json.dumps(value, indent=2))
 
 
-def _data_fields(data: bytes) -> dict[str, Any]:
+def _data_fields(data: bytes | None) -> dict[str, Any]:
+    if data is None:  # null data (a ZooKeeper client's create or set with no payload), not b""
+        return {"data": None, "data_base64": None}
     try:
         text: str | None = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -131,7 +133,7 @@ def cmd_get(config: ClusterConfig, args: argparse.Namespace) -> int:
     if getattr(args, "json", False):
         _print_json({"path": path, **_data_fields(data), "stat": stat_dict(stat)})
     else:
-        sys.stdout.buffer.write(data + b"\n")
+        sys.stdout.buffer.write((data or b"") + b"\n")  # null data prints as empty; --json tells them apart
         sys.stdout.flush()
         print(_stat_line(stat), file=sys.stderr)
     return 0

@@ -213,7 +213,7 @@ class ReplicationTask:
                        raw.get("error"), int(raw.get("next_attempt_ms", 0)),
                        {k: v for k, v in raw.items() if k not in known})
         except (ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"not an under-replication task: {data[:200]!r} ({e})") from None
+            raise ValueError(f"not an under-replication task: {(data or b'')[:200]!r} ({e})") from None
 
     def covers(self, lost: Iterable[int], damaged: Iterable[int] = ()) -> bool:
         return self.lost.issuperset(lost) and (self.damaged | self.lost).issuperset(damaged)

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 
 from metastore.wire import jute_records as J
 from metastore.client.core import ANY_VERSION, State, Version, WatchEvent, WatchKind, wire_version
-from metastore.client.ops import Op, create_request, multi_request, multi_results
+from metastore.client.ops import Op, create_request, multi_request, multi_results, wire_data
 from metastore.client.session import SessionDriver, credential_bytes
 from metastore.client.watches import PersistentWatch, Watch, WatchArm
 from metastore.errors import AuthFailed, BadArguments, BadVersion, NodeExists, NoNode, ZooKeeperError, error_for_code
@@ -38,9 +38,11 @@ class MetaClient(SessionDriver):
     connection. See docs/metastore_client.md.
     """
 
-    def _check_data(self, path: str, data: bytes) -> None:
+    def _check_data(self, path: str, data: bytes | None) -> None:
+        if data is None:
+            return  # null data, as kazoo's create(path, None)
         if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise TypeError(f"znode data is bytes, got {type(data).__name__}")
+            raise TypeError(f"znode data is bytes or None, got {type(data).__name__}")
         if len(data) > self._max_data_bytes:
             raise BadArguments(path, f"{len(data)} bytes of data exceed the limit of {self._max_data_bytes}")
 
@@ -60,13 +62,14 @@ class MetaClient(SessionDriver):
         return reply
 
     # -- operations ----------------------------------------------------------------------
-    async def create(self, path: str, data: bytes = b"", *, acl: Sequence[J.ACL] | None = None,
+    async def create(self, path: str, data: bytes | None = b"", *, acl: Sequence[J.ACL] | None = None,
                      ephemeral: bool = False, sequential: bool = False) -> str:
         """Create a znode; returns its path (with the 10-digit suffix if sequential).
-        acl None: world-readable and writable (OPEN_ACL_UNSAFE)."""
+        acl None: world-readable and writable (OPEN_ACL_UNSAFE). data None: null data, which
+        get() returns as None, apart from b"" (ZooKeeper's and kazoo's null payload)."""
         return (await self.create_with_stat(path, data, acl=acl, ephemeral=ephemeral, sequential=sequential))[0]
 
-    async def create_with_stat(self, path: str, data: bytes = b"", *, acl: Sequence[J.ACL] | None = None,
+    async def create_with_stat(self, path: str, data: bytes | None = b"", *, acl: Sequence[J.ACL] | None = None,
                                ephemeral: bool = False, sequential: bool = False) -> tuple[str, Stat]:
         """create, returning the new znode's path and Stat (ZooKeeper's create2)."""
         self._check_data(path, data)
@@ -74,14 +77,16 @@ class MetaClient(SessionDriver):
         assert isinstance(reply, J.Create2Response)
         return reply.path, reply.stat
 
-    async def get(self, path: str, *, watch: Watch | None = None, linearizable: bool = False) -> tuple[bytes, Stat]:
-        """The znode's data (a null payload reads as b"") and Stat. linearizable=True sends a sync
-        right before the read, in one round trip: the read reflects every write committed
-        before it began (the server confirms its leader's leadership for the sync)."""
+    async def get(self, path: str, *, watch: Watch | None = None,
+                  linearizable: bool = False) -> tuple[bytes | None, Stat]:
+        """The znode's data (None for null data, as kazoo reads it; its Stat's data_length is 0)
+        and Stat. linearizable=True sends a sync right before the read, in one round trip: the
+        read reflects every write committed before it began (the server confirms its leader's
+        leadership for the sync)."""
         reply = await self._simple(OpCode.GET_DATA, J.GetDataRequest(path, watch is not None), path,
                                    self._arm(watch, path, {Err.OK: WatchKind.DATA}), linearizable)
         assert isinstance(reply, J.GetDataResponse)
-        return reply.data or b"", reply.stat
+        return reply.data, reply.stat
 
     async def exists(self, path: str, *, watch: Watch | None = None, linearizable: bool = False) -> Stat | None:
         """The znode's Stat, or None. A watch is armed either way: it fires on creation,
@@ -104,10 +109,12 @@ class MetaClient(SessionDriver):
         assert isinstance(reply, J.GetChildrenResponse)
         return list(reply.children)
 
-    async def set(self, path: str, data: bytes, version: Version = ANY_VERSION) -> Stat:
-        """Replace the data if the znode is at `version` (else BadVersion); returns the new Stat."""
+    async def set(self, path: str, data: bytes | None, version: Version = ANY_VERSION) -> Stat:
+        """Replace the data (None: null data) if the znode is at `version` (else BadVersion);
+        returns the new Stat."""
         self._check_data(path, data)
-        reply = await self._simple(OpCode.SET_DATA, J.SetDataRequest(path, bytes(data), wire_version(version)), path)
+        reply = await self._simple(OpCode.SET_DATA, J.SetDataRequest(path, wire_data(data), wire_version(version)),
+                                   path)
         assert isinstance(reply, J.SetDataResponse)
         return reply.stat
 

@@ -44,7 +44,7 @@ def stat_dict(stat: Stat) -> dict[str, int]:
 @dataclass(frozen=True, slots=True)
 class Create:
     path: str
-    data: bytes = b""
+    data: bytes | None = b""  # None: null data, which reads back as None (not b"")
     acl: Sequence[J.ACL] | None = None  # None: OPEN_ACL_UNSAFE
     ephemeral: bool = False
     sequential: bool = False
@@ -59,7 +59,7 @@ class Delete:
 @dataclass(frozen=True, slots=True)
 class SetData:
     path: str
-    data: bytes
+    data: bytes | None
     version: Version = ANY_VERSION
 
 
@@ -74,9 +74,14 @@ class Check:
 Op = Create | Delete | SetData | Check
 
 
-def create_request(path: str, data: bytes, acl: Sequence[J.ACL] | None, ephemeral: bool,
+def wire_data(data: bytes | bytearray | memoryview | None) -> bytes | None:
+    """Znode data as a request carries it: None stays None, null data on the wire (length -1)."""
+    return None if data is None else bytes(data)
+
+
+def create_request(path: str, data: bytes | None, acl: Sequence[J.ACL] | None, ephemeral: bool,
                    sequential: bool) -> J.CreateRequest:
-    return J.CreateRequest(path, bytes(data), tuple(OPEN_ACL_UNSAFE if acl is None else acl),
+    return J.CreateRequest(path, wire_data(data), tuple(OPEN_ACL_UNSAFE if acl is None else acl),
                            int(create_mode(ephemeral, sequential)))
 
 
@@ -88,7 +93,7 @@ def multi_request(ops: Sequence[Op]) -> J.MultiRequest:
         elif isinstance(op, Delete):
             encoded.append((OpCode.DELETE, J.DeleteRequest(op.path, wire_version(op.version))))
         elif isinstance(op, SetData):
-            encoded.append((OpCode.SET_DATA, J.SetDataRequest(op.path, bytes(op.data), wire_version(op.version))))
+            encoded.append((OpCode.SET_DATA, J.SetDataRequest(op.path, wire_data(op.data), wire_version(op.version))))
         elif isinstance(op, Check):
             encoded.append((OpCode.CHECK, J.CheckVersionRequest(op.path, wire_version(op.version))))
         else:

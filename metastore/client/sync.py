@@ -65,11 +65,11 @@ class SyncMetaClient(BlockingFacade[MetaClient]):
         return self.run(_with_timeout, watch.wait, timeout_s)
 
     # -- operations (see MetaClient) ------------------------------------------------------
-    def create(self, path: str, data: bytes = b"", *, acl: Sequence[J.ACL] | None = None, ephemeral: bool = False,
-               sequential: bool = False) -> str:
+    def create(self, path: str, data: bytes | None = b"", *, acl: Sequence[J.ACL] | None = None,
+               ephemeral: bool = False, sequential: bool = False) -> str:
         return self.run(self.client.create, path, data, acl=acl, ephemeral=ephemeral, sequential=sequential)
 
-    def get(self, path: str, *, watch: Watch | None = None, linearizable: bool = False) -> tuple[bytes, Stat]:
+    def get(self, path: str, *, watch: Watch | None = None, linearizable: bool = False) -> tuple[bytes | None, Stat]:
         return self.run(self.client.get, path, watch=watch, linearizable=linearizable)
 
     def exists(self, path: str, *, watch: Watch | None = None, linearizable: bool = False) -> Stat | None:
@@ -78,7 +78,7 @@ class SyncMetaClient(BlockingFacade[MetaClient]):
     def children(self, path: str, *, watch: Watch | None = None, linearizable: bool = False) -> list[str]:
         return self.run(self.client.children, path, watch=watch, linearizable=linearizable)
 
-    def set(self, path: str, data: bytes, version: Version = ANY_VERSION) -> Stat:
+    def set(self, path: str, data: bytes | None, version: Version = ANY_VERSION) -> Stat:
         return self.run(self.client.set, path, data, version)
 
     def delete(self, path: str, version: Version = ANY_VERSION) -> None:

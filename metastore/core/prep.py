@@ -27,8 +27,8 @@ from metastore.errors import (BadArguments, BadVersion, NoChildrenForEphemerals,
                               RuntimeInconsistency, SessionExpired, SessionMoved, Unimplemented, ZooKeeperError)
 from metastore.wire.jute_defs import CreateMode, OpCode
 from metastore.core.tree_fork import fork
-from metastore.core.tree import (CONTAINER_OWNER, DataTree, EphemeralType, Node, ephemeral_type, i32, is_session_id,
-                            next_version, ttl_owner)
+from metastore.core.ephemeral_owner import CONTAINER_OWNER, EphemeralType, ephemeral_type, is_session_id, ttl_owner
+from metastore.core.tree import DataTree, Node, i32, next_version
 from metastore.core.txn import (Check, CloseSession, Create, CreateSession, Delete, Error, Multi, SetACL, SetData,
                            Transaction, apply, apply_op, failed)
 
@@ -209,7 +209,7 @@ class Preparer:
             owner = CONTAINER_OWNER
         elif mode in _TTL:
             owner = ttl_owner(ttl)
-        return Create(path, req.data or b"", stored_acl, owner, i32(parent.cversion + 1))
+        return Create(path, req.data, stored_acl, owner, i32(parent.cversion + 1))  # None stays null data
 
     def _delete(self, view: DataTree, auth: Sequence[A.Id], req: J.DeleteRequest) -> Delete:
         paths.validate_path(req.path)
@@ -242,7 +242,7 @@ class Preparer:
         node = _existing(view, req.path)
         A.require(node.acl, A.Perm.WRITE, auth, req.path)
         _check_version(req.path, node.version, req.version)
-        return SetData(req.path, req.data or b"", next_version(node.version))
+        return SetData(req.path, req.data, next_version(node.version))
 
     def _set_acl(self, view: DataTree, auth: Sequence[A.Id], req: J.SetACLRequest) -> SetACL:
         paths.validate_path(req.path)

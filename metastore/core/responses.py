@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from metastore.core import acl as A
 from metastore.core import cluster_secret as CS
 from metastore.wire import jute_records as J
-from metastore.errors import MarshallingError, NoAuth, NoNode, Unimplemented, ZooKeeperError
+from metastore.errors import BadVersion, MarshallingError, NoAuth, NoNode, Unimplemented, ZooKeeperError
 from metastore.wire.jute_defs import DEFAULT_MAX_FRAME_BYTES, OpCode, WatcherType
+from metastore.core.prep import ANY_VERSION
 from metastore.core.tree import DataTree, Node
 from metastore.core.txn import (CheckResult, CreateResult, DeleteResult, ErrorResult, MultiResult, ReconfigResult,
                            SetACLResult, SetDataResult)
@@ -111,6 +112,20 @@ def _get_data(tree, req: J.GetDataRequest, session_id, auth) -> Reply:
     return Reply(0, J.GetDataResponse(data, stat), (req.path, WatchKind.DATA) if req.watch else None)
 
 
+def _check_version(tree, req: J.CheckVersionRequest, session_id, auth) -> Reply:
+    """A standalone check (opcode 13 outside a multi): the node's Stat if it is at `version`
+    (-1: any), else BadVersion; NoNode, or NoAuth without READ (what a multi's check needs).
+    A read of this node's tree, in order with the connection's other requests, never a
+    transaction: ZooKeeper 3.9.0-3.9.2 logged it as one, which its FinalRequestProcessor answered
+    as SetDataResponse(rc.stat) with no Stat set and its log reload could not replay
+    (ZOOKEEPER-2623); 3.8.5 and 3.9.3 on answer UNIMPLEMENTED (docs/metastore_wire.md)."""
+    node = _node(tree, req.path)
+    A.require(node.acl, A.Perm.READ, auth, req.path)
+    if req.version != ANY_VERSION and req.version != node.version:  # as a multi's check (prep.py)
+        raise BadVersion(req.path)
+    return Reply(0, J.SetDataResponse(node.stat()))
+
+
 def _children(tree, req, session_id, auth) -> Reply:
     node = _node(tree, req.path)
     A.require(node.acl, A.Perm.READ, auth, req.path)
@@ -171,6 +186,7 @@ _READS = {
     OpCode.EXISTS: _exists, OpCode.GET_DATA: _get_data, OpCode.GET_CHILDREN: _children,
     OpCode.GET_CHILDREN2: _children, OpCode.GET_ACL: _get_acl, OpCode.GET_EPHEMERALS: _ephemerals,
     OpCode.GET_ALL_CHILDREN_NUMBER: _all_children, OpCode.WHO_AM_I: _who_am_i, OpCode.MULTI_READ: None,
+    OpCode.CHECK: _check_version,  # standalone; inside a multi a check is part of its transaction
 }
 READ_OPS = frozenset(_READS)
 WRITE_OPS = frozenset({OpCode.CREATE, OpCode.CREATE2, OpCode.CREATE_CONTAINER, OpCode.CREATE_TTL, OpCode.DELETE,

@@ -21,59 +21,17 @@ time it changes), its znodes in the dict's order, every parent first; snapshot_c
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Sequence
 
 from metastore.core import paths
+from metastore.core.ephemeral_owner import EphemeralType, client_owner, ephemeral_type, is_session_id, ttl_of
 from metastore.core.acl import ACL, OPEN_ACL_UNSAFE, READ_ACL_UNSAFE, encode_acl
 from metastore.errors import (BadArguments, BadVersion, NoChildrenForEphemerals, NoNode, NodeExists,
                               NotEmpty, SessionExpired, TxnConflict)
 from metastore.core.stat import Stat
-from metastore.core.tree_digest import data_hash, node_hash, session_hash
+from metastore.core.tree_digest import ZnodeData, data_hash, node_hash, session_hash
 
-CONTAINER_OWNER = 0x8000_0000_0000_0000
-TTL_MASK = 0xFF00_0000_0000_0000
-_RESERVED_BITS = 0x00FF_FF00_0000_0000
-MAX_TTL_MS = 0x0000_00FF_FFFF_FFFF
 _U64 = (1 << 64) - 1
-
-
-class EphemeralType(enum.Enum):
-    VOID = 0        # persistent
-    NORMAL = 1      # ephemeral: the owner is a session id
-    CONTAINER = 2
-    TTL = 3
-
-
-def ephemeral_type(owner: int) -> EphemeralType:
-    """The kind of a znode from its raw ephemeralOwner; ValueError for a reserved encoding."""
-    if owner & TTL_MASK == TTL_MASK:
-        if owner & _RESERVED_BITS or not owner & MAX_TTL_MS:
-            raise ValueError(f"invalid ephemeral owner {owner:#x}")
-        return EphemeralType.TTL
-    if owner == CONTAINER_OWNER:
-        return EphemeralType.CONTAINER
-    return EphemeralType.VOID if owner == 0 else EphemeralType.NORMAL
-
-
-def ttl_owner(ttl_ms: int) -> int:
-    """The ephemeralOwner of a TTL node; BadArguments unless 0 < ttl_ms <= MAX_TTL_MS."""
-    if not 0 < ttl_ms <= MAX_TTL_MS:
-        raise BadArguments(None, f"ttl must be positive and at most {MAX_TTL_MS}")
-    return TTL_MASK | ttl_ms
-
-
-def ttl_of(owner: int) -> int:
-    return owner & MAX_TTL_MS
-
-
-def is_session_id(session_id: int) -> bool:
-    """Session ids must read as NORMAL owners: not 0, not the container mark, top byte not 0xff."""
-    return 0 < session_id <= _U64 and session_id != CONTAINER_OWNER and session_id & TTL_MASK != TTL_MASK
-
-
-def _client_owner(owner: int) -> int:
-    return 0 if owner == CONTAINER_OWNER or owner & TTL_MASK == TTL_MASK else owner
 
 
 def i32(value: int) -> int:
@@ -96,19 +54,19 @@ _CONFIG_IS_LOCAL = "/zookeeper/config is the node's configuration, not replicate
 
 # A snapshot's znode: path, data, acl, czxid, mzxid, pzxid, ctime, mtime, version,
 # internal cversion, aversion, ephemeral owner.
-NodeRecord = tuple[str, bytes, tuple[ACL, ...], int, int, int, int, int, int, int, int, int]
+NodeRecord = tuple[str, ZnodeData, tuple[ACL, ...], int, int, int, int, int, int, int, int, int]
 # What a snapshot encodes: last_zxid, nodes by path, sessions, digest, ACL table (contents()).
 TreeView = tuple[int, "dict[str, Node]", dict[int, int], int, list[tuple[bytes, tuple[ACL, ...]]]]
 
 
 class Node:
-    """One znode. Owned by its DataTree: read it, never change it (the tree copies on write).
+    """One znode (null data is None). Owned by its DataTree: read it, never change it (the tree copies on write).
     `hash` and `data_hash` are None on a znode restored without them until it first changes."""
 
     __slots__ = ("data", "acl", "czxid", "mzxid", "pzxid", "ctime", "mtime", "version", "cversion", "aversion",
                  "owner", "children", "data_hash", "hash", "epoch")
 
-    def __init__(self, data: bytes, acl: tuple[ACL, ...], zxid: int, time_ms: int, owner: int, epoch: int) -> None:
+    def __init__(self, data: ZnodeData, acl: tuple[ACL, ...], zxid: int, time_ms: int, owner: int, epoch: int) -> None:
         self.data = data
         self.acl = acl
         self.czxid = self.mzxid = self.pzxid = zxid
@@ -132,7 +90,7 @@ class Node:
     def stat(self) -> Stat:
         n = len(self.children)
         return Stat(self.czxid, self.mzxid, self.ctime, self.mtime, self.version, i32(2 * self.cversion - n),
-                    self.aversion, _client_owner(self.owner), len(self.data), n, self.pzxid)
+                    self.aversion, client_owner(self.owner), len(self.data or b""), n, self.pzxid)  # null: 0
 
 
 class DataTree:
@@ -350,7 +308,7 @@ class DataTree:
         return node
 
     # -- mutations (transaction effects) -----------------------------------------
-    def create(self, path: str, data: bytes, acl: Sequence[ACL], owner: int, parent_cversion: int,
+    def create(self, path: str, data: ZnodeData, acl: Sequence[ACL], owner: int, parent_cversion: int,
                zxid: int, time_ms: int) -> Stat:
         """Create a znode; the parent's internal cversion must become `parent_cversion` (old + 1)."""
         parent_path = paths.split(path)[0]
@@ -391,7 +349,7 @@ class DataTree:
         self._rehash(parent_path, parent)
         self._remove(path)
 
-    def set_data(self, path: str, data: bytes, version: int, zxid: int, time_ms: int) -> Stat:
+    def set_data(self, path: str, data: ZnodeData, version: int, zxid: int, time_ms: int) -> Stat:
         """Replace the data; `version` is the resulting version (the current one's successor)."""
         current = self._existing(path)
         if path == paths.CONFIG:
@@ -404,7 +362,7 @@ class DataTree:
         self._restore_data(path, data, data_hash(data), version, zxid, time_ms)
         return self._nodes[path].stat()
 
-    def _restore_data(self, path: str, data: bytes, data_hash: bytes, version: int, mzxid: int, mtime: int) -> None:
+    def _restore_data(self, path: str, data: ZnodeData, data_hash: bytes, version: int, mzxid: int, mtime: int) -> None:
         node = self._writable(path)
         self.data_bytes += len(data or b"") - len(node.data or b"")
         node.data, node.data_hash, node.version, node.mzxid, node.mtime = data, data_hash, version, mzxid, mtime

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from metastore.core import paths
 from metastore.core.acl import ACL, encode_acl
 from metastore.core.paths import _INVALID_CHAR
-from metastore.core.tree import (_NO_CHILDREN, CONTAINER_OWNER, TTL_MASK, DataTree, EphemeralType, Node, NodeRecord,
-                                 ephemeral_type, is_session_id)
+from metastore.core.ephemeral_owner import CONTAINER_OWNER, TTL_MASK, EphemeralType, ephemeral_type, is_session_id
+from metastore.core.tree import _NO_CHILDREN, DataTree, Node, NodeRecord
 from metastore.core.tree_digest import session_hash
 
 _U64 = (1 << 64) - 1
@@ -67,7 +67,7 @@ class TreeAssembler:
         path, data, acl, *fixed = record
         self.add_fields(path, data, self.acl_entry(acl), *fixed)
 
-    def add_fields(self, path: str, data: bytes, acl: list, czxid: int, mzxid: int, pzxid: int, ctime: int,
+    def add_fields(self, path: str, data: bytes | None, acl: list, czxid: int, mzxid: int, pzxid: int, ctime: int,
                    mtime: int, version: int, cversion: int, aversion: int, owner: int) -> None:
         """`add` without the record tuple (the snapshot decoder's call), its ACL as acl_entry's."""
         if self._path_order:

@@ -20,8 +20,19 @@ _SESSION = struct.Struct(">Qi")
 _LEN = struct.Struct(">I")
 
 
-def data_hash(data: bytes) -> bytes:
-    """A znode's data, hashed for its node_hash."""
+# Null data is not empty data (ZooKeeper keeps them apart, and so does the tree), so it hashes apart:
+# a replica that lost the difference must show a different digest. ZooKeeper's DigestCalculator
+# skips null data, making the two equal; every digest of a tree without null data is unchanged.
+_NULL_DATA_HASH = hashlib.blake2b(b"", digest_size=16, person=b"quire:null-data").digest()
+
+
+ZnodeData = bytes | None  # a znode's data: None is null data (ZooKeeper's buffer of length -1)
+
+
+def data_hash(data: ZnodeData) -> bytes:
+    """A znode's data, hashed for its node_hash (None, null data, has a hash of its own)."""
+    if data is None:
+        return _NULL_DATA_HASH
     return hashlib.blake2b(data, digest_size=16).digest()
 
 

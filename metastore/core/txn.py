@@ -48,7 +48,7 @@ FORMAT_VERSION = 1
 @dataclass(slots=True, unsafe_hash=True)
 class Create:
     path: str                    # final path (a sequential suffix already appended)
-    data: bytes
+    data: bytes | None           # None: null data (ZooKeeper's null buffer), not b""
     acl: tuple[ACL, ...]         # as stored ("auth" already expanded)
     ephemeral_owner: int         # 0, a session id, CONTAINER_OWNER or a TTL owner (metastore.core.tree)
     parent_cversion: int         # the parent's internal cversion after this create (old + 1)
@@ -62,7 +62,7 @@ class Delete:
 @dataclass(slots=True, unsafe_hash=True)
 class SetData:
     path: str
-    data: bytes
+    data: bytes | None           # None: null data
     version: int                 # resulting version
 
 

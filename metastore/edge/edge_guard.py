@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from metastore.core.acl import Id
 from metastore.wire.jute_defs import DEFAULT_MAX_BUFFER_BYTES, PASSWORD_BYTES, Err, JuteError
 from metastore.wire.jute_records import ConnectRequest
-from metastore.core.tree import is_session_id
+from metastore.core.ephemeral_owner import is_session_id
 from metastore.core.watches import WatchLimits
 
 MAX_AUTH_IDS = 64  # ids one connection may hold (ip plus addAuth ids); ZooKeeper has no limit

@@ -3,12 +3,13 @@
 `encode_chunks` yields the snapshot of a frozen view (DataTree.freeze) in chunks of at most
 `chunk_bytes`, and `SnapshotDecoder` takes the bytes back in pieces of any size, rebuilding the
 tree znode by znode (metastore/core/tree_assembly.py). `b"".join(encode_chunks(...))` equals
-`encode_snapshot(...)`. The encoder writes format version 3 (docs/metastore_tree.md, "Snapshot
+`encode_snapshot(...)`. The encoder writes format version 4 (docs/metastore_tree.md, "Snapshot
 encoding"): each znode's lengths and fixed fields in one header before its path and data (one
-pack per znode; version 2 has that too, version 1 three pieces), and the znodes in the order the
-tree holds them, the order they were created in, every parent before its children (versions 1
-and 2 sort them by path). The decoder reads all three, so a node's older snapshot files and a
-SNAP from a leader that writes an older version still load.
+pack per znode; versions 2 and 3 have that too, version 1 three pieces), a data length of
+0xFFFFFFFF for null data (version 4 only: versions 1 to 3 are version 4 without null data), and
+the znodes in the order the tree holds them, the order they were created in, every parent before
+its children (versions 1 and 2 sort them by path). The decoder reads all four, so a node's older
+snapshot files and a SNAP from a leader that writes an older version still load.
 
 What each side holds beyond the tree itself: the encoder, an index of the ACL table, plus one
 chunk and one znode record; the decoder, the bytes of at most one chunk plus the one record that
@@ -22,13 +23,17 @@ from collections.abc import Iterable, Iterator
 
 from metastore.core import paths
 from metastore.core.acl import ACL
-from metastore.core.tree import DataTree, Node, ephemeral_type
+from metastore.core.ephemeral_owner import ephemeral_type
+from metastore.core.tree import DataTree, Node
 from metastore.core.tree_assembly import TreeAssembler
 from metastore.errors import BadArguments, DecodeError
 from metastore.wire.txn_codec import _SESSION, _U32, Reader
 
 SNAPSHOT_MAGIC = b"QZNT"
-SNAPSHOT_VERSION = 3  # what the encoder writes; the decoder also reads versions 1 and 2
+SNAPSHOT_VERSION = 4  # what the encoder writes; the decoder also reads versions 1 to 3
+# Version 4's data length of a znode with null data (no data bytes follow). Versions 1 to 3 could
+# not hold null data: their znodes restore with the data they wrote, b"" where a client sent null.
+NULL_DATA_LENGTH = 0xFFFF_FFFF
 _SNAP_HEAD = struct.Struct(">4sBQQ")         # magic, version, last_zxid, digest
 # Version 2's and 3's znode record: path length, data length, acl index, czxid, mzxid, pzxid, ctime,
 # mtime, version, cversion (internal), aversion, owner; then the path and the data.
@@ -79,11 +84,15 @@ def encode_chunks(last_zxid: int, nodes: dict[str, Node], sessions: dict[int, in
         if path == config:
             continue
         name, data = path.encode(), node.data
+        if data is None:
+            data, data_len = b"", NULL_DATA_LENGTH
+        else:
+            data_len = len(data)
         n = len(name) + len(data) + overhead
         if size + n > chunk_bytes and parts:
             yield b"".join(parts)
             parts, size = [], 0
-        record = (pack(len(name), len(data), acl_index[id(node.acl)], node.czxid, node.mzxid, node.pzxid,
+        record = (pack(len(name), data_len, acl_index[id(node.acl)], node.czxid, node.mzxid, node.pzxid,
                        node.ctime, node.mtime, node.version, node.cversion, node.aversion, node.owner),
                   name, data)
         if n > chunk_bytes:
@@ -201,7 +210,7 @@ class SnapshotDecoder:
         if self._available() < _SNAP_HEAD.size:
             return False
         magic, self._version, self._zxid, self._digest = _SNAP_HEAD.unpack_from(self._buf, self._pos)
-        if magic != SNAPSHOT_MAGIC or self._version not in (1, 2, SNAPSHOT_VERSION):
+        if magic != SNAPSHOT_MAGIC or self._version not in (1, 2, 3, SNAPSHOT_VERSION):
             raise DecodeError(f"not a version 1 to {SNAPSHOT_VERSION} tree snapshot")
         self._pos += _SNAP_HEAD.size
         self._stage = _ACLS
@@ -231,6 +240,7 @@ class SnapshotDecoder:
         buf, pos, end, left = self._buf, self._pos, len(self._buf), self._left
         add, acls = self._assembler.add_fields, self._acl_entries  # type: ignore[union-attr]
         unpack, head, v1 = _RECORD.unpack_from, _RECORD.size, self._version == 1
+        null_marker = NULL_DATA_LENGTH if self._version >= 4 else None  # a length below 4: just a length
         view = memoryview(buf)
         try:
             while left:
@@ -241,6 +251,7 @@ class SnapshotDecoder:
                     path_at, path_end, data_at, data_end, index, czxid, mzxid, pzxid, ctime, mtime, version, \
                         cversion, aversion, owner = layout
                     next_at = data_end + _NODE_V1.size
+                    null = False
                 else:
                     if pos + head > end:
                         break
@@ -248,7 +259,8 @@ class SnapshotDecoder:
                         owner = unpack(buf, pos)
                     path_at = pos + head
                     path_end = data_at = path_at + path_len
-                    next_at = data_end = data_at + data_len
+                    null = data_len == null_marker
+                    next_at = data_end = data_at + (0 if null else data_len)
                     if next_at > end:
                         break
                 try:
@@ -262,7 +274,8 @@ class SnapshotDecoder:
                         ephemeral_type(owner)
                     except ValueError as e:
                         raise DecodeError(str(e)) from None
-                add(path, bytes(view[data_at:data_end]), acls[index], czxid, mzxid, pzxid, ctime, mtime,
+                data = None if null else bytes(view[data_at:data_end])
+                add(path, data, acls[index], czxid, mzxid, pzxid, ctime, mtime,
                     version, cversion, aversion, owner)
                 pos, left = next_at, left - 1
         finally:

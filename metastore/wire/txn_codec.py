@@ -2,8 +2,9 @@
 leader proposes and every node logs and decodes.
 
 Layouts (docs/metastore_tree.md): big-endian; strings u32 length + UTF-8; byte strings
-u32 length + bytes. `decode_txn` raises DecodeError on anything malformed, never another
-error (fuzzed in tests/test_metastore_txn_fuzz.py). Pure: no I/O.
+u32 length + bytes; znode data the same, or the length 0xFFFFFFFF alone for null data.
+`decode_txn` raises DecodeError on anything malformed, never another error (fuzzed in
+tests/test_metastore_txn_fuzz.py). Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import struct
 from metastore.core import paths
 from metastore.core.acl import ACL, Id, encode_acl
 from metastore.errors import BadArguments, DecodeError
-from metastore.core.tree import ephemeral_type, is_session_id
+from metastore.core.ephemeral_owner import ephemeral_type, is_session_id
 from metastore.core.txn import (FORMAT_VERSION, Body, Check, CloseSession, Create, CreateSession, Delete, Error, Multi,
                            Reconfig, SetACL, SetData, Transaction)
 from zab.core.ensemble import EnsembleError, parse_spec
@@ -35,6 +36,17 @@ def _blob(value: bytes) -> bytes:
 
 def _text(value: str) -> bytes:
     return _blob(value.encode())
+
+
+# Znode data's length when the data is null (ZooKeeper's buffer of length -1). No real length
+# comes near it (data is at most 1 MiB), so a decoder that predates it refuses the transaction
+# (its length runs past the end) instead of reading null as empty: the format version stays 1.
+NULL_DATA_LENGTH = 0xFFFF_FFFF
+_NULL_DATA = _U32.pack(NULL_DATA_LENGTH)
+
+
+def _data(value: bytes | None) -> bytes:
+    return _NULL_DATA if value is None else _blob(value)
 
 
 # Decoded ACL lists by their bytes: a pure memo (same bytes, same value), bounded.
@@ -70,6 +82,11 @@ class Reader:
 
     def blob(self) -> bytes:
         return self.take(self.unpack(_U32)[0])
+
+    def data(self) -> bytes | None:
+        """Znode data: a blob, or None for the null marker."""
+        n = self.unpack(_U32)[0]
+        return None if n == NULL_DATA_LENGTH else self.take(n)
 
     def text(self) -> str:
         try:
@@ -126,12 +143,12 @@ _U64 = struct.Struct(">Q")
 
 def _encode_body(body: Body) -> bytes:
     if isinstance(body, Create):
-        return (b"\x01" + _text(body.path) + _blob(body.data) + encode_acl(body.acl)
+        return (b"\x01" + _text(body.path) + _data(body.data) + encode_acl(body.acl)
                 + _CREATE_TAIL.pack(body.ephemeral_owner, body.parent_cversion))
     if isinstance(body, Delete):
         return b"\x02" + _text(body.path)
     if isinstance(body, SetData):
-        return b"\x05" + _text(body.path) + _blob(body.data) + _I32.pack(body.version)
+        return b"\x05" + _text(body.path) + _data(body.data) + _I32.pack(body.version)
     if isinstance(body, SetACL):
         return b"\x07" + _text(body.path) + encode_acl(body.acl) + _I32.pack(body.version)
     if isinstance(body, Check):
@@ -169,7 +186,7 @@ def decode_txn(data: bytes | bytearray | memoryview) -> Transaction:
 
 
 def _decode_create(r: Reader) -> Create:
-    path, data, acl = r.path(), r.blob(), r.acl()
+    path, data, acl = r.path(), r.data(), r.acl()
     owner, parent_cversion = r.unpack(_CREATE_TAIL)
     if path == paths.ROOT:
         raise DecodeError("cannot create the root")
@@ -233,7 +250,7 @@ def _decode_body(r: Reader, *, nested: bool) -> Body:
             raise DecodeError("cannot delete the root")
         return Delete(path)
     if tag == 5:
-        return SetData(r.path(), r.blob(), r.unpack(_I32)[0])
+        return SetData(r.path(), r.data(), r.unpack(_I32)[0])
     if tag == -1:
         return Error(r.unpack(_I32)[0])
     if tag == 13 and nested:
