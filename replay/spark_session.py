@@ -59,6 +59,8 @@ def build_session(master: str = DEFAULT_MASTER, *, app_name: str = "quire-verify
         builder = builder.config("spark.driver.memory", driver_memory)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    from replay.spark_datasources import register  # imports this module's neighbours: here, not at the top
+    register(spark)
     if not is_local(master):
         spark.sparkContext.addPyFile(str(_zip_packages()))
     return spark

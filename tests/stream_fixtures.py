@@ -82,9 +82,10 @@ def spawn(cluster: Cluster, script: str, *args: str) -> subprocess.Popen[str]:
 
 
 def records_of(output: str) -> list[tuple[int, str, str]]:
-    """A reader's (txid, position, payload) lines."""
+    """A reader's (txid, position, payload) lines; a last line without its newline (the process
+    was SIGKILLed between two writes of its buffered output) is not one."""
     out = []
-    for line in output.splitlines():
+    for line in output.split("\n")[:-1]:
         parts = line.split()
         if parts and parts[0] == "REC":
             out.append((int(parts[1]), parts[2], parts[3]))
