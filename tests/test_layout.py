@@ -31,7 +31,7 @@ EDGE = {
     # The Spark verifiers' readers and entry points (files, the JVM, clocks for progress).
     "replay/spark_session.py", "replay/spark_source.py", "replay/spark_replay.py", "replay/verify_zab.py",
     "replay/spark_ledger.py", "replay/verify_ledgers.py", "replay/spark_stream.py", "replay/verify_logs.py",
-    "replay/verify_tables.py",
+    "replay/verify_tables.py", "replay/spark_datasources.py",
     # Named logs: the namespace in the metastore, the writer and the readers (ledgers, clocks, trio).
     "stream/namespace.py", "stream/writer.py", "stream/reader.py",
     # The table service: a replica, its HTTP server and client (sockets, trio).
