@@ -9,7 +9,7 @@ nothing between scrapes.
 Every name is listed here, so that this module is the catalogue docs/operations.md and the
 Grafana dashboard (docs/grafana-dashboard.json) are written from. Latencies are in seconds.
 
-`ENABLED` turns the recording off (`[admin] metrics = false`): the benchmark's rows with metrics
+`ENABLED` turns the recording off (`metrics = false` in cluster.toml's [cluster]): the benchmark's rows with metrics
 on and off measure what they cost; the hot paths look at it before they take a time.
 """
 
