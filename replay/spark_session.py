@@ -24,7 +24,7 @@ from pyspark.sql import SparkSession
 from replay.verify_decode import VerifyInputError
 
 REPO = Path(__file__).resolve().parent.parent
-SHIPPED_PACKAGES = ("replay", "zab", "metastore", "ledger", "bookie")
+SHIPPED_PACKAGES = ("replay", "zab", "metastore", "ledger", "bookie", "stream", "tablespace", "edge")
 DEFAULT_MASTER = "local[*]"
 MIN_JAVA = 17  # the oldest Java that PySpark 4 runs on
 JAVA_HINT = ("install Java 17+ (Debian/Ubuntu: apt-get install openjdk-17-jre-headless) and put its `java` "
@@ -36,9 +36,18 @@ def is_local(master: str) -> bool:
     return master == "local" or master.startswith("local[")
 
 
-def build_session(master: str = DEFAULT_MASTER, *, app_name: str = "quire-verify", shuffle_partitions: int | None = None,
+def submitted() -> bool:
+    """Whether spark-submit started this driver: its JVM is up already, with the master it was
+    given (PySpark connects to it through PYSPARK_GATEWAY_PORT instead of starting one)."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def build_session(master: str | None = None, *, app_name: str = "quire-verify", shuffle_partitions: int | None = None,
                   driver_memory: str | None = None) -> SparkSession:
     """A SparkSession for the verifiers (getOrCreate: an existing session is reused as is).
+
+    `master`: a master URL; None leaves it to spark-submit (its --master, as Spark users expect
+    of a job), and without spark-submit it is local[*].
 
     The UI is off and logs are quiet; `shuffle_partitions` defaults to twice the
     local cores (small inputs do not need Spark's 200).
@@ -49,7 +58,10 @@ def build_session(master: str = DEFAULT_MASTER, *, app_name: str = "quire-verify
     # PySpark starts local workers with $PYSPARK_PYTHON (default: python3 on the PATH,
     # which may lack this project's dependencies); the driver's own interpreter has them.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = (SparkSession.builder.master(master).appName(app_name)
+    if master is None and not submitted():
+        master = DEFAULT_MASTER
+    builder = SparkSession.builder if master is None else SparkSession.builder.master(master)
+    builder = (builder.appName(app_name)
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.shuffle.partitions", str(shuffle_partitions or 2 * cores))
@@ -61,7 +73,7 @@ def build_session(master: str = DEFAULT_MASTER, *, app_name: str = "quire-verify
     spark.sparkContext.setLogLevel("ERROR")
     from replay.spark_datasources import register  # imports this module's neighbours: here, not at the top
     register(spark)
-    if not is_local(master):
+    if not is_local(spark.sparkContext.master):
         spark.sparkContext.addPyFile(str(_zip_packages()))
     return spark
 

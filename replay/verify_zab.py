@@ -25,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser, *, dirs_required: bool = True
     """The options of `verify zab` (shared with clusterctl, where DIRs default to the config's)."""
     parser.add_argument("dirs", nargs="+" if dirs_required else "*", metavar="DIR[=ID]",
                         help="a node's data directory (one per node)")
-    parser.add_argument("--master", default="local[*]", help="Spark master URL (default local[*])")
+    parser.add_argument("--master", default=None,
+                        help="Spark master URL (default: spark-submit's --master when run by it, else local[*])")
     parser.add_argument("--json", action="store_true", help="print the verdict as JSON")
     parser.add_argument("--voters", type=int, default=None,
                         help="voters in the ensemble, for majorities (default: the number of DIRs)")
@@ -53,9 +54,10 @@ def verify_with_context(args: argparse.Namespace, progress=None):  # noqa: ANN00
     voters = args.voters or len(nodes)
     if voters < len(nodes):
         raise VerifyInputError(f"--voters {voters} is fewer than the {len(nodes)} directories given")
-    say(f"starting Spark ({args.master})")
+    say(f"starting Spark ({args.master or 'the master spark-submit was given, else local[*]'})")
     spark = build_session(args.master, driver_memory=args.driver_memory)
     spark_started = time.monotonic() - started
+    say(f"Spark master: {spark.sparkContext.master}")
     say(f"reading {len(nodes)} node(s): {', '.join(f'{n.node}={n.path}' for n in nodes)}")
     frames = read_zab(spark, nodes, chunk_records=args.chunk_records, with_txn=False)
     say(f"decoding {sum(s.layout.records for s in frames.segments)} records in {len(frames.segments)} segments")
@@ -63,7 +65,7 @@ def verify_with_context(args: argparse.Namespace, progress=None):  # noqa: ANN00
     checks = run_checks(ctx)  # its first job decodes (the records stay cached) and counts them
     records = ctx.records
     frames.unpersist()
-    facts = {"nodes given": len(nodes), "records": records,
+    facts = {"nodes given": len(nodes), "records": records, "spark master": spark.sparkContext.master,
              "spark startup s": round(spark_started, 2), **ctx.facts}
     return Verdict("zab", checks, facts, time.monotonic() - started), ctx
 

@@ -15,10 +15,13 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyspark
 import pytest
 from kazoo.client import KazooClient
 from kazoo.retry import KazooRetry
@@ -34,7 +37,7 @@ from replay.spark_source import parse_dirs, read_zab
 from replay.verify_report import Verdict
 from replay.verify_zab import add_arguments, verify
 from replay.verify_zab import main as verify_main
-from cluster_fixtures import Cluster, copy_config
+from cluster_fixtures import ENV, REPO, Cluster, copy_config
 from zab.core import zxid as Z
 from zab.storage.record import encode_record, scan_records
 from zab.storage.recovery import SNAPSHOT_DIR, TXNLOG_DIR
@@ -190,6 +193,19 @@ def test_the_files_read_as_spark_data_sources_and_from_sql(spark, real_run: Path
     for kind, fmt in (("journal", "quire-journal"), ("entrylogs", "quire-entrylog")):
         assert spark.read.format(fmt).load(path).count() == entries.where(f"source = '{kind}'").count()
     entries.unpersist()
+
+
+def test_spark_submit_chooses_the_master_when_the_command_does_not(real_run: Path):
+    # As Spark users expect of a job: `spark-submit --master URL replay/verify_zab.py DIRS` runs
+    # on that master (here local[1], which no default of ours would pick), not on local[*].
+    submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
+    env = {**ENV, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    done = subprocess.run([str(submit), "--master", "local[1]", str(REPO / "replay" / "verify_zab.py"),
+                           *(str(real_run / f"node{n}") for n in NODES), "--json"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    verdict = json.loads(done.stdout[done.stdout.index("{\n"):])  # after what Spark's launcher prints
+    assert verdict["facts"]["spark master"] == "local[1]" and verdict["passed"], done.stdout[:500]
 
 
 def test_different_bytes_for_one_zxid_on_one_node_break_agreement(spark, dirs):
