@@ -135,11 +135,14 @@ def stop(pids: dict[int, int], *, timeout_s: float = 10.0) -> dict[int, str]:
     return {i: "killed" if i in alive else "stopped" for i in pids}
 
 
-async def fetch_statuses(config: ClusterConfig, *, timeout_s: float = 2.0) -> dict[int, dict[str, Any] | None]:
-    """Every node's admin /status, None for a node that does not answer (over HTTPS with
-    clusterctl's certificate when [tls] admin is on)."""
-    statuses: dict[int, dict[str, Any] | None] = {}
-    tls = tls_node.operator_tls(config, "admin")
+async def fetch_statuses(config: ClusterConfig, *, timeout_s: float = 2.0, tls: Any = "operator",
+                         known: dict[int, dict[str, Any]] | None = None) -> dict[int, dict[str, Any] | None]:
+    """Every node's admin /status, None for a node that does not answer (over HTTPS when [tls]
+    admin is on: with clusterctl's certificate, or the ClientTls given as `tls`). `known`: the
+    statuses already in hand (a node's own), not fetched."""
+    statuses: dict[int, dict[str, Any] | None] = dict(known or {})
+    if tls == "operator":
+        tls = tls_node.operator_tls(config, "admin")
 
     async def one(node: NodeConfig) -> None:
         try:
@@ -149,7 +152,8 @@ async def fetch_statuses(config: ClusterConfig, *, timeout_s: float = 2.0) -> di
 
     async with trio.open_nursery() as nursery:
         for node in config.nodes:
-            nursery.start_soon(one, node)
+            if node.id not in statuses:
+                nursery.start_soon(one, node)
     return {n.id: statuses[n.id] for n in config.nodes}
 
 

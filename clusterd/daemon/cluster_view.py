@@ -6,11 +6,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import trio
-
+from clusterd import localcluster
 from clusterd.config import ClusterConfig, NodeConfig
 from clusterd.daemon import tls_node
-from clusterd.daemon.admin import AdminUnavailable, fetch_status
 
 PEER_TIMEOUT_S = 1.0  # a page polls every 2 s: a node slower than this shows as down
 
@@ -22,20 +20,8 @@ def cluster_view(config: ClusterConfig, node: NodeConfig,
     tls = tls_node.admin_client_tls(config, node)
 
     async def view() -> dict[str, Any]:
-        found: dict[int, dict[str, Any] | None] = {}
-
-        async def one(other: NodeConfig) -> None:
-            if other.id == node.id:
-                found[other.id] = own_status()
-                return
-            try:
-                found[other.id] = await fetch_status(other.host, other.admin_port, timeout_s=PEER_TIMEOUT_S, tls=tls)
-            except AdminUnavailable:
-                found[other.id] = None
-
-        async with trio.open_nursery() as nursery:
-            for other in config.nodes:
-                nursery.start_soon(one, other)
+        found = await localcluster.fetch_statuses(config, timeout_s=PEER_TIMEOUT_S, tls=tls,
+                                                  known={node.id: own_status()})
         return {"cluster": config.name, "from": node.id,
                 "nodes": [{"id": n.id, "host": n.host, "roles": sorted(n.roles), "status": found[n.id]}
                           for n in config.nodes]}
