@@ -91,6 +91,21 @@ def test_a_ledger_action_without_its_arguments_is_refused_before_dialling_the_cl
     assert dialled(listeners) == []
 
 
+@pytest.mark.parametrize("args, usage, complaint", [
+    (["log", "append", "orders"], "usage: clusterctl log append", "give the records: DATA arguments, or --stdin"),
+    (["log", "append", "orders", "a", "--stdin"], "usage: clusterctl log append", "not both"),
+    (["bookie", "decommission"], "usage: clusterctl bookie", "bookie decommission needs the bookie's ID"),
+    (["bookie", "recommission"], "usage: clusterctl bookie", "bookie recommission needs the bookie's ID"),
+])
+def test_other_commands_without_their_arguments_are_refused_before_dialling_the_cluster(
+        config: Path, listeners: list[socket.socket], args: list[str], usage: str, complaint: str) -> None:
+    done = ctl(config, *args)
+    assert done.returncode == 2, done.stderr
+    assert usage in done.stderr and complaint in done.stderr, done.stderr
+    assert done.stdout == "" and "Traceback" not in done.stderr
+    assert dialled(listeners) == []
+
+
 def test_the_listeners_do_see_a_ledger_command_that_dials(config: Path, listeners: list[socket.socket]) -> None:
     """The check above can fail: a well-formed command dials the (silent) client ports."""
     proc = subprocess.Popen([sys.executable, "-m", "clusterd.ctl.main", "--config", str(config), "ledger", "ls"],

@@ -10,6 +10,7 @@ import argparse
 import json
 from collections.abc import Callable
 from dataclasses import asdict
+from functools import partial
 from typing import Any
 
 from bookie.registration import list_bookies
@@ -30,13 +31,16 @@ def add_commands(command: Callable[[str, Command, str], argparse.ArgumentParser]
     bookie.add_argument("--json", action="store_true", help="print JSON")
     bookie.add_argument("--no-wait", action="store_true", help="decommission: return once its ledgers are marked")
     bookie.add_argument("--timeout", type=float, default=600.0, help="decommission: seconds to wait (default 600)")
+    bookie.set_defaults(check_usage=partial(_check_id, bookie))
+
+
+def _check_id(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.action != "ls" and args.id is None:
+        parser.error(f"bookie {args.action} needs the bookie's ID (`clusterctl bookie ls` lists them)")
 
 
 def cmd_bookie(config: ClusterConfig, args: argparse.Namespace) -> int:
     if args.action != "ls":
-        if args.id is None:
-            print(f"clusterctl: bookie {args.action} needs the bookie's ID")
-            return 2
         if args.action == "decommission":
             return recoveryctl.cmd_decommission(config, args, args.id)
         return recoveryctl.cmd_recommission(config, args.id)

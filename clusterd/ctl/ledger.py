@@ -35,7 +35,7 @@ from bookie.entry import DigestType, Entry
 from bookie.errors import BookieError
 from clusterd.daemon import tls_node
 from clusterd.ctl import zk as zkctl
-from clusterd.ctl.sdk_session import action_parser
+from clusterd.ctl.sdk_session import action_parser, check_data_or_stdin
 from clusterd.config import ClusterConfig
 from ledger.client_sync import SyncLedgerClient
 from ledger.errors import LedgerError
@@ -90,7 +90,7 @@ def _add_writing_actions(action: Callable[..., argparse.ArgumentParser]) -> None
     append.add_argument("data", nargs="*", metavar="DATA", help="one entry per argument (UTF-8)")
     append.add_argument("--stdin", action="store_true", help="one entry per line of standard input instead")
     _new_ledger_options(append)
-    append.set_defaults(check_usage=partial(_check_append, append))
+    append.set_defaults(check_usage=partial(check_data_or_stdin, append, "entries"))
 
 
 def _new_ledger_options(parser: argparse.ArgumentParser) -> None:
@@ -117,19 +117,9 @@ def _ledger_id(text: str) -> int:
     return int(text)
 
 
-def _check_append(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    if not args.data and not args.stdin:
-        parser.error("give the entries: DATA arguments, or --stdin for one entry per line")
-    if args.data and args.stdin:
-        parser.error("give DATA arguments or --stdin, not both")
-
-
 def cmd_ledger(config: ClusterConfig, args: argparse.Namespace) -> int:
     handler = {"create": _create, "append": _append, "read": _read, "tail": _tail, "ls": _ls,
                "stat": _stat, "recover": _recover, "delete": _delete}[args.action]
-    # Usage errors argparse cannot see alone (append's DATA or --stdin) exit 2 here, before connecting.
-    if (check_usage := getattr(args, "check_usage", None)) is not None:
-        check_usage(args)
     try:
         with SyncLedgerClient(config.client_addresses(), config.bookie_addresses(),
                               meta_tls=tls_node.operator_tls(config), bookie_tls=tls_node.operator_tls(config, "bookie")) \

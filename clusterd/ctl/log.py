@@ -22,6 +22,7 @@ import base64
 import json
 import sys
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import trio
@@ -29,7 +30,7 @@ import trio
 from bookie.errors import BookieError
 from clusterd.config import ClusterConfig
 from clusterd.ctl import zk as zkctl
-from clusterd.ctl.sdk_session import Session, action_parser, failure_in, out
+from clusterd.ctl.sdk_session import Session, action_parser, check_data_or_stdin, failure_in, out
 from ledger.errors import LedgerError
 from metastore.errors import MetastoreError
 from stream.errors import StreamError
@@ -68,6 +69,7 @@ def add_commands(command: Callable[[str, Any, str], argparse.ArgumentParser]) ->
     append.add_argument("data", nargs="*", help="one record per argument (UTF-8)")
     append.add_argument("--stdin", action="store_true", help="one record per line of standard input")
     append.add_argument("--txid", type=int, default=None, help="the first record's transaction id (default: next)")
+    append.set_defaults(check_usage=partial(check_data_or_stdin, append, "records"))
     tail = action("tail", "print records", "clusterctl log tail orders --from 1:0:0 --follow")
     tail.add_argument("name")
     start = tail.add_mutually_exclusive_group()
@@ -162,7 +164,7 @@ async def _stat(ns: Namespace, args: argparse.Namespace) -> int:
 async def _append(ns: Namespace, args: argparse.Namespace) -> int:
     payloads = [line.rstrip("\n").encode() for line in sys.stdin] if args.stdin else [d.encode() for d in args.data]
     if not payloads:
-        raise ValueError("give DATA arguments or --stdin")
+        raise ValueError("standard input held no records (one per line)")
     async with ns.writer(args.name) as w:
         first = w.last_txid + 1 if args.txid is None else args.txid
         positions = await w.write_many((first + i, p) for i, p in enumerate(payloads))

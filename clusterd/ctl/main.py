@@ -57,6 +57,9 @@ def main(argv: list[str] | None = None) -> NoReturn:
 
 def _run(argv: list[str] | None) -> Any:
     args = _parser().parse_args(argv)
+    # Usage errors argparse cannot see alone (an append's DATA or --stdin) exit 2 here, before connecting.
+    if (check_usage := getattr(args, "check_usage", None)) is not None:
+        check_usage(args)
     try:
         config = load(args.config)
     except ConfigError as e:

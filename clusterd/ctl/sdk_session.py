@@ -47,6 +47,15 @@ def action_parser(actions: Any, name: str, help_text: str, example: str, *more_e
     return a
 
 
+def check_data_or_stdin(parser: argparse.ArgumentParser, what: str, args: argparse.Namespace) -> None:
+    """An append's usage check (set as its parser's `check_usage`; clusterctl runs it before
+    connecting): DATA arguments or --stdin, exactly one of them."""
+    if not args.data and not args.stdin:
+        parser.error(f"give the {what}: DATA arguments, or --stdin for one per line")
+    if args.data and args.stdin:
+        parser.error("give DATA arguments or --stdin, not both")
+
+
 def failure_in(error: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseException | None:
     """The operation's own error (one of `kinds`), out of the exception groups of the clients' nurseries."""
     if isinstance(error, BaseExceptionGroup):
