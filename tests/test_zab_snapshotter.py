@@ -19,6 +19,7 @@ from zab.core.actions import LogAppend, LogSync, TakeSnapshot
 from zab.core.txn import Txn
 from zab.storage.recovery import SNAPSHOT_DIR, recover
 from zab.storage.snapshot import TMP_SUFFIX, read_snapshot
+from zab.storage.storage_errors import DiskWriteFailed
 
 MARK = "appended"
 
@@ -139,5 +140,5 @@ def test_a_snapshot_the_disk_refuses_stops_the_writer_and_leaves_no_partial_file
 
     with pytest.raises(BaseExceptionGroup) as caught:
         trio.run(main)
-    assert caught.group_contains(OSError, match="No space left")
+    assert caught.group_contains(DiskWriteFailed, match="No space left on device")
     assert snapshot_files(tmp_path) == []

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from zab.storage.record import encode_record, scan_records
-from zab.storage.storage_errors import LogCorruptError, StorageError
+from zab.storage.storage_errors import DiskWriteFailed, LogCorruptError
 from zab.core.txn import Txn
 from zab.storage.txnlog import (
     PREALLOCATE_BYTES,
@@ -124,12 +124,12 @@ def test_failed_fsync_poisons_the_log(logdir, monkeypatch):
         raise OSError(5, "Input/output error")
 
     monkeypatch.setattr(os, "fsync", failing_fsync)
-    with pytest.raises(StorageError):
+    with pytest.raises(DiskWriteFailed, match="Input/output error"):
         log.sync()
     monkeypatch.undo()
-    with pytest.raises(StorageError, match="restart the node"):
+    with pytest.raises(DiskWriteFailed, match="failed earlier.*start the node again"):
         log.sync()
-    with pytest.raises(StorageError):
+    with pytest.raises(DiskWriteFailed):
         log.append([txn(2)])
     log.close()
     with reopen(logdir) as log:

@@ -44,7 +44,8 @@ from metastore.core.state_machine import MetastoreStateMachine
 from zab.edge.driver import PeerDriver
 from zab.core.ensemble import OBSERVER, PARTICIPANT, Ensemble, Server
 from zab.storage.ensemble_file import EnsembleFileError
-from zab.storage.storage_errors import EpochFileError, LogCorruptError, MissingHistoryError, SnapshotCorruptError
+from zab.storage.storage_errors import (DiskWriteFailed, EpochFileError, LogCorruptError, MissingHistoryError,
+                                         SnapshotCorruptError)
 
 log = logging.getLogger("clusterd")
 
@@ -57,6 +58,7 @@ EXIT_BOOKIE_STORAGE = 4  # the bookie's directory: cookie mismatch, storage that
 EXIT_PORT_UNAVAILABLE = 5  # a port in use, or an address that is not this machine's
 EXIT_DATA_DIR_IN_USE = 6  # another live clusterd runs on this data directory
 EXIT_TLS = 7  # the node's certificate, key or the cluster CA cannot be loaded
+EXIT_DISK_FAILED = 8  # not at start: writing the Zab state failed while running (fail-stop)
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -74,6 +76,7 @@ _REFUSALS: tuple[tuple[type[Exception] | tuple[type[Exception], ...], int], ...]
     (DataDirInUse, EXIT_DATA_DIR_IN_USE),
     (PortUnavailable, EXIT_PORT_UNAVAILABLE),
     ((LogCorruptError, SnapshotCorruptError, EpochFileError, MissingHistoryError, EnsembleFileError), EXIT_ZAB_STATE),
+    (DiskWriteFailed, EXIT_DISK_FAILED),
     (BookieStorageRefused, EXIT_BOOKIE_STORAGE),
     (TlsSetupError, EXIT_TLS),
     (ConfigError, EXIT_BAD_CONFIG),

@@ -52,6 +52,7 @@ from zab.core.messages import Ack
 from zab.edge.snapshotter import SnapshotDue, Snapshotter
 from zab.storage.recovery import apply_purge
 from edge.group_commit import GroupCommitWriter
+from zab.storage.storage_errors import FIX_THE_DISK, DiskWriteFailed
 from zab.storage.snapshot import RECEIVING_SUFFIX, PurgePlan, SnapshotFile, SnapshotStore
 from zab.storage.txnlog import TxnLog
 
@@ -140,7 +141,7 @@ class LogWriter:
         self._commit.start()
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self.snapshotter.run)
+                nursery.start_soon(self._run_snapshotter)
                 try:
                     await self._error_event.wait()
                     assert self._error is not None
@@ -153,6 +154,12 @@ class LogWriter:
             # The log is closed after this returns: let a write in progress finish first.
             with trio.CancelScope(shield=True):
                 await self._commit.wait_closed()
+
+    async def _run_snapshotter(self) -> None:
+        try:
+            await self.snapshotter.run()
+        except OSError as e:  # fail-stop, as a log write's (the txn log's own FailStop raises DiskWriteFailed)
+            raise DiskWriteFailed(f"writing a snapshot in {self.snapshots.directory}: {e}; {FIX_THE_DISK}") from e
 
     def _release(self, batch: list[Action], then: list[Action]) -> list[Action] | None:
         """Writer's thread, after the fsync: what the batch released, its ACKs coalesced, those

@@ -7,6 +7,7 @@ The tree is small on purpose:
       SnapshotCorruptError       one snapshot file fails its checks
       EpochFileError             acceptedEpoch / currentEpoch unreadable or inconsistent
       MissingHistoryError        recovery would have to start with a hole in history
+      DiskWriteFailed            a write or fsync of the log or a snapshot failed while running
       RecordError                one log record cannot be decoded (reason: TORN or CORRUPT)
         TornRecordError          not enough bytes: a write that never completed
         CorruptRecordError       checksum mismatch or an impossible length
@@ -32,6 +33,14 @@ WIPE_ZAB_STATE = (
 )
 
 
+# What the operator does when the disk failed under a running node (DiskWriteFailed).
+FIX_THE_DISK = (
+    "the node stopped rather than acknowledge what it may not have written. Fix the disk (free "
+    "space, its errors in the kernel log), then start the node again: it recovers from its log and "
+    "catches up from the leader"
+)
+
+
 class StorageError(Exception):
     """Base class: durable state on this node cannot be trusted as it is."""
 
@@ -50,6 +59,12 @@ class EpochFileError(StorageError):
 
 class MissingHistoryError(StorageError):
     """Recovery found no way to rebuild history from the start without a hole."""
+
+
+class DiskWriteFailed(StorageError):
+    """Writing or fsyncing the txn log or a snapshot failed while the node ran (no space, an I/O
+    error). The node stops (fail-stop): after a failed fsync the kernel may have dropped the pages,
+    so nothing later may be acknowledged as durable. What it already acknowledged is on disk."""
 
 
 class RecordReason(enum.StrEnum):

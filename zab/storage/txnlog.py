@@ -54,7 +54,7 @@ from crc32c import crc32c
 from zab.storage.record import encode_record, offset_after, scan_records, scan_zxids, valid_record_follows
 from edge.files import ensure_directory, fsync_directory
 from edge.segments import FailStop, SegmentWriter, fsync_file, remove_durably, truncate_durably
-from zab.storage.storage_errors import WIPE_ZAB_STATE, LogCorruptError, RecordReason, StorageError
+from zab.storage.storage_errors import FIX_THE_DISK, WIPE_ZAB_STATE, DiskWriteFailed, LogCorruptError, RecordReason
 from zab.core.txn import Txn
 
 _log = logging.getLogger("quire.txnlog")
@@ -112,7 +112,7 @@ class TxnLog:
     """An open txn log directory. Use TxnLog.open(); one owner at a time.
 
     Not thread-safe: the driver serialises calls (one to_thread call at a time).
-    After an OSError in a write path the log refuses further use (StorageError):
+    After an OSError in a write path the log refuses further use (DiskWriteFailed):
     after a failed write or fsync the kernel's view of the file is no longer
     trustworthy, and only a restart (which rescans the disk) is safe.
     """
@@ -127,7 +127,7 @@ class TxnLog:
         self._writer: SegmentWriter | None = None  # the newest segment's, once used
         self._dir_dirty = False
         self._pending_records = 0
-        self._fail_stop = FailStop(StorageError, f"txn log {directory}", "restart the node")
+        self._fail_stop = FailStop(DiskWriteFailed, f"writing the txn log {directory}", FIX_THE_DISK)
         self._closed = False
         self._stats = {"records_appended": 0, "records_synced": 0, "syncs": 0, "bytes_written": 0}
         self._last_sync_seconds = 0.0
