@@ -58,5 +58,17 @@ class StorageError(Exception):
     """The bookie's data directory cannot be used; the message says what to do. Not a per-request error."""
 
 
+class JournalWriteFailed(StorageError):
+    """Writing or fsyncing the journal failed while the bookie ran (no space, an I/O error). The
+    node stops (fail-stop): after a failed fsync the kernel may have dropped the pages, so no later
+    add may be acknowledged. What the bookie acknowledged before is on disk."""
+
+
+# What the operator does about JournalWriteFailed.
+FIX_THE_JOURNAL_DISK = (
+    "the node stopped rather than acknowledge what it may not have written. Fix the disk (free "
+    "space, its errors in the kernel log), then start the node again: the bookie replays its journal")
+
+
 class CookieMismatch(StorageError):
     """The data directory does not belong to this bookie (wiped, swapped or another cluster's)."""

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from bookie.errors import StorageError
+from bookie.errors import FIX_THE_JOURNAL_DISK, JournalWriteFailed, StorageError
 from bookie.storage_codec import (FILE_HEADER_BYTES, FRAME_BYTES, JOURNAL_MAGIC, CorruptRecord, JournalRecord,
                                   decode_file_header, decode_journal_record, encode_file_header, scan_journal)
 from edge.files import ensure_directory, fsync_directory
@@ -78,7 +78,7 @@ class Journal:
         self._segment_bytes = segment_bytes
         self._writer: SegmentWriter | None = None  # the newest segment's, once used
         self._dir_dirty = False
-        self._fail_stop = FailStop(StorageError, f"journal {directory}", "restart the bookie")
+        self._fail_stop = FailStop(JournalWriteFailed, f"writing the journal {directory}", FIX_THE_JOURNAL_DISK)
         self.bytes_written = 0
         self.syncs = 0
 

@@ -23,8 +23,8 @@ from typing import Any, NoReturn
 
 import trio
 
+from bookie.errors import JournalWriteFailed
 from clusterd import localcluster
-
 from clusterd.daemon import tls_node
 from clusterd.daemon.admin import AdminServer
 from clusterd.daemon.bookie_node import BookieNode, BookieStartupError, BookieStorageRefused
@@ -58,7 +58,7 @@ EXIT_BOOKIE_STORAGE = 4  # the bookie's directory: cookie mismatch, storage that
 EXIT_PORT_UNAVAILABLE = 5  # a port in use, or an address that is not this machine's
 EXIT_DATA_DIR_IN_USE = 6  # another live clusterd runs on this data directory
 EXIT_TLS = 7  # the node's certificate, key or the cluster CA cannot be loaded
-EXIT_DISK_FAILED = 8  # not at start: writing the Zab state failed while running (fail-stop)
+EXIT_DISK_FAILED = 8  # not at start: writing the Zab state or the bookie journal failed while running (fail-stop)
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -76,7 +76,7 @@ _REFUSALS: tuple[tuple[type[Exception] | tuple[type[Exception], ...], int], ...]
     (DataDirInUse, EXIT_DATA_DIR_IN_USE),
     (PortUnavailable, EXIT_PORT_UNAVAILABLE),
     ((LogCorruptError, SnapshotCorruptError, EpochFileError, MissingHistoryError, EnsembleFileError), EXIT_ZAB_STATE),
-    (DiskWriteFailed, EXIT_DISK_FAILED),
+    ((DiskWriteFailed, JournalWriteFailed), EXIT_DISK_FAILED),
     (BookieStorageRefused, EXIT_BOOKIE_STORAGE),
     (TlsSetupError, EXIT_TLS),
     (ConfigError, EXIT_BAD_CONFIG),
