@@ -46,7 +46,7 @@ from bookie.service_config import BookieServiceConfig
 from bookie.service_connection import BookieConnection, ThreadAnswer
 from edge import metrics
 from edge.outbox import ByteBudget
-from edge.sockets import ConnectionCounts
+from edge.sockets import ConnectionCounts, peer_host
 
 if TYPE_CHECKING:
     from bookie.storage import BookieStorage
@@ -128,9 +128,8 @@ class BookieService:
         """Admit a new connection (or close it at once, over a connection limit) and serve it.
         The handshake deadline starts here: a stream wrapper (TLS) goes between admission and
         _serve_connection, bounded by the same deadline."""
-        try:
-            address = _peer_host(stream)
-        except OSError:  # reset before it was served
+        address = peer_host(stream)
+        if address is None:  # reset before it was served
             await stream.aclose()
             return
         refused = self._connections.admit(address)
@@ -455,12 +454,6 @@ class BookieService:
             conn.answer(P.Response(req.request_id, P.Kind.LONG_POLL, P.Status.OK, req.ledger_id, lac=lac, data=data))
         except BookieError as e:
             conn.fail(req, P.Kind.LONG_POLL, e)
-
-
-def _peer_host(stream: trio.SocketStream) -> str:
-    """The client's IP address, the unit of max_connections_per_address."""
-    peer = stream.socket.getpeername()
-    return peer[0] if isinstance(peer, tuple) else str(peer)
 
 
 _ADD_CODE = bytes((P.Kind.ADD,))

@@ -1,8 +1,8 @@
 """Socket helpers shared by every port (trio edge): write-through on a trio socket stream,
 for every connection that has a writer task (Zab's peer links, the metastore's client
-port, the bookie's client and service); the remote address of a stream; and the count
-of open connections per client address that the client and bookie ports admit against; and
-the listeners of every port, a failure to bind raised as PortUnavailable.
+port, the bookie's client and service); the remote address of a stream; the count of open
+connections per client address that every serving port admits against; and the listeners
+of every port, a failure to bind raised as PortUnavailable.
 
 A lone message (a proposal to an idle follower, a reply, one add awaited at a
 time) would otherwise wait for its connection's writer task to run in a later
@@ -20,6 +20,8 @@ from __future__ import annotations
 import collections
 import errno
 import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from typing import Any
 
@@ -58,6 +60,16 @@ def peer_address(stream: trio.abc.Stream) -> str:
         return f"{host}:{port}"
     except (AttributeError, OSError):
         return "?"
+
+
+def peer_host(stream: trio.SocketStream) -> str | None:
+    """The client's IP address, the unit of a per-address connection limit; None once the
+    connection is gone (reset before it was served)."""
+    try:
+        peer = stream.socket.getpeername()
+    except OSError:
+        return None
+    return peer[0] if isinstance(peer, tuple) else str(peer)
 
 
 class PortUnavailable(Exception):
@@ -112,3 +124,20 @@ class ConnectionCounts:
         self._open -= 1
         if self._counts[host] <= 0:
             del self._counts[host]
+
+
+@asynccontextmanager
+async def admitted(counts: ConnectionCounts, stream: trio.SocketStream) -> AsyncIterator[str | None]:
+    """Admit a new connection against `counts` for the block: its refusal (then the stream is
+    closed at once and not counted), or None. For ports whose connections need no more than a
+    close when refused (the HTTP ports)."""
+    host = peer_host(stream)
+    refused = "the connection was reset before it was served" if host is None else counts.admit(host)
+    if refused is not None:
+        await trio.aclose_forcefully(stream)
+        yield refused
+        return
+    try:
+        yield None
+    finally:
+        counts.release(host)

@@ -2,8 +2,9 @@
 server's connection loop and the client's connection. Requests and answers are JSON.
 
 Bounded against a hostile peer: a request's head and body are limited (MAX_BODY_BYTES), a
-connection must send a whole request within REQUEST_TIMEOUT_S of starting one, and anything
-h11 refuses closes the connection after a 400.
+connection must send a whole request within REQUEST_TIMEOUT_S of starting one and take its
+answer within as long, and anything h11 refuses closes the connection after a 400. The
+server (tablespace/server.py) limits how many connections are open at once.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from typing import Any
 import h11
 import trio
 
+from edge.http11 import next_event, read_body
+
 log = logging.getLogger("quire.tablespace.http")
 
 MAX_BODY_BYTES = 8 << 20
 MAX_HEAD_BYTES = 16 << 10
 REQUEST_TIMEOUT_S = 10.0
-READ_BYTES = 64 << 10
 
 Handler = Callable[[str, str, dict[str, Any] | None], Awaitable[tuple[int, dict[str, Any]]]]
 
@@ -33,44 +35,6 @@ class HttpFailure(Exception):
     def __init__(self, message: str, sent: bool = False) -> None:
         super().__init__(message)
         self.sent = sent
-
-
-async def _next_event(conn: h11.Connection, stream: trio.abc.Stream) -> Any:
-    while True:
-        event = conn.next_event()
-        if event is not h11.NEED_DATA:
-            return event
-        data = await stream.receive_some(READ_BYTES)
-        conn.receive_data(data)  # b"" is the end of the stream: h11 reports it
-
-
-async def _body(conn: h11.Connection, stream: trio.abc.Stream, length_hint: int | None) -> bytes:
-    if length_hint is not None and length_hint > MAX_BODY_BYTES:
-        raise h11.RemoteProtocolError(f"body of {length_hint} bytes is over {MAX_BODY_BYTES}", 413)
-    parts, size = [], 0
-    while True:
-        event = await _next_event(conn, stream)
-        if isinstance(event, h11.Data):
-            size += len(event.data)
-            if size > MAX_BODY_BYTES:
-                raise h11.RemoteProtocolError(f"body over {MAX_BODY_BYTES} bytes", 413)
-            parts.append(event.data)
-        elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
-            if isinstance(event, h11.ConnectionClosed):
-                raise HttpFailure("the peer closed the connection inside a message")
-            return b"".join(parts)
-        else:
-            raise h11.RemoteProtocolError(f"unexpected {type(event).__name__}", 400)
-
-
-def _length(headers: list[tuple[bytes, bytes]]) -> int | None:
-    for name, value in headers:
-        if name.lower() == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None
-    return None
 
 
 async def _send_json(conn: h11.Connection, stream: trio.abc.Stream, status: int, body: dict[str, Any]) -> None:
@@ -87,13 +51,13 @@ async def serve_connection(stream: trio.abc.Stream, handler: Handler) -> None:
     try:
         while True:
             with trio.move_on_after(REQUEST_TIMEOUT_S) as idle:
-                event = await _next_event(conn, stream)
+                event = await next_event(conn, stream)
             if idle.cancelled_caught or isinstance(event, h11.ConnectionClosed):
                 return
             if not isinstance(event, h11.Request):
                 raise h11.RemoteProtocolError("expected a request", 400)
             with trio.move_on_after(REQUEST_TIMEOUT_S) as slow:
-                raw = await _body(conn, stream, _length(event.headers))
+                raw = await read_body(conn, stream, event, MAX_BODY_BYTES)
             if slow.cancelled_caught:
                 return
             body: dict[str, Any] | None = None
@@ -107,7 +71,10 @@ async def serve_connection(stream: trio.abc.Stream, handler: Handler) -> None:
                     return
             status, answer = await handler(event.method.decode("ascii", "replace"),
                                            event.target.decode("ascii", "replace"), body)
-            await _send_json(conn, stream, status, answer)
+            with trio.move_on_after(REQUEST_TIMEOUT_S) as stuck:
+                await _send_json(conn, stream, status, answer)
+            if stuck.cancelled_caught:  # a client that does not read its answers holds no task for long
+                return
             if conn.our_state is h11.MUST_CLOSE or conn.their_state is h11.MUST_CLOSE:
                 return
             conn.start_next_cycle()
@@ -145,10 +112,10 @@ class HttpConnection:
             out += self.conn.send(h11.EndOfMessage())
             await self.stream.send_all(out)
             sent = True
-            event = await _next_event(self.conn, self.stream)
+            event = await next_event(self.conn, self.stream)
             if not isinstance(event, h11.Response):
                 raise HttpFailure(f"expected a response, got {type(event).__name__}", sent)
-            raw = await _body(self.conn, self.stream, _length(event.headers))
+            raw = await read_body(self.conn, self.stream, event, MAX_BODY_BYTES)
             answer = json.loads(raw) if raw else {}
             if self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE:
                 self.conn.start_next_cycle()

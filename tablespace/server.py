@@ -18,11 +18,13 @@ it) 503 OutcomeUnknown.
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import trio
 
+from edge.sockets import ConnectionCounts, admitted
 from tablespace.errors import BadRequest, NotLeader, OutcomeUnknown, TableError, VersionMismatch
 from tablespace.http import serve_connection
 from tablespace.leading import Op
@@ -32,6 +34,8 @@ log = logging.getLogger("quire.tablespace.server")
 
 MAX_OPS = 1000
 MAX_SCAN = 10_000
+MAX_CONNECTIONS = 1024  # open at once; each costs a task and its buffers
+MAX_CONNECTIONS_PER_ADDRESS = 60  # from one client address, as the client and bookie ports' default
 _STATUS = {NotLeader: 421, VersionMismatch: 409, OutcomeUnknown: 503, BadRequest: 400}
 
 
@@ -55,13 +59,24 @@ class TableServer:
     def __init__(self, replica: Replica) -> None:
         self.replica = replica
 
-    async def serve(self, host: str, port: int, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+    async def serve(self, host: str, port: int, *, max_connections: int = MAX_CONNECTIONS,
+                    max_connections_per_address: int = MAX_CONNECTIONS_PER_ADDRESS,
+                    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve clients at host:port (0: any free port, given to task_status). Connections over
+        either limit are closed at once, as the bookie and client ports do."""
+        counts = ConnectionCounts(max_connections_per_address, max_connections,
+                                  per_address_setting="--max-connections-per-address",
+                                  total_setting="--max-connections")
         listeners = await trio.open_tcp_listeners(port, host=host)
         task_status.started(listeners[0].socket.getsockname()[1])
-        await trio.serve_listeners(self._connection, listeners)
+        await trio.serve_listeners(partial(self._connection, counts), listeners)
 
-    async def _connection(self, stream: trio.SocketStream) -> None:
-        await serve_connection(stream, self.handle)
+    async def _connection(self, counts: ConnectionCounts, stream: trio.SocketStream) -> None:
+        async with admitted(counts, stream) as refused:
+            if refused is not None:
+                log.info("event=connection_refused reason=%r", refused)
+                return
+            await serve_connection(stream, self.handle)
 
     async def handle(self, method: str, target: str, body: dict[str, Any] | None) -> tuple[int, dict[str, Any]]:
         url = urlsplit(target)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from tablespace import http
 from tablespace.errors import BadRequest
-from tablespace.server import _op
+from tablespace.server import TableServer, _op
 
 
 async def _echo(method: str, target: str, body: dict | None) -> tuple[int, dict]:
@@ -117,3 +117,71 @@ def test_the_client_connection_reads_an_answer_and_survives_a_server_that_closes
             nursery.cancel_scope.cancel()
     trio.run(main)
 
+
+
+class _EchoServer(TableServer):
+    """The real server's connection handling (limits, admission) with the echo handler."""
+
+    def __init__(self) -> None:
+        pass
+
+    async def handle(self, method: str, target: str, body: dict | None) -> tuple[int, dict]:
+        if target == "/big":
+            return 200, {"pad": "a" * (32 << 20)}
+        return await _echo(method, target, body)
+
+
+def test_connections_over_the_limits_are_closed_at_once_and_a_freed_place_is_served_again():
+    async def main():
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(partial(_EchoServer().serve, "127.0.0.1", 0, max_connections=3,
+                                               max_connections_per_address=2))
+
+            def connect() -> socket.socket:
+                return socket.create_connection(("127.0.0.1", port), timeout=5)
+
+            def status(s: socket.socket) -> int | None:
+                s.sendall(b"GET /status HTTP/1.1\r\nhost: x\r\n\r\n")
+                return status_of(s.recv(65536))
+
+            first, second = connect(), connect()
+            assert await trio.to_thread.run_sync(status, first) == 200
+            third = connect()  # over 2 from this address: closed without a word
+            assert await trio.to_thread.run_sync(third.recv, 1) == b""
+            third.close()
+            second.close()
+            await trio.sleep(0.2)  # the server sees the close and frees the place
+            fourth = connect()
+            assert await trio.to_thread.run_sync(status, fourth) == 200
+            for s in (first, fourth):
+                s.close()
+            nursery.cancel_scope.cancel()
+    trio.run(main)
+
+
+def test_a_client_that_does_not_read_its_answer_is_dropped_after_the_timeout(monkeypatch):
+    monkeypatch.setattr(http, "REQUEST_TIMEOUT_S", 0.3)
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(partial(_EchoServer().serve, "127.0.0.1", 0))
+            lazy = socket.create_connection(("127.0.0.1", port), timeout=5)
+            lazy.sendall(b"GET /big HTTP/1.1\r\nhost: x\r\n\r\n")
+            await trio.sleep(1.5)  # reads nothing while the server's send waits, then gives up
+
+            def drain() -> int:
+                got = 0
+                try:
+                    while chunk := lazy.recv(1 << 20):
+                        got += len(chunk)
+                except ConnectionResetError:
+                    pass
+                return got
+            assert await trio.to_thread.run_sync(drain) < 32 << 20  # cut off, not waited for
+            lazy.close()
+            after = socket.create_connection(("127.0.0.1", port), timeout=5)
+            after.sendall(b"GET /after HTTP/1.1\r\nhost: x\r\n\r\n")
+            assert status_of(await trio.to_thread.run_sync(after.recv, 65536)) == 200
+            after.close()
+            nursery.cancel_scope.cancel()
+    trio.run(main)

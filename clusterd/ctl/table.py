@@ -21,6 +21,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import trio
@@ -38,7 +39,7 @@ from stream.log_metadata import LogSettings
 from tablespace.client import TableClient
 from tablespace.errors import TableError
 from tablespace.replica import CHECKPOINT_EVERY, Replica
-from tablespace.server import TableServer
+from tablespace.server import MAX_CONNECTIONS, MAX_CONNECTIONS_PER_ADDRESS, TableServer
 
 EXIT_FAILED, EXIT_USAGE = 1, 2
 SERVE_SESSION_MS = 4000  # a paused leader's session expires within this; another replica then takes over
@@ -64,6 +65,10 @@ def add_commands(command: Callable[[str, Any, str], argparse.ArgumentParser]) ->
     serve.add_argument("--replica", required=True, help="this replica's id (unique per tablespace)")
     serve.add_argument("--listen", default="127.0.0.1:0", help="host:port for clients (default 127.0.0.1:0)")
     serve.add_argument("--checkpoint-every", type=int, default=CHECKPOINT_EVERY, help="changes between checkpoints")
+    serve.add_argument("--max-connections", type=int, default=MAX_CONNECTIONS,
+                       help=f"client connections open at once; more are closed at once (default {MAX_CONNECTIONS})")
+    serve.add_argument("--max-connections-per-address", type=int, default=MAX_CONNECTIONS_PER_ADDRESS,
+                       help=f"from one client address (default {MAX_CONNECTIONS_PER_ADDRESS})")
     for name, extra in (("put", ("value",)), ("delete", ())):
         a = action(name, f"{name} a key", f"clusterctl table {name} shop orders o1" + (" paid" if extra else ""))
         a.add_argument("table")
@@ -166,7 +171,9 @@ def _serve(config: ClusterConfig, args: argparse.Namespace) -> int:
         async with trio.open_nursery() as nursery:
             holder: dict[str, Replica] = {}
             server = _Router(holder)
-            bound = await nursery.start(server.serve, host or "127.0.0.1", int(port or 0))
+            bound = await nursery.start(partial(
+                server.serve, host or "127.0.0.1", int(port or 0), max_connections=args.max_connections,
+                max_connections_per_address=args.max_connections_per_address))
             address = f"{host or '127.0.0.1'}:{bound}"
             print(f"SERVING {address}", flush=True)
             while True:

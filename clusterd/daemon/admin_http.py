@@ -14,10 +14,11 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import h11
 import trio
 
+from edge.http11 import next_event, read_body
+
 MAX_HEAD_BYTES = 8 << 10
 MAX_BODY_BYTES = 64 << 10
 READ_TIMEOUT_S = 5.0
-READ_BYTES = 16 << 10
 
 
 class HttpError(Exception):
@@ -46,41 +47,19 @@ class Answer:
 async def read_request(conn: h11.Connection, stream: trio.abc.Stream) -> Request:
     """The next request, whole; HttpError(400 or 413) for what h11 or the bounds refuse."""
     try:
-        event = await _next_event(conn, stream)
+        event = await next_event(conn, stream)
         if isinstance(event, h11.ConnectionClosed):
             raise HttpError(400, "connection closed before a whole request")
         if not isinstance(event, h11.Request):
             raise HttpError(400, "expected a request")
-        for name, value in event.headers:
-            if name == b"content-length" and int(value) > MAX_BODY_BYTES:  # h11 checked it is a number
-                raise HttpError(413, f"request body over {MAX_BODY_BYTES} bytes")
-        body, size = [], 0
-        while True:
-            part = await _next_event(conn, stream)
-            if isinstance(part, h11.Data):
-                size += len(part.data)
-                if size > MAX_BODY_BYTES:
-                    raise HttpError(413, f"request body over {MAX_BODY_BYTES} bytes")
-                body.append(part.data)
-            elif isinstance(part, h11.EndOfMessage):
-                break
-            else:
-                raise HttpError(400, "connection closed inside the request")
+        body = await read_body(conn, stream, event, MAX_BODY_BYTES)
     except h11.RemoteProtocolError as e:
         raise HttpError(400 if e.error_status_hint < 400 else e.error_status_hint, f"bad request: {e}") from None
     target = urlsplit(event.target.decode("ascii", "replace"))
     if not target.path.startswith("/"):
         raise HttpError(400, "the request target is not a path")
     query = {k: v[0] for k, v in parse_qs(target.query, keep_blank_values=True).items()}
-    return Request(event.method.decode("ascii", "replace"), unquote(target.path), query, b"".join(body))
-
-
-async def _next_event(conn: h11.Connection, stream: trio.abc.Stream) -> object:
-    while True:
-        event = conn.next_event()
-        if event is not h11.NEED_DATA:
-            return event
-        conn.receive_data(await stream.receive_some(READ_BYTES))  # b"": the end, which h11 reports
+    return Request(event.method.decode("ascii", "replace"), unquote(target.path), query, body)
 
 
 async def send_answer(conn: h11.Connection, stream: trio.abc.Stream, answer: Answer) -> None:
