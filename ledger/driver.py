@@ -34,9 +34,10 @@ import collections
 import itertools
 import logging
 import random
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
 
+import stamina
 import trio
 
 from bookie import errors as B
@@ -51,8 +52,10 @@ from metastore.errors import MetastoreError
 log = logging.getLogger("quire.ledger.driver")
 
 Handler = Callable[[A.Action], None]
+T = TypeVar("T")
 LONG_POLL_MS = 1_000
-METADATA_RETRY_S = 0.05
+METADATA_RETRY_S = 0.05  # the first backoff of a metastore call the driver retries
+METADATA_RETRY_MAX_S = 1.0  # the longest: an outage of the metastore is not a storm of reads
 
 
 class Context(Protocol):
@@ -196,39 +199,49 @@ class OpDriver:
 
     async def _metadata(self, op_id: int, action: A.WriteMetadata | A.ReadMetadata) -> None:
         manager = self.ctx.manager
-        while op_id in self._ops:
-            try:
-                if isinstance(action, A.ReadMetadata):
-                    event: A.Event = A.MetadataRead(*await manager.read(self.ledger_id))
-                else:
-                    event = A.MetadataWritten(await manager.write(action.metadata, action.expected_version))
-            except MetadataConflict:
-                event = A.MetadataBadVersion()
-            except LedgerError as e:  # NoSuchLedger: deleted under us
-                self._post((op_id, A.Failed(e)))
-                return
-            except MetastoreError as e:
-                log.info("event=metadata_retry ledger=%d error=%r", self.ledger_id, e)
-                await trio.sleep(METADATA_RETRY_S)
-                if isinstance(action, A.WriteMetadata):
-                    event = A.MetadataBadVersion()  # outcome unknown: the operation re-reads
-                else:
-                    continue
-            self._post((op_id, event))
+        try:
+            if isinstance(action, A.ReadMetadata):
+                read = await self._while_alive(op_id, "metadata_retry", lambda: manager.read(self.ledger_id))
+                if read is None:
+                    return
+                event: A.Event = A.MetadataRead(*read)
+            else:
+                event = A.MetadataWritten(await manager.write(action.metadata, action.expected_version))
+        except MetadataConflict:
+            event = A.MetadataBadVersion()
+        except LedgerError as e:  # NoSuchLedger: deleted under us
+            self._post((op_id, A.Failed(e)))
             return
+        except MetastoreError as e:  # a write's (reads are retried): not retried, its outcome is unknown
+            log.info("event=metadata_retry ledger=%d error=%r", self.ledger_id, e)
+            await trio.sleep(METADATA_RETRY_S)  # paces the operation's re-read through a metastore outage
+            event = A.MetadataBadVersion()  # the operation re-reads and decides (seed 001)
+        self._post((op_id, event))
 
     async def _choose(self, op_id: int, action: A.ChooseBookies) -> None:
-        while True:
-            try:
-                writable = await self.ctx.writable_bookies()
-                break
-            except MetastoreError as e:  # a metastore hiccup is not "no bookies": ask again
-                log.info("event=placement_retry ledger=%d error=%r", self.ledger_id, e)
-                await trio.sleep(METADATA_RETRY_S)
-                if op_id not in self._ops:
-                    return
+        # a metastore hiccup is not "no bookies": ask again
+        writable = await self._while_alive(op_id, "placement_retry", self.ctx.writable_bookies)
+        if writable is None:
+            return
         chosen = placement.choose_outside(writable, action.exclude, action.count, self.ctx.rng)
         self._post((op_id, A.BookiesChosen(chosen)))
+
+    async def _while_alive(self, op_id: int, event: str, call: Callable[[], Awaitable[T]]) -> T | None:
+        """`call()`, again after each MetastoreError (stamina's backoff from METADATA_RETRY_S, logged as
+        `event`) while operation `op_id` lives; None once it is gone (an answer would be dropped)."""
+        def metastore_hiccup(error: Exception) -> bool:
+            if not isinstance(error, MetastoreError):
+                return False
+            log.info("event=%s ledger=%d error=%r", event, self.ledger_id, error)
+            return True
+        async for attempt in stamina.retry_context(on=metastore_hiccup, attempts=None, timeout=None,
+                                                  wait_initial=METADATA_RETRY_S, wait_max=METADATA_RETRY_MAX_S,
+                                                  wait_jitter=METADATA_RETRY_S):
+            with attempt:
+                if op_id not in self._ops:
+                    return None
+                return await call()
+        raise AssertionError("unreachable: the context has no attempt or time limit")
 
     # -- events --------------------------------------------------------------------------------------
     def _post(self, item: Any) -> None:

@@ -19,6 +19,7 @@ import sys
 from functools import partial
 from typing import Any, NoReturn
 
+import stamina
 import trio
 
 from clusterd import localcluster
@@ -39,6 +40,9 @@ EXIT_CLOSED_PIPE = 128 + 13  # what a shell reports for a process killed by SIGP
 
 def main(argv: list[str] | None = None) -> NoReturn:
     """Run one clusterctl command and exit with its status (module docstring)."""
+    # Our retry loops log each retry in our own key=value lines; stamina's default hooks would add a
+    # WARNING of theirs and a counter in a registry nothing serves.
+    stamina.instrumentation.set_on_retry_hooks([])
     try:
         try:
             status: Any = _run(argv)

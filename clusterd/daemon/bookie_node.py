@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import stamina
 import trio
 
 from bookie.errors import CookieMismatch, StorageError
@@ -38,7 +39,8 @@ from metastore.client import MetaClient
 
 log = logging.getLogger("clusterd.bookie")
 
-METASTORE_RETRY_S = 1.0
+METASTORE_RETRY_S = 1.0  # the first backoff while the metastore cannot open the storage
+METASTORE_RETRY_MAX_S = 5.0  # the longest: each try itself waits up to 10 s for a session
 
 
 class BookieStartupError(Exception):
@@ -158,34 +160,49 @@ class BookieNode:
             await trio.sleep(self.registrar.poll_s)
 
     async def _open_storage(self) -> BookieStorage:
-        """Check the data directory against the cookie the metastore records, then open it."""
+        """Check the data directory against the cookie the metastore records, then open it; while
+        the metastore fails (a metastore error, bare or grouped), try again with stamina's backoff."""
+        async for attempt in stamina.retry_context(on=_metastore_not_ready, attempts=None, timeout=None,
+                                                  wait_initial=METASTORE_RETRY_S, wait_max=METASTORE_RETRY_MAX_S,
+                                                  wait_jitter=METASTORE_RETRY_S):
+            with attempt:
+                return await self._try_open_storage()
+        raise AssertionError("unreachable: the context has no attempt or time limit")
+
+    async def _try_open_storage(self) -> BookieStorage:
         node, directory = self.node, self.node.data_dir / "bookie"
-        while True:
-            storage: BookieStorage | None = None
-            try:
-                async with MetaClient(self.hosts, start_timeout_s=10.0, auth=self.identity.auth) as meta:
-                    try:
-                        await daemon_identity.secure_layout(meta, self.identity)  # /quire is the daemons'
-                    except daemon_identity.DaemonSecretError as e:
-                        raise BookieStartupError(f"bookie {node.id}: {e}") from None
-                    recorded = await read_cookie(meta, node.id)
-                    try:
-                        storage = await BookieStorage.open(directory, node.id, storage_config(self.config),
-                                                           instance_id=recorded, cluster=self.config.name,
-                                                           journal_directory=node.bookie_journal_dir)
-                    except CookieMismatch as e:
-                        raise BookieStorageRefused(f"bookie {node.id}: {e}") from None
-                    except StorageError as e:
-                        raise BookieStorageRefused(f"bookie {node.id}: cannot open {directory}: {e}") from None
-                    if recorded is None:
-                        await record_cookie(meta, node.id, storage.instance_id, DAEMON_ACL)
-                    return storage
-            except BaseException as e:  # noqa: BLE001 (only a metastore error, bare or grouped, is waited out)
-                if not (isinstance(e, CookieMismatch) or retryable(e)):
-                    raise
-                if storage is not None:
-                    await storage.close(checkpoint=False)
-                if isinstance(e, CookieMismatch):  # another instance recorded its cookie first
+        storage: BookieStorage | None = None
+        try:
+            async with MetaClient(self.hosts, start_timeout_s=10.0, auth=self.identity.auth) as meta:
+                try:
+                    await daemon_identity.secure_layout(meta, self.identity)  # /quire is the daemons'
+                except daemon_identity.DaemonSecretError as e:
+                    raise BookieStartupError(f"bookie {node.id}: {e}") from None
+                recorded = await read_cookie(meta, node.id)
+                try:
+                    storage = await BookieStorage.open(directory, node.id, storage_config(self.config),
+                                                       instance_id=recorded, cluster=self.config.name,
+                                                       journal_directory=node.bookie_journal_dir)
+                except CookieMismatch as e:
                     raise BookieStorageRefused(f"bookie {node.id}: {e}") from None
-                log.warning("event=bookie_waiting_for_metastore error=%r retry_s=%s", e, METASTORE_RETRY_S)
-            await trio.sleep(METASTORE_RETRY_S)
+                except StorageError as e:
+                    raise BookieStorageRefused(f"bookie {node.id}: cannot open {directory}: {e}") from None
+                if recorded is None:
+                    await record_cookie(meta, node.id, storage.instance_id, DAEMON_ACL)
+                return storage
+        except BaseException as e:  # noqa: BLE001 (only a metastore error, bare or grouped, is waited out)
+            if not (isinstance(e, CookieMismatch) or retryable(e)):
+                raise
+            if storage is not None:
+                await storage.close(checkpoint=False)
+            if isinstance(e, CookieMismatch):  # another instance recorded its cookie first
+                raise BookieStorageRefused(f"bookie {node.id}: {e}") from None
+            raise
+
+
+def _metastore_not_ready(error: Exception) -> bool:
+    """stamina's `on` for opening the storage: wait out (and log) what `retryable` calls a service error."""
+    if not retryable(error):
+        return False
+    log.warning("event=bookie_waiting_for_metastore error=%r", error)
+    return True

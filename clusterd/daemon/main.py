@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
+import stamina
 import trio
 
 from bookie.errors import JournalWriteFailed
@@ -86,6 +87,9 @@ _REFUSALS: tuple[tuple[type[Exception] | tuple[type[Exception], ...], int], ...]
 
 def main(argv: list[str] | None = None) -> NoReturn:
     """Run node --id of --config until SIGTERM or SIGINT (exit 0), or refuse to start (refusal_of)."""
+    # Our retry loops log each retry in our own key=value lines; stamina's default hooks would add a
+    # WARNING of theirs and a counter in a registry nothing serves.
+    stamina.instrumentation.set_on_retry_hooks([])
     args = _parse_args(argv)
     try:
         config = load(args.config)
