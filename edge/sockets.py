@@ -118,6 +118,11 @@ class ConnectionCounts:
         self._open += 1
         return None
 
+    @property
+    def open(self) -> int:
+        """Connections admitted and not yet released."""
+        return self._open
+
     def release(self, host: str) -> None:
         """A connection admitted from `host` has ended."""
         self._counts[host] -= 1

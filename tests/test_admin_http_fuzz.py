@@ -5,11 +5,14 @@ timeout, and never changes anything for a request it refused."""
 from __future__ import annotations
 
 import json
+import socket
+from functools import partial
 
 import trio
 import trio.testing
 from hypothesis import given, settings, strategies as st
 
+from clusterd.daemon import admin
 from clusterd.daemon.admin import AdminServer
 from clusterd.daemon.admin_http import Answer
 
@@ -31,7 +34,7 @@ def serve(data: bytes, *, close: bool = True) -> bytes:
         client, srv = trio.testing.memory_stream_pair()
         out = b""
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(server.handle_connection, srv)
+            nursery.start_soon(server.serve_stream, srv)
             await client.send_all(data)
             if close:
                 await client.send_eof()
@@ -78,3 +81,42 @@ def test_good_requests_are_served() -> None:
     assert status_of(serve(b"PUT /api/v1/bookie/gc HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")) == 200
     assert status_of(serve(b"GET /commands/ruok HTTP/1.1\r\nHost: x\r\n\r\n")) == 200
     assert status_of(serve(b"GET /commands/nope HTTP/1.1\r\nHost: x\r\n\r\n")) == 404
+
+
+def test_connections_over_the_limit_are_closed_at_once_and_a_lazy_reader_is_let_go(monkeypatch) -> None:
+    """On a real socket: the 17th connection from one address is closed without a word while 16
+    wait; a client that never reads a large answer holds its task only SEND_TIMEOUT_S."""
+    monkeypatch.setattr(admin, "SEND_TIMEOUT_S", 0.3)
+    big = {"pad": "x" * (32 << 20)}
+    server = AdminServer(lambda: big)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            [listener] = await nursery.start(partial(trio.serve_tcp, server.handle_connection, 0, host="127.0.0.1"))
+            port = listener.socket.getsockname()[1]
+            waiting = [socket.create_connection(("127.0.0.1", port)) for _ in range(admin.MAX_CONNECTIONS_PER_ADDRESS)]
+            while server.connections.open < len(waiting):  # each admitted by its own task, in any order
+                await trio.sleep(0.01)
+            extra = socket.create_connection(("127.0.0.1", port), timeout=5)
+            assert await trio.to_thread.run_sync(extra.recv, 1) == b""  # closed at once, not after a timeout
+            extra.close()
+            for s in waiting:
+                s.close()
+            await trio.sleep(0.2)  # the server sees them go
+
+            lazy = socket.create_connection(("127.0.0.1", port), timeout=5)
+            lazy.sendall(b"GET /status HTTP/1.1\r\nhost: x\r\n\r\n")
+            await trio.sleep(1.5)  # reads nothing while the server's send waits, then gives up
+
+            def drain() -> int:
+                got = 0
+                try:
+                    while chunk := lazy.recv(1 << 20):
+                        got += len(chunk)
+                except ConnectionResetError:
+                    pass
+                return got
+            assert await trio.to_thread.run_sync(drain) < 32 << 20  # cut off, not waited for
+            lazy.close()
+            nursery.cancel_scope.cancel()
+    trio.run(main)

@@ -146,6 +146,7 @@ def test_connections_over_the_limits_are_closed_at_once_and_a_freed_place_is_ser
 
             first, second = connect(), connect()
             assert await trio.to_thread.run_sync(status, first) == 200
+            assert await trio.to_thread.run_sync(status, second) == 200  # both admitted before the third
             third = connect()  # over 2 from this address: closed without a word
             assert await trio.to_thread.run_sync(third.recv, 1) == b""
             third.close()

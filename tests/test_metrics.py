@@ -38,7 +38,8 @@ EXPECTED = [
     "quire_znodes", "quire_approximate_data_size_bytes", "quire_client_packets_received_total",
     "quire_client_packets_sent_total", "quire_bookie_storage_entry_log_bytes", "quire_bookie_storage_pending_records",
 ]
-LEADER_ONLY = ["quire_follower_lag_txns", "quire_followers", "quire_synced_followers", "quire_pending_syncs"]
+LEADER_ONLY = ["quire_follower_lag_txns", "quire_follower_lag_bytes", "quire_followers", "quire_synced_followers",
+               "quire_pending_syncs"]
 
 # What Metricbeat's ZooKeeper module (mntr metricset) reads; the last three only from a leader.
 METRICBEAT_MNTR = ["zk_version", "zk_avg_latency", "zk_max_latency", "zk_min_latency", "zk_packets_received",
@@ -128,8 +129,35 @@ def test_every_metric_is_served_and_the_client_and_zab_ones_move(cluster: Cluste
     assert value(on_follower, "quire_zab_commit_seconds_count") == 0  # only a leader proposes
     assert value(on_leader, "quire_synced_followers") == 2
     assert value(on_leader, "quire_role", role="leader") == 1
-    lags = [v for (name, _), v in on_leader.items() if name == "quire_follower_lag_txns"]
-    assert len(lags) == 2 and all(lag >= 0 for lag in lags)
+    for lag_name in ("quire_follower_lag_txns", "quire_follower_lag_bytes"):
+        lags = [v for (name, _), v in on_leader.items() if name == lag_name]
+        assert len(lags) == 2 and all(lag >= 0 for lag in lags), lag_name
+
+
+def test_follower_lag_grows_while_a_follower_is_stopped_and_clears_after_it_resumes(cluster: Cluster) -> None:
+    """A SIGSTOPped follower acknowledges nothing: the leader's lag for it grows by the writes it
+    missed, in transactions and in their txn-log record bytes (32 bytes of framing and ids plus
+    the data each); once resumed it catches up and both go back to 0."""
+    leader = leader_of(cluster)
+    slow = next(n for n in cluster.config.nodes if n.id != leader)
+    label = str(slow.id)
+    pid = localcluster.read_pid_file(slow)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with kazoo_session(cluster, only=leader) as zk:
+            for i in range(20):
+                zk.create(f"/lag-{i}", b"x" * 100)
+        behind = scrape(cluster, leader)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert value(behind, "quire_follower_lag_txns", follower=label) >= 20
+    assert value(behind, "quire_follower_lag_bytes", follower=label) >= 20 * (32 + 100)
+
+    def caught_up() -> bool:
+        samples = scrape(cluster, leader)
+        return all(samples.get((name, (("follower", label),))) == 0
+                   for name in ("quire_follower_lag_txns", "quire_follower_lag_bytes"))
+    assert wait_for(caught_up, 30)
 
 
 def test_bookie_and_ledger_metrics_move(cluster: Cluster) -> None:

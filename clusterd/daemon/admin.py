@@ -13,8 +13,10 @@ client-NAME.pem --key client-NAME.key https://host:port/status).
 
 One request per connection (the response says `Connection: close`), parsed by h11
 (clusterd/daemon/admin_http.py): the request is bounded in size and must arrive
-within a timeout, so a stuck or hostile client costs one small task for a few
-seconds; anything else gets 400, 404, 405 or 413 and the connection closes.
+within a timeout and its answer taken within another, so a stuck or hostile client costs
+one small task for a few seconds; anything else gets 400, 404, 405 or 413 and the connection
+closes. At most MAX_CONNECTIONS are open (MAX_CONNECTIONS_PER_ADDRESS from one address); more
+are closed at once.
 """
 
 from __future__ import annotations
@@ -34,10 +36,17 @@ from clusterd.daemon.status_metrics import StatusCollector
 from clusterd.daemon.status_page import PAGE
 from clusterd.daemon.tls_streams import ClientTls, ServerTls
 from edge import metrics
+from edge.http11 import next_event, read_body
+from edge.sockets import ConnectionCounts, admitted
 
 log = logging.getLogger(__name__)
 
 MAX_RESPONSE_BYTES = 4 << 20
+# Open connections: a monitor, a status page or two and clusterctl need a few; more are closed
+# at once, as the client and bookie ports do over their limits.
+MAX_CONNECTIONS = 64
+MAX_CONNECTIONS_PER_ADDRESS = 16
+SEND_TIMEOUT_S = 5.0  # to take an answer (a /metrics or /commands/dump can be a few MB)
 
 Api = Callable[[Request], Awaitable[Answer | None]]
 
@@ -60,8 +69,20 @@ class AdminServer:
         self._cluster = cluster  # every node's status, for the status page
         self._commands = commands  # ZooKeeper's AdminServer commands: only where a client port runs
         self._api = api  # BookKeeper's /api/v1 (clusterd/daemon/bookkeeper_api.py): bookie nodes
+        self.connections = ConnectionCounts(MAX_CONNECTIONS_PER_ADDRESS, MAX_CONNECTIONS,
+                                             per_address_setting="admin.MAX_CONNECTIONS_PER_ADDRESS",
+                                             total_setting="admin.MAX_CONNECTIONS")
 
     async def handle_connection(self, stream: trio.SocketStream) -> None:
+        """Serve one accepted connection, or close it at once over the connection limits."""
+        async with admitted(self.connections, stream) as refused:
+            if refused is not None:
+                log.info("event=admin_connection_refused reason=%r", refused)
+                return
+            await self.serve_stream(stream)
+
+    async def serve_stream(self, stream: trio.abc.Stream) -> None:
+        """Serve one connection, admitted already (handle_connection admits a socket's)."""
         if self._tls is not None:
             stream = await self._tls.accept(stream)  # None: refused, closed and logged by the TLS layer
             if stream is None:
@@ -69,7 +90,9 @@ class AdminServer:
         try:
             async with stream:
                 conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
-                await send_answer(conn, stream, await self._respond(conn, stream))
+                answer = await self._respond(conn, stream)
+                with trio.move_on_after(SEND_TIMEOUT_S):  # a client that does not read is let go
+                    await send_answer(conn, stream, answer)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the client left before the answer; nothing to clean up
 
@@ -135,34 +158,46 @@ def render_metrics(status: Callable[[], dict[str, Any]]) -> bytes:
 async def fetch_status(host: str, port: int, *, timeout_s: float = 2.0,
                        tls: ClientTls | None = None) -> dict[str, Any]:
     """GET /status from a node's admin port (over HTTPS with `tls`); AdminUnavailable if it does
-    not answer well."""
+    not answer well: no connection, no whole answer within `timeout_s`, an answer h11 refuses,
+    a status other than 200, a body over MAX_RESPONSE_BYTES or not a JSON object."""
+    where = f"{host}:{port}"
     try:
         with trio.fail_after(timeout_s):
-            raw = await _http_get(host, port, "/status", tls)
-    except (OSError, trio.BrokenResourceError, trio.TooSlowError) as e:
-        raise AdminUnavailable(f"{host}:{port}: {e or type(e).__name__}") from None
-    head, _, body = raw.partition(b"\r\n\r\n")
-    if not head.startswith(b"HTTP/1.1 200 "):
-        raise AdminUnavailable(f"{host}:{port}: unexpected answer {head[:80]!r}")
+            body = await _http_get(host, port, "/status", tls)
+    except trio.TooSlowError:
+        raise AdminUnavailable(f"{where}: no whole answer within {timeout_s} s") from None
+    except (OSError, trio.BrokenResourceError) as e:
+        raise AdminUnavailable(f"{where}: {e or type(e).__name__}") from None
+    except h11.RemoteProtocolError as e:
+        if e.error_status_hint == 413:  # edge/http11.read_body's bound
+            raise AdminUnavailable(f"{where}: answer larger than {MAX_RESPONSE_BYTES} bytes") from None
+        raise AdminUnavailable(f"{where}: malformed HTTP answer: {e}") from None
     try:
         status = json.loads(body)
     except ValueError as e:
-        raise AdminUnavailable(f"{host}:{port}: status is not JSON: {e}") from None
+        raise AdminUnavailable(f"{where}: status is not JSON: {e}") from None
     if not isinstance(status, dict):
-        raise AdminUnavailable(f"{host}:{port}: status is not a JSON object")
+        raise AdminUnavailable(f"{where}: status is not a JSON object")
     return status
 
 
 async def _http_get(host: str, port: int, path: str, tls: ClientTls | None) -> bytes:
+    """The body of a 200 answer to GET `path`, read by h11 (edge/http11.py, as the server reads
+    requests); AdminUnavailable for another status, h11.RemoteProtocolError for what is not
+    HTTP/1.1 or a body over MAX_RESPONSE_BYTES (error_status_hint 413). One request per connection."""
+    where = f"{host}:{port}"
     stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
     if tls is not None:
         stream = await tls.wrap(stream, host)
     async with stream:
-        await stream.send_all(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
-        chunks, size = [], 0
-        while data := await stream.receive_some(64 << 10):
-            size += len(data)
-            if size > MAX_RESPONSE_BYTES:
-                raise AdminUnavailable(f"{host}:{port}: response larger than {MAX_RESPONSE_BYTES} bytes")
-            chunks.append(data)
-    return b"".join(chunks)
+        conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
+        request = h11.Request(method="GET", target=path, headers=[("host", host), ("connection", "close")])
+        await stream.send_all(conn.send(request) + conn.send(h11.EndOfMessage()))
+        response = await next_event(conn, stream)
+        while isinstance(response, h11.InformationalResponse):  # a 1xx precedes the answer
+            response = await next_event(conn, stream)
+        if not isinstance(response, h11.Response):
+            raise AdminUnavailable(f"{where}: connection closed before an answer")
+        if response.status_code != 200:
+            raise AdminUnavailable(f"{where}: HTTP {response.status_code} {response.reason.decode('ascii', 'replace')}")
+        return await read_body(conn, stream, response, MAX_RESPONSE_BYTES)

@@ -81,12 +81,15 @@ def _leader(status: dict) -> Iterator[Metric]:
     followers = status.get("followers")
     if followers is None:
         return
-    lag = GaugeMetricFamily("quire_follower_lag_txns", "On the leader: transactions a follower has not acknowledged",
-                            labels=["follower"])
-    for fid, f in followers.items():
-        if _number(f.get("lag_txns")):
-            lag.add_metric([fid], f["lag_txns"])
-    yield lag
+    for key, name, doc in (("lag_txns", "quire_follower_lag_txns",
+                            "On the leader: transactions a follower has not acknowledged"),
+                           ("lag_bytes", "quire_follower_lag_bytes",
+                            "On the leader: txn-log record bytes of the transactions a follower has not acknowledged")):
+        lag = GaugeMetricFamily(name, doc, labels=["follower"])
+        for fid, f in followers.items():
+            if _number(f.get(key)):
+                lag.add_metric([fid], f[key])
+        yield lag
     yield from _gauge("quire_followers", "On the leader: connected voting followers",
                       sum(1 for f in followers.values() if not f.get("observer")))
     yield from _gauge("quire_synced_followers", "On the leader: learners in sync and heard from lately",

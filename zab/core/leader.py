@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from zab.core import zxid as Z
 from zab.core.config import VOTER, ZabConfig
+from zab.core.lag import ProposedBytes
 from zab.core.actions import (Action, Answered, ClientRequest, ClientSync, Disconnect, LogAppend, LogSync, Phase,
                          LeaderTicked, RequestFailed, Role, RoleChanged, Send, SessionsTouched, Synced)
 from zab.core.messages import (Ack, EnsembleInfo, AckEpoch, AckNewLeader, Commit, FollowerInfo, Inform, LeaderInfo, Message, NewLeader,
@@ -78,6 +79,8 @@ class LeaderRole:
         # Per voter, the highest zxid it has durably logged in our history (an ACK of z
         # covers everything before z: learners log in order). Like Raft's matchIndex.
         self.acked_through: dict[int, int] = {}
+        # Record bytes proposed since our initial history, for followers' lag in bytes (lag.py).
+        self.proposed_bytes = ProposedBytes(peer.last_zxid)
         self.counter = 0
         # Refused requests waiting for the commit of the last transaction prepared before
         # them: (that zxid, origin node, answer), in the order they were refused.
@@ -289,6 +292,7 @@ class LeaderRole:
         self.counter += 1
         txn = Txn(zxid, session_id, cxid, prepared)
         self.peer.history.append(txn)
+        self.proposed_bytes.proposed(zxid, len(txn.data))
         out: list[Action] = [Send(f, Proposal(txn)) for f in self.forwarding if not self.learners[f].observer]
         out += [LogAppend((txn,)), LogSync(then=(Send(self.id, Ack(txn.zxid)),))]
         return out
@@ -304,7 +308,15 @@ class LeaderRole:
             # A learner logs only what we sent it: this ACK must never count toward a quorum.
             return self._refuse(frm, f"ACK of {a.zxid:#x}, which this leader never proposed")
         self.acked_through[frm] = max(self.acked_through.get(frm, 0), a.zxid)
-        target = min(self._quorum_acked(), self.peer.last_zxid)
+        out = self._commit(min(self._quorum_acked(), self.peer.last_zxid))
+        # After the commit (it trims our history): the points a voter may be at, none below our
+        # history's base, so this stays within the sync window (behind it, lag.py's lower bound).
+        needed = min((self.acked_through.get(f, 0) for f in self.forwarding if not self.learners[f].observer),
+                     default=self.peer.last_zxid)
+        self.proposed_bytes.trim(max(needed, self.peer.history.base_zxid))
+        return out
+
+    def _commit(self, target: int) -> list[Action]:
         if not self.established or target <= self.peer.last_committed:
             return []
         # COMMIT covers every proposal up to it; observers get the committed transactions.
@@ -343,8 +355,10 @@ class LeaderRole:
 
     def followers_status(self) -> dict:
         """What a monitor asks of a leader (ZooKeeper's mntr zk_followers, zk_synced_followers,
-        zk_pending_syncs): per learner its state, the highest zxid it acknowledged and how many
-        transactions it is behind (within this epoch: a zxid of an older one counts as all of it)."""
+        zk_pending_syncs): per learner its state, the highest zxid it acknowledged, how many
+        transactions it is behind (within this epoch: a zxid of an older one counts as all of it)
+        and their txn-log record bytes (lag.py: for a zxid older than this leadership or than our
+        history, every byte kept, a lower bound). Observers never ACK: their lags are None."""
         last, synced = self.peer.last_zxid, self._synced()
         learners = {}
         for fid, handle in sorted(self.learners.items()):
@@ -353,7 +367,8 @@ class LeaderRole:
             behind = Z.counter_of(last) - Z.counter_of(acked) if same_epoch else Z.counter_of(last)
             learners[str(fid)] = {"state": handle.state.name.lower(), "observer": handle.observer,
                                   "synced": fid in synced, "acked_zxid": acked,
-                                  "lag_txns": None if handle.observer else max(0, behind)}
+                                  "lag_txns": None if handle.observer else max(0, behind),
+                                  "lag_bytes": None if handle.observer else self.proposed_bytes.lag(acked)}
         return {"followers": learners, "synced_followers": len(synced) - 1,
                 "pending_syncs": sum(1 for h in self.learners.values()
                                      if h.state in (LearnerState.SNAPPING, LearnerState.SYNCING))}
