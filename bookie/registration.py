@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
@@ -169,7 +168,7 @@ class BookieRegistrar:
     polled: a change moves the registration between available/ and readonly/."""
 
     def __init__(self, hosts: Sequence[tuple[str, int]], info: BookieInfo, read_only: Callable[[], bool], *,
-                 session_timeout_ms: int = 10_000, poll_s: float = POLL_S, rng: random.Random | None = None,
+                 session_timeout_ms: int = 10_000, poll_s: float = POLL_S,
                  auth: Sequence[tuple[str, str]] = ()) -> None:
         self.hosts = list(hosts)
         self.info = info
@@ -178,7 +177,7 @@ class BookieRegistrar:
         self.poll_s = poll_s
         self.auth = tuple(auth)  # the daemons' identity (register only with it: /quire/bookies is theirs)
         self.acl = DAEMON_ACL if auth else None
-        self.loop = ServiceLoop("bookie_registrar", log, min_s=RETRY_S, rng=rng)
+        self.loop = ServiceLoop("bookie_registrar", log, min_s=RETRY_S)
         self.registrations = 0  # registrations made (more than 1: re-registered after a loss)
         self.registered = False
         self.meta: MetaClient | None = None  # the current session's client

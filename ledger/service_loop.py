@@ -22,7 +22,6 @@ work until something fails) run by `ServiceLoop.run`, which:
 from __future__ import annotations
 
 import logging
-import random
 from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn
 
@@ -65,13 +64,11 @@ class ServiceLoop:
         await loop.run(self._round)       # never returns; raises only what is not retryable
 
     The n-th retry in a row waits stamina's min_s * 2**(n-1) plus up to min_s of jitter, at most
-    max_s; a round that lasted max_s starts the doubling again. `rng` is accepted for the callers
-    that still pass one, and unused: stamina draws its jitter from the global random (the loop is
-    an edge, timed by trio; no simulation replays it).
+    max_s; a round that lasted max_s starts the doubling again. stamina draws its jitter from the
+    global random: the loop is an edge, timed by trio, and no simulation replays it.
     """
 
     def __init__(self, service: str, logger: logging.Logger, *, min_s: float = 1.0, max_s: float = 30.0,
-                 rng: random.Random | None = None,
                  errors: tuple[type[BaseException], ...] = SERVICE_ERRORS) -> None:
         if not 0 < min_s <= max_s:
             raise ValueError(f"backoff needs 0 < min_s <= max_s, got {min_s}, {max_s}")

@@ -11,8 +11,10 @@ becomes mirrors ledger/driver.py (`OpDriver._metadata`) over ledger/manager.py:
   stale, but never older than what the session has already seen (a server behind the
   client's lastZxidSeen does not take its connection). A session whose node is down or not
   in BROADCAST (a server that lost its leader drops its clients) gets ConnectionLoss; the
-  real driver then sleeps METADATA_RETRY_S and reads again for as long as the operation
-  lives, and so does the model, through whichever node the session reconnects to.
+  real driver then reads again for as long as the operation lives, backing off from
+  METADATA_RETRY_S to METADATA_RETRY_MAX_S (stamina); the model reads again every
+  METADATA_RETRY_MS, through whichever node the session reconnects to: a faster retry than
+  the driver's, which explores more interleavings.
 * WriteMetadata: a setData with the expected version, submitted through Zab. Acknowledged:
   MetadataWritten(new version). Refused with BadVersion: MetadataBadVersion at once (the
   manager's MetadataConflict). Refused with NoNode: the ledger vanished, which cannot happen

@@ -16,7 +16,6 @@ layout (ledger/manager.py); neither package imports the other for this.
 from __future__ import annotations
 
 import logging
-import random
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,14 +35,14 @@ class BookieGarbageCollector:
     """Runs until cancelled: `await nursery.start(collector.run)`."""
 
     def __init__(self, hosts: list[tuple[str, int]], storage: BookieStorage, interval_ms: int, *,
-                 rng: random.Random | None = None, auth: Sequence[tuple[str, str]] = ()) -> None:
+                 auth: Sequence[tuple[str, str]] = ()) -> None:
         self.hosts = hosts
         self.auth = tuple(auth)
         self.storage = storage
         self.interval_ms = interval_ms
         self.policy = GcPolicy(min_interval_ms=interval_ms)
         # A metastore outage only postpones collection: nothing is deleted without a confirmed absence.
-        self.loop = ServiceLoop("bookie_gc", log, min_s=min(1.0, interval_ms / 1000), rng=rng)
+        self.loop = ServiceLoop("bookie_gc", log, min_s=min(1.0, interval_ms / 1000))
         self.stats: dict[str, Any] = {"scans": 0, "ledgers_deleted": 0, "compactions": 0, "bytes_freed": 0}
         self._wait: trio.CancelScope | None = None  # the wait between rounds, which trigger() cuts short
         self.forced = False  # a round asked for (BookKeeper's PUT /api/v1/bookie/gc) and not yet run

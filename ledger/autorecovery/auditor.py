@@ -26,7 +26,6 @@ a fresh grace period. Nothing it does is unsafe to repeat.
 from __future__ import annotations
 
 import logging
-import random
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -62,11 +61,11 @@ class Auditor:
     """Contends for the auditor role and audits while leading: `await nursery.start(auditor.run)`."""
 
     def __init__(self, hosts: list[tuple[str, int]], node_id: int, config: AutoRecoveryConfig, *,
-                 rng: random.Random | None = None, auth: Sequence[tuple[str, str]] = ()) -> None:
+                 auth: Sequence[tuple[str, str]] = ()) -> None:
         self.hosts = hosts
         self.auth = tuple(auth)  # the daemons' identity: what it creates is theirs (DAEMON_ACL)
         self.acl = DAEMON_ACL if auth else None
-        self.loop = ServiceLoop("auditor", log, min_s=RETRY_S, rng=rng)
+        self.loop = ServiceLoop("auditor", log, min_s=RETRY_S)
         self.node_id = node_id
         self.config = config
         self.leading = False

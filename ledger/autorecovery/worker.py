@@ -93,7 +93,7 @@ class ReplicationWorker:
         self.bookie_id = bookie_id
         self.config = config
         self.rng = rng or random.Random()
-        self.loop = ServiceLoop("replication_worker", log, min_s=RETRY_S, rng=self.rng)
+        self.loop = ServiceLoop("replication_worker", log, min_s=RETRY_S)
         self.stats: Counter[str] = Counter()
         self.current: int | None = None
         self.waiting = 0
@@ -111,7 +111,7 @@ class ReplicationWorker:
         try:
             async with MetaClient(self.hosts, session_timeout_ms=self.config.session_timeout_ms,
                                   start_timeout_s=10.0, auth=self.auth) as meta, BookiePool(timeout_s=10.0) as pool, \
-                    LedgerClient(meta, pool, rng=self.rng) as client:
+                    LedgerClient(meta, pool) as client:
                 while True:
                     watch = Watch()
                     await self.work_once(meta, client, watch)
