@@ -43,14 +43,15 @@ def submitted() -> bool:
 
 
 def build_session(master: str | None = None, *, app_name: str = "quire-verify", shuffle_partitions: int | None = None,
-                  driver_memory: str | None = None) -> SparkSession:
+                  driver_memory: str | None = None, progress: bool | None = None) -> SparkSession:
     """A SparkSession for the verifiers (getOrCreate: an existing session is reused as is).
 
     `master`: a master URL; None leaves it to spark-submit (its --master, as Spark users expect
     of a job), and without spark-submit it is local[*].
 
     The UI is off and logs are quiet; `shuffle_partitions` defaults to twice the
-    local cores (small inputs do not need Spark's 200).
+    local cores (small inputs do not need Spark's 200). `progress`: Spark's console progress
+    bar (`[Stage 3:====>   (12 + 2) / 40]` on stderr, redrawn in place); None: see console_progress.
     """
     if SparkSession.getActiveSession() is None:
         require_java()
@@ -63,12 +64,14 @@ def build_session(master: str | None = None, *, app_name: str = "quire-verify", 
     builder = SparkSession.builder if master is None else SparkSession.builder.master(master)
     builder = (builder.appName(app_name)
                .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.shuffle.partitions", str(shuffle_partitions or 2 * cores))
                # One Python worker per core is reused across tasks: startup is paid once.
                .config("spark.python.worker.reuse", "true"))
     if driver_memory:
         builder = builder.config("spark.driver.memory", driver_memory)
+    show = console_progress(progress)
+    if show is not None:
+        builder = builder.config("spark.ui.showConsoleProgress", str(show).lower())
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     from replay.spark_datasources import register  # imports this module's neighbours: here, not at the top
@@ -76,6 +79,21 @@ def build_session(master: str | None = None, *, app_name: str = "quire-verify", 
     if not is_local(spark.sparkContext.master):
         spark.sparkContext.addPyFile(str(_zip_packages()))
     return spark
+
+
+def console_progress(progress: bool | None) -> bool | None:
+    """spark.ui.showConsoleProgress for `progress`: as asked when True or False. When None: on
+    when stderr is a terminal (off into a file or a pipe, so logs stay clean), except under
+    spark-submit, whose conf decides (`--conf spark.ui.showConsoleProgress=true`; Spark's default
+    is off): there the driver's stderr is a pipe to spark-submit, whatever spark-submit's own is."""
+    if progress is not None:
+        return progress
+    if submitted():
+        return None
+    try:
+        return os.isatty(sys.stderr.fileno())
+    except (AttributeError, OSError, ValueError):  # no stderr, or one without a descriptor
+        return False
 
 
 class JavaUnavailable(VerifyInputError):

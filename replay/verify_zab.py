@@ -33,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser, *, dirs_required: bool = True
     parser.add_argument("--chunk-records", type=int, default=DEFAULT_CHUNK_RECORDS,
                         help=f"records per Spark task when decoding (default {DEFAULT_CHUNK_RECORDS})")
     parser.add_argument("--driver-memory", default=None, help="spark.driver.memory, e.g. 4g (local mode)")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="Spark's console progress bar on stderr (default: when stderr is a terminal; under "
+                        "spark-submit, its --conf spark.ui.showConsoleProgress)")
 
 
 def verify(args: argparse.Namespace, progress=None) -> Verdict:  # noqa: ANN001 - a callable or None
@@ -55,7 +58,7 @@ def verify_with_context(args: argparse.Namespace, progress=None):  # noqa: ANN00
     if voters < len(nodes):
         raise VerifyInputError(f"--voters {voters} is fewer than the {len(nodes)} directories given")
     say(f"starting Spark ({args.master or 'the master spark-submit was given, else local[*]'})")
-    spark = build_session(args.master, driver_memory=args.driver_memory)
+    spark = build_session(args.master, driver_memory=args.driver_memory, progress=getattr(args, "progress", None))
     spark_started = time.monotonic() - started
     say(f"Spark master: {spark.sparkContext.master}")
     say(f"reading {len(nodes)} node(s): {', '.join(f'{n.node}={n.path}' for n in nodes)}")
@@ -66,7 +69,8 @@ def verify_with_context(args: argparse.Namespace, progress=None):  # noqa: ANN00
     records = ctx.records
     frames.unpersist()
     facts = {"nodes given": len(nodes), "records": records, "spark master": spark.sparkContext.master,
-             "spark startup s": round(spark_started, 2), **ctx.facts}
+             "spark application": spark.sparkContext.applicationId, "spark startup s": round(spark_started, 2),
+             **ctx.facts}
     return Verdict("zab", checks, facts, time.monotonic() - started), ctx
 
 
