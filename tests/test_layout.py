@@ -191,3 +191,12 @@ def test_long_module_exceptions_only_shrink(name: str):
     lines = len((REPO / name).read_text().splitlines())
     assert lines > MAX_MODULE_LINES, (
         f"{name} has {lines} lines, within the cap of {MAX_MODULE_LINES}: remove it from LONG_MODULES")
+
+
+def test_test_modules_share_helpers_through_fixtures_modules_only():
+    """docs/testing.md: a helper two test modules need lives in a *_fixtures.py module; importing
+    another test module would also drag in (and couple to) its module-scoped fixtures and tests."""
+    tests = REPO / "tests"
+    for path in sorted(tests.glob("test_*.py")):
+        bad = {name for name in imported_modules(path) if name.split(".")[0].startswith("test_")}
+        assert not bad, f"tests/{path.name} imports {sorted(bad)}: move what it needs to a *_fixtures.py module"

@@ -32,7 +32,7 @@ import ledger.driver
 from bookie.errors import BookieUnavailable
 from ledger.service_loop import ServiceLoop
 from metastore import errors as E
-from test_ledger_client import MemoryManager, bookies, ledger_client
+from ledger_fixtures import MemoryManager, bookies, ledger_client
 
 from bookie_fixtures import trio_test
 

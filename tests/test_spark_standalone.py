@@ -2,7 +2,7 @@
 master and one worker (1 core, 1 GiB), started here from the venv's pyspark on loopback, take
 the job; its tasks run in the worker's executor, not in the driver.
 
-The logs verified are test_verify_zab's real run (a 3-node metastore that lived through a
+The logs verified are verify_fixtures.py's real run (a 3-node metastore that lived through a
 leader SIGKILL). Master and worker are stopped, with their process groups (the executor and
 its Python workers are the worker's children), whatever happens.
 """
@@ -25,7 +25,7 @@ import pytest
 
 from clusterd import localcluster
 from cluster_fixtures import ENV, REPO
-from test_verify_zab import NODES, real_run  # noqa: F401 - real_run is the fixture this module uses
+from verify_fixtures import NODES, real_run  # noqa: F401 - real_run is the fixture this module uses
 
 pytestmark = pytest.mark.multiprocess
 

@@ -22,8 +22,7 @@ import trio
 
 from bookie.client import BookiePool
 from bookie.entry import Digester, DigestType
-from bookie.storage_codec import (ENTRY_LOG_MAGIC, FILE_HEADER_BYTES, decode_entry_record, encode_entry_record,
-                                  encode_file_header, scan_entry_log)
+from bookie.storage_codec import encode_entry_record
 from clusterd import config as cfg
 from clusterd import localcluster
 from ledger.client_sync import SyncLedgerClient
@@ -32,6 +31,7 @@ from replay.verify_ledgers import verify
 from replay.verify_report import Verdict
 from replay.verify_zab import add_arguments
 from cluster_fixtures import Cluster, copy_config
+from verify_fixtures import drop_journals, rewrite_entry_logs
 
 pytestmark = pytest.mark.multiprocess
 
@@ -98,26 +98,6 @@ def run_verify(dirs: dict[int, Path]) -> Verdict:
 
 def failed(verdict: Verdict) -> set[str]:
     return {c.name for c in verdict.checks if not c.passed}
-
-
-def rewrite_entry_logs(node_dir: Path, keep) -> None:  # noqa: ANN001 - (ledger, entry, data) -> data | None
-    """Rewrite every entry log of a bookie with the bookie's own codec: `keep` may drop or change entries."""
-    for path in sorted((node_dir / "bookie" / "entrylogs").glob("entrylog.*")):
-        buf = path.read_bytes()
-        found, _, _ = scan_entry_log(buf, FILE_HEADER_BYTES)
-        records = []
-        for ledger, entry, offset, _ in found:
-            _, _, data, _ = decode_entry_record(buf, offset)
-            data = keep(ledger, entry, data)
-            if data is not None:
-                records.append(encode_entry_record(ledger, entry, data))
-        path.write_bytes(encode_file_header(ENTRY_LOG_MAGIC, int(path.name.split(".")[1], 16)) + b"".join(records))
-
-
-def drop_journals(node_dir: Path) -> None:
-    """Entries live in the journal too until a checkpoint trims it: remove its ADDs' copies."""
-    for path in (node_dir / "bookie" / "journal").glob("journal.*"):
-        path.unlink()
 
 
 def test_a_real_run_with_a_bookie_sigkill_passes(spark, ledger_run):

@@ -37,7 +37,7 @@ from stream.namespace import Namespace
 from stream.position import Position
 from stream_fixtures import WRITER, acks_of, spawn
 from table_fixtures import ReplicaProcess, wait_leader
-from test_verify_ledgers import drop_journals, rewrite_entry_logs
+from verify_fixtures import drop_journals, rewrite_entry_logs
 
 pytestmark = pytest.mark.multiprocess
 

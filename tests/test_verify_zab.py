@@ -1,7 +1,7 @@
 """The Spark Zab verifier against logs of a real 3-node metastore run with a leader SIGKILL,
 and against copies of them where one violation was crafted with the project's own encoders.
 
-The run (once per module): three clusterd processes speak the ZooKeeper protocol and
+The run (once per module, tests/verify_fixtures.py): three clusterd processes speak the ZooKeeper protocol and
 snapshot every 100 txns; kazoo writes through them; a third of the way in the leader is
 SIGKILLed (a new epoch starts), later restarted; once every node has committed the same
 zxid the cluster stops. Each test copies the data directories, damages one thing, and
@@ -12,22 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyspark
 import pytest
-from kazoo.client import KazooClient
-from kazoo.retry import KazooRetry
 
-from clusterd import config as cfg
-from clusterd import localcluster
 from metastore.wire.snapshot_codec import decode_snapshot, encode_tree
 from replay.logs import check_logs_agree
 from replay.spark_zab_checks import (AGREEMENT, CHECK_NAMES, CHECKSUMS, EPOCH_ORDER, PREFIX, QUORUM, REPLAY,
@@ -37,7 +29,8 @@ from replay.spark_source import parse_dirs, read_zab
 from replay.verify_report import Verdict
 from replay.verify_zab import add_arguments, verify
 from replay.verify_zab import main as verify_main
-from cluster_fixtures import ENV, REPO, Cluster, copy_config
+from cluster_fixtures import ENV, REPO
+from verify_fixtures import NODES, WRITES, real_run  # noqa: F401 - real_run is a fixture of this module's tests
 from zab.core import zxid as Z
 from zab.storage.record import encode_record, scan_records
 from zab.storage.recovery import SNAPSHOT_DIR, TXNLOG_DIR
@@ -46,61 +39,6 @@ from zab.core.txn import Txn
 from zab.storage.txnlog import SEGMENT_HEADER_BYTES, TxnLog, decode_segment_header, encode_segment_header, segment_name
 
 pytestmark = pytest.mark.multiprocess
-
-WRITES = 300
-NODES = (1, 2, 3)
-
-
-# -- the real run -------------------------------------------------------------------------------
-
-def _write(zk: KazooClient, i: int) -> None:
-    retry = KazooRetry(max_tries=-1, delay=0.05, max_delay=0.5, deadline=60)
-    if i % 3 == 0:
-        retry(lambda: zk.exists(f"/v/n{i}") or zk.create(f"/v/n{i}", f"{i}".encode()))
-    else:
-        retry(zk.set, "/v/counter", f"{i}".encode())
-
-
-def _wait_converged(cluster: Cluster, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        rows = cluster.status()
-        if len({(r["last_zxid"], r["last_committed_zxid"]) for r in rows}) == 1 and all(r["role"] != "down" for r in rows):
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"nodes did not converge: {cluster.status()}")
-
-
-@pytest.fixture(scope="module")
-def real_run(tmp_path_factory) -> Iterator[Path]:
-    """Data directories node1..node3 of a stopped cluster that lived through a leader SIGKILL."""
-    folder = tmp_path_factory.mktemp("verify-run")
-    path = copy_config(folder)
-    path.write_text(path.read_text().replace("snapshot_every_txns = 50000", "snapshot_every_txns = 100"))
-    cluster = Cluster(path)
-    up = cluster.ctl("up")
-    assert up.returncode == 0, up.stdout + up.stderr
-    try:
-        nodes = cfg.load(path).nodes
-        zk = KazooClient(hosts=",".join(f"{n.host}:{n.client_port}" for n in nodes), timeout=5,
-                         connection_retry={"max_tries": -1, "max_delay": 0.2})
-        zk.start(timeout=15)
-        zk.create("/v", b"")
-        zk.create("/v/counter", b"0")
-        for i in range(WRITES):
-            if i == WRITES // 3:
-                leader = next(r["id"] for r in cluster.status() if r["role"] == "leader")
-                os.kill(localcluster.running_pid(next(n for n in nodes if n.id == leader)), signal.SIGKILL)
-            if i == 2 * WRITES // 3:
-                restarted = cluster.ctl("up")
-                assert restarted.returncode == 0, restarted.stdout + restarted.stderr
-            _write(zk, i)
-        zk.stop()
-        zk.close()
-        _wait_converged(cluster)
-    finally:
-        cluster.ctl("down", "--timeout", "5")
-    yield folder / "data"
 
 
 @pytest.fixture
