@@ -74,6 +74,17 @@ def recover(directory: Path, bookie_id: int, config: BookieStorageConfig, instan
     return Recovered(cookie, index, journal, entrylogs, replayed)
 
 
+def precheck_cookie(directory: Path, bookie_id: int, cluster: str | None) -> None:
+    """What can be refused before the metastore says which instance is registered: a cookie that
+    does not decode, another bookie's or another cluster's, another layout, data without a cookie.
+    Raises as recover() would (CookieMismatch, StorageError); writes nothing."""
+    path = directory / COOKIE
+    found = decode_cookie(path.read_bytes()) if path.exists() else None
+    has_data = any((directory / name).exists() for name in (CHECKPOINT, JOURNAL_DIR, ENTRYLOG_DIR))
+    check_cookie(found, bookie_id=bookie_id, instance_id=None, cluster=cluster, has_data=has_data,
+                 where=str(directory))
+
+
 def _open_cookie(directory: Path, bookie_id: int, instance_id: str | None, cluster: str | None) -> Cookie:
     path = directory / COOKIE
     found = decode_cookie(path.read_bytes()) if path.exists() else None

@@ -111,6 +111,21 @@ def stopped(cluster: Cluster) -> Cluster:
     return cluster
 
 
+def test_another_bookies_directory_is_refused_without_a_quorum_to_ask(cluster: Cluster) -> None:
+    """What the directory alone shows (another bookie's cookie) needs no metastore: a node started
+    alone, its cluster down, refuses at once rather than wait for a quorum."""
+    node = stopped(cluster).config.node(3)
+    cookie = node.data_dir / "bookie" / "cookie"
+    own = cookie.read_bytes()
+    shutil.copyfile(cluster.config.node(2).data_dir / "bookie" / "cookie", cookie)
+    try:
+        done = start(cluster, 3)
+    finally:
+        cookie.write_bytes(own)
+    assert_refused(done, EXIT_BOOKIE_STORAGE, "bookie 3:", "belongs to bookie 2, not 3", cluster=cluster, node_id=3,
+                   alone=False)
+
+
 def only_segment(cluster: Cluster, node_id: int) -> Path:
     [segment] = (cluster.config.node(node_id).data_dir / TXNLOG_DIR).glob("log.*")
     return segment

@@ -26,6 +26,7 @@ from bookie.errors import CookieMismatch, StorageError
 from bookie.registration import DAEMON_ACL, BookieInfo, BookieRegistrar, read_cookie, record_cookie
 from bookie.service import BookieService, BookieServiceConfig
 from bookie.storage import BookieStorage
+from bookie.storage_recovery import precheck_cookie
 from bookie.storage_config import BookieStorageConfig
 from clusterd.daemon import tls_node
 from clusterd.daemon import identity as daemon_identity
@@ -161,7 +162,15 @@ class BookieNode:
 
     async def _open_storage(self) -> BookieStorage:
         """Check the data directory against the cookie the metastore records, then open it; while
-        the metastore fails (a metastore error, bare or grouped), try again with stamina's backoff."""
+        the metastore fails (a metastore error, bare or grouped), try again with stamina's backoff.
+        What the directory alone shows wrong is refused first: a cluster without a quorum must not
+        keep a node waiting that can never serve."""
+        directory = self.node.data_dir / "bookie"
+        try:
+            if directory.exists():
+                precheck_cookie(directory, self.node.id, self.config.name)
+        except StorageError as e:  # CookieMismatch is one
+            raise BookieStorageRefused(f"bookie {self.node.id}: {e}") from None
         async for attempt in stamina.retry_context(on=_metastore_not_ready, attempts=None, timeout=None,
                                                   wait_initial=METASTORE_RETRY_S, wait_max=METASTORE_RETRY_MAX_S,
                                                   wait_jitter=METASTORE_RETRY_S):
