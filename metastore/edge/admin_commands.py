@@ -9,12 +9,15 @@ served: their names answer 404 with the list of what is.
 
 from __future__ import annotations
 
+import getpass
 import os
 import platform
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from metastore.edge import four_letter as F
+from zab.storage.recovery import SNAPSHOT_DIR, TXNLOG_DIR
 
 
 def _monitor(service: Any, status: dict) -> dict:
@@ -26,14 +29,20 @@ def _monitor(service: Any, status: dict) -> dict:
 
 
 def _server_stats(service: Any, status: dict) -> dict:
-    lat_min, lat_avg, lat_max = service.latency.min_avg_max_ms()
-    received, sent = F.packets(service)
-    return {"server_stats": {
-        "packets_sent": sent, "packets_received": received, "max_latency": lat_max, "min_latency": lat_min,
-        "avg_latency": lat_avg, "num_alive_client_connections": len(service.connections),
-        "outstanding_requests": service.stats["outstanding"], "server_state": F.server_state(service, status),
-        "last_processed_zxid": status.get("last_committed_zxid", 0), "data_dir_size": 0, "log_dir_size": 0,
-        "node_count": len(service.sm.tree)}, "node_count": len(service.sm.tree), "version": F.VERSION}
+    figures = F.server_figures(service, status)
+    data_dir = service.driver.data_dir
+    figures.update(data_dir_size=_bytes_in(data_dir / SNAPSHOT_DIR), log_dir_size=_bytes_in(data_dir / TXNLOG_DIR),
+                   auth_failed_count=service.stats.get("sasl_failed", 0))
+    return {"server_stats": figures, "node_count": figures["node_count"], "version": F.VERSION,
+            "read_only": service.serving_mode == "ro"}
+
+
+def _bytes_in(directory: Path) -> int:
+    """The bytes of the files in `directory`, as ZooKeeper's data_dir_size and log_dir_size."""
+    try:
+        return sum(e.stat().st_size for e in os.scandir(directory) if e.is_file())
+    except OSError:  # not made yet, or a file gone while counting (a purge)
+        return 0
 
 
 def _stats(service: Any, status: dict) -> dict:
@@ -41,8 +50,11 @@ def _stats(service: Any, status: dict) -> dict:
 
 
 def _connections(service: Any, status: dict) -> dict:
+    timeouts = service.sm.tree.sessions()
+    # Session ids are JSON numbers, as ZooKeeper's Jackson writes a long (cons prints them in hex).
     conns = [{"remote_socket_address": c.peer, "packets_received": c.received, "packets_sent": c.sent,
-              "outstanding_requests": len(c.replies), "session_id": f"0x{c.session_id:x}"}
+              "outstanding_requests": len(c.replies), "session_id": c.session_id,
+              "session_timeout": timeouts.get(c.session_id, 0)}
              for c in list(service.connections.values())]
     return {"connections": conns, "secure_connections": []}
 
@@ -56,21 +68,33 @@ def _dump(service: Any, status: dict) -> dict:
     tree = service.sm.tree
     sessions = tree.sessions()
     return {"expiry_time_to_session_ids": {},  # Quire expires sessions by ticks, not in time buckets
-            "session_id_to_ephemeral_paths": {f"0x{sid:x}": tree.ephemerals(sid) for sid in sorted(sessions)
+            # Keyed by the session id in decimal, as ZooKeeper's JSON map of longs.
+            "session_id_to_ephemeral_paths": {str(sid): tree.ephemerals(sid) for sid in sorted(sessions)
                                               if tree.ephemerals(sid)},
-            "session_timeouts_ms": {f"0x{sid:x}": timeout for sid, timeout in sorted(sessions.items())}}
+            "session_timeouts_ms": {str(sid): timeout for sid, timeout in sorted(sessions.items())}}
 
 
 def _environment(service: Any, status: dict) -> dict:
+    uname = platform.uname()
     return {"zookeeper.version": F.VERSION, "host.name": service.cfg.host, "python.version": platform.python_version(),
-            "os.name": platform.system(), "os.arch": platform.machine(), "user.dir": os.getcwd()}
+            "os.name": uname.system, "os.arch": uname.machine, "os.version": uname.release, "user.dir": os.getcwd(),
+            "user.home": os.path.expanduser("~"), "user.name": _user_name()}
+
+
+def _user_name() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # a uid without a name (some containers)
+        return str(os.getuid())
 
 
 def _configuration(service: Any, status: dict) -> dict:
-    cfg = service.cfg
+    cfg, data_dir = service.cfg, service.driver.data_dir
     return {"client_port": cfg.port, "client_port_address": cfg.host, "server_id": cfg.node_id,
             "tick_time": cfg.tick_ms, "min_session_timeout": cfg.min_session_timeout_ms,
-            "max_session_timeout": cfg.max_session_timeout_ms}
+            "max_session_timeout": cfg.max_session_timeout_ms, "data_dir": str(data_dir / SNAPSHOT_DIR),
+            "data_log_dir": str(data_dir / TXNLOG_DIR), "max_client_cnxns": cfg.limits.max_client_connections,
+            "client_port_listen_backlog": -1}  # -1: the system's default, as ZooKeeper says when unset
 
 
 def _is_read_only(service: Any, status: dict) -> dict:
@@ -78,7 +102,10 @@ def _is_read_only(service: Any, status: dict) -> dict:
 
 
 def _leader(service: Any, status: dict) -> dict:
-    return {"is_leader": status.get("role") == "leader", "leader_id": status.get("leader")}
+    leader = status.get("leader")
+    address = service.driver.transport.addresses.get(leader) if leader is not None else None
+    return {"is_leader": status.get("role") == "leader", "leader_id": leader,
+            "leader_ip": address[0] if address else None}
 
 
 def _zabstate(service: Any, status: dict) -> dict:

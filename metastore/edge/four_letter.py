@@ -150,14 +150,25 @@ def dump(service: Any, status: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def server_stats(service: Any, status: dict, mode: str, *, with_clients: bool) -> str:
-    """srvr, and stat (srvr with the client list)."""
+def server_figures(service: Any, status: dict) -> dict[str, Any]:
+    """What srvr and stat print, and the AdminServer's server_stats answers (ZooKeeper's JSON names)."""
     lat_min, lat_avg, lat_max = service.latency.min_avg_max_ms()
     received, sent = packets(service)
+    return {"packets_sent": sent, "packets_received": received, "max_latency": lat_max, "min_latency": lat_min,
+            "avg_latency": lat_avg, "num_alive_client_connections": len(service.connections),
+            "outstanding_requests": service.stats["outstanding"], "server_state": server_state(service, status),
+            "last_processed_zxid": status.get("last_committed_zxid", 0), "node_count": len(service.sm.tree),
+            "uptime": int((time.monotonic() - _STARTED) * 1000)}
+
+
+def server_stats(service: Any, status: dict, mode: str, *, with_clients: bool) -> str:
+    """srvr, and stat (srvr with the client list)."""
+    f = server_figures(service, status)
     text = (f"Zookeeper version: {VERSION}\n"
-            f"Latency min/avg/max: {lat_min}/{lat_avg}/{lat_max}\nReceived: {received}\nSent: {sent}\n"
-            f"Connections: {len(service.connections)}\nOutstanding: {service.stats['outstanding']}\n"
-            f"Zxid: 0x{status.get('last_committed_zxid', 0):x}\nMode: {mode}\nNode count: {len(service.sm.tree)}\n")
+            f"Latency min/avg/max: {f['min_latency']}/{f['avg_latency']}/{f['max_latency']}\n"
+            f"Received: {f['packets_received']}\nSent: {f['packets_sent']}\n"
+            f"Connections: {f['num_alive_client_connections']}\nOutstanding: {f['outstanding_requests']}\n"
+            f"Zxid: 0x{f['last_processed_zxid']:x}\nMode: {mode}\nNode count: {f['node_count']}\n")
     if with_clients:
         clients = "".join(f" {line}\n" for line in connection_lines(service))
         text = text.replace("Latency", f"Clients:\n{clients}\nLatency", 1)
