@@ -9,13 +9,10 @@ import os
 import re
 import signal
 import socket
-import subprocess
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kazoo.client import KazooClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from cluster_fixtures import Cluster, copy_config, kazoo_session, leader_of, start_cluster, wait_for, \
@@ -298,131 +295,3 @@ def test_the_grafana_dashboard_names_only_served_metrics(cluster: Cluster) -> No
     served |= {n.rsplit("_", 1)[0] for n in served if n.endswith(("_bucket", "_count", "_sum"))}
     assert used and used <= served, sorted(used - served)
 
-
-# -- against a live ZooKeeper 3.8 AdminServer (Debian's zookeeper, with libjetty9-java) ----------
-
-ADMIN_JARS = ["jetty9-server.jar", "jetty9-servlet.jar", "jetty9-http.jar", "jetty9-io.jar", "jetty9-util.jar",
-              "jetty9-security.jar", "jetty9-util-ajax.jar", "servlet-api.jar", "jackson-core.jar",
-              "jackson-databind.jar", "jackson-annotations.jar"]
-# What Quire does not answer of ZooKeeper's JSON, each for a reason (docs/operations.md says so).
-NOT_ANSWERED = {
-    "environment": {"java.class.path", "java.compiler", "java.home", "java.io.tmpdir", "java.library.path",
-                    "java.vendor", "java.version", "os.memory.free", "os.memory.max", "os.memory.total"},  # no JVM
-    # Not kept: response buffer sizes, slow fsyncs, mTLS connection counts, the stats provider.
-    "server_stats": {"client_response", "client_response.last_buffer_size", "client_response.min_buffer_size",
-                     "client_response.max_buffer_size", "server_stats.client_response_stats",
-                     "server_stats.fsync_threshold_exceed_count", "server_stats.non_mtlslocal_conn_count",
-                     "server_stats.non_mtlsremote_conn_count", "server_stats.provider_null"},
-    # Per connection, Quire keeps counts, not its last operation, cxid, zxid or latencies.
-    "connections": {"connections.interest_ops", "connections.last_operation", "connections.established",
-                    "connections.last_cxid", "connections.last_zxid", "connections.last_response_time",
-                    "connections.last_latency", "connections.min_latency", "connections.avg_latency",
-                    "connections.max_latency"},
-}
-NOT_ANSWERED["stats"] = NOT_ANSWERED["server_stats"] | NOT_ANSWERED["connections"]
-
-
-def json_keys(answer: dict) -> set[str]:
-    """Top-level keys, and `outer.inner` for the keys of a nested object or of a list's first object."""
-    keys = set(answer)
-    for outer, value in answer.items():
-        inner = value[0] if isinstance(value, list) and value and isinstance(value[0], dict) else value
-        if isinstance(inner, dict) and outer not in ("session_id_to_ephemeral_paths", "expiry_time_to_session_ids",
-                                                     "session_timeouts_ms"):
-            keys |= {f"{outer}.{k}" for k in inner}
-    return keys
-
-
-@pytest.fixture(scope="module")
-def zookeeper_admin(tmp_path_factory) -> Iterator[tuple[int, int]]:
-    """A standalone ZooKeeper 3.8 with its AdminServer on loopback: (client port, admin port)."""
-    from bench import zk as reference  # the benchmarks' class path of Debian's ZooKeeper
-    try:
-        classpath = reference.classpath()
-    except reference.ZkUnavailable as e:
-        pytest.skip(str(e))
-    missing = [jar for jar in ADMIN_JARS if not (reference.JAVA_DIR / jar).exists()]
-    if missing:
-        pytest.skip(f"the AdminServer needs {', '.join(missing)} (Debian: libjetty9-java, libservlet-api-java, "
-                    "libjackson2-databind-java; .ci/run installs them)")
-    folder = tmp_path_factory.mktemp("zookeeper-admin")
-    client_port, admin_port = localcluster.free_ports(2)
-    (folder / "zoo.cfg").write_text(
-        f"tickTime=2000\ndataDir={folder / 'data'}\nclientPort={client_port}\nclientPortAddress=127.0.0.1\n"
-        f"4lw.commands.whitelist=*\nadmin.enableServer=true\nadmin.serverAddress=127.0.0.1\n"
-        f"admin.serverPort={admin_port}\n")
-    classpath += ":" + ":".join(str(reference.JAVA_DIR / jar) for jar in ADMIN_JARS)
-    with (folder / "zookeeper.out").open("wb") as out:
-        proc = subprocess.Popen(["java", "-Xmx256m", "-cp", classpath, f"-Dzookeeper.log.dir={folder}",
-                                 "org.apache.zookeeper.server.ZooKeeperServerMain", str(folder / "zoo.cfg")],
-                                stdout=out, stderr=subprocess.STDOUT)
-    try:
-        assert wait_for(lambda: zookeeper_get(admin_port, "/commands/ruok") is not None, timeout_s=60), \
-            (folder / "zookeeper.out").read_text()[-3000:]
-        yield client_port, admin_port
-    finally:
-        proc.kill()
-        proc.wait()
-
-
-def zookeeper_get(port: int, path: str) -> str | None:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as answer:
-            return answer.read().decode()
-    except OSError:
-        return None
-
-
-def test_admin_commands_and_mntr_against_a_live_zookeeper(cluster: Cluster, zookeeper_admin: tuple[int, int]) -> None:
-    """Every command Quire serves is one of the live ZooKeeper 3.8.0's, and answers at least its keys
-    (NOT_ANSWERED lists what it does not, and why); Metricbeat's mntr keys have a number where
-    ZooKeeper's have one."""
-    zk_client, zk_admin = zookeeper_admin
-    listing = zookeeper_get(zk_admin, "/commands") or ""
-    zookeeper_names = set(re.findall(r"/commands/([a-z_]+)", listing))
-    assert {"monitor", "stats", "dump"} <= zookeeper_names, listing[:500]
-    leader = leader_of(cluster)
-    served = json.loads(admin_get(cluster, leader, "/commands")[1])["commands"]
-    assert set(served) <= zookeeper_names, sorted(set(served) - zookeeper_names)
-    reference = KazooClient(f"127.0.0.1:{zk_client}")
-    reference.start(timeout=30)
-    try:
-        with kazoo_session(cluster, only=leader) as ours:
-            for client in (reference, ours):  # a session with an ephemeral and a watch on both
-                client.create("/compare-eph", b"", ephemeral=True)
-                client.get("/compare-eph", watch=lambda event: None)
-            for name in served:
-                theirs = json.loads(zookeeper_get(zk_admin, f"/commands/{name}") or "{}")
-                mine = json.loads(admin_get(cluster, leader, f"/commands/{name}")[1])
-                if name == "monitor":  # ZooKeeper's has ~400 keys of its JVM's processors
-                    for key in METRICBEAT_MNTR:
-                        k = key[3:]
-                        assert k in theirs and k in mine, k
-                        assert isinstance(mine[k], (int, float)) == isinstance(theirs[k], (int, float)), k
-                    continue
-                missing = json_keys(theirs) - json_keys(mine) - NOT_ANSWERED.get(name, set())
-                assert not missing, f"{name}: {sorted(missing)}"
-                for key in json_keys(theirs) & json_keys(mine):
-                    if "." not in key and theirs[key] is not None and mine[key] is not None:
-                        assert type(mine[key]) is type(theirs[key]) or {type(mine[key]), type(theirs[key])} <= {int, float}, \
-                            (name, key, mine[key], theirs[key])
-            conns = json.loads(admin_get(cluster, leader, "/commands/connections")[1])["connections"]
-            assert all(isinstance(c["session_id"], int) for c in conns)  # a JSON number, as ZooKeeper's
-        text_ours = mntr_text(cluster.config.node(leader).client_port)
-        text_theirs = mntr_text(zk_client)
-        for key in METRICBEAT_MNTR:
-            assert key in text_ours and key in text_theirs, key
-            assert text_ours[key].lstrip("-").replace(".", "", 1).isdigit() == \
-                text_theirs[key].lstrip("-").replace(".", "", 1).isdigit(), (key, text_ours[key], text_theirs[key])
-    finally:
-        reference.stop()
-        reference.close()
-
-
-def mntr_text(port: int) -> dict[str, str]:
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-        s.sendall(b"mntr")
-        raw = b""
-        while chunk := s.recv(65536):
-            raw += chunk
-    return dict(line.split("\t", 1) for line in raw.decode().splitlines() if "\t" in line)

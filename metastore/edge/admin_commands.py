@@ -9,15 +9,10 @@ served: their names answer 404 with the list of what is.
 
 from __future__ import annotations
 
-import getpass
-import os
-import platform
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from metastore.edge import four_letter as F
-from zab.storage.recovery import SNAPSHOT_DIR, TXNLOG_DIR
 
 
 def _monitor(service: Any, status: dict) -> dict:
@@ -30,19 +25,16 @@ def _monitor(service: Any, status: dict) -> dict:
 
 def _server_stats(service: Any, status: dict) -> dict:
     figures = F.server_figures(service, status)
-    data_dir = service.driver.data_dir
-    figures.update(data_dir_size=_bytes_in(data_dir / SNAPSHOT_DIR), log_dir_size=_bytes_in(data_dir / TXNLOG_DIR),
+    data_dir_size, log_dir_size = F.dir_sizes(service)
+    figures.update(data_dir_size=data_dir_size, log_dir_size=log_dir_size,
                    auth_failed_count=service.stats.get("sasl_failed", 0))
-    return {"server_stats": figures, "node_count": figures["node_count"], "version": F.VERSION,
+    return {"server_stats": figures, "node_count": figures["node_count"], "version": F.FULL_VERSION,
             "read_only": service.serving_mode == "ro"}
 
 
-def _bytes_in(directory: Path) -> int:
-    """The bytes of the files in `directory`, as ZooKeeper's data_dir_size and log_dir_size."""
-    try:
-        return sum(e.stat().st_size for e in os.scandir(directory) if e.is_file())
-    except OSError:  # not made yet, or a file gone while counting (a purge)
-        return 0
+def _dirs(service: Any, status: dict) -> dict:
+    data_dir_size, log_dir_size = F.dir_sizes(service)
+    return {"datadir_size": data_dir_size, "logdir_size": log_dir_size}
 
 
 def _stats(service: Any, status: dict) -> dict:
@@ -75,26 +67,11 @@ def _dump(service: Any, status: dict) -> dict:
 
 
 def _environment(service: Any, status: dict) -> dict:
-    uname = platform.uname()
-    return {"zookeeper.version": F.VERSION, "host.name": service.cfg.host, "python.version": platform.python_version(),
-            "os.name": uname.system, "os.arch": uname.machine, "os.version": uname.release, "user.dir": os.getcwd(),
-            "user.home": os.path.expanduser("~"), "user.name": _user_name()}
-
-
-def _user_name() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # a uid without a name (some containers)
-        return str(os.getuid())
+    return F.environment(service)
 
 
 def _configuration(service: Any, status: dict) -> dict:
-    cfg, data_dir = service.cfg, service.driver.data_dir
-    return {"client_port": cfg.port, "client_port_address": cfg.host, "server_id": cfg.node_id,
-            "tick_time": cfg.tick_ms, "min_session_timeout": cfg.min_session_timeout_ms,
-            "max_session_timeout": cfg.max_session_timeout_ms, "data_dir": str(data_dir / SNAPSHOT_DIR),
-            "data_log_dir": str(data_dir / TXNLOG_DIR), "max_client_cnxns": cfg.limits.max_client_connections,
-            "client_port_listen_backlog": -1}  # -1: the system's default, as ZooKeeper says when unset
+    return F.configuration(service)
 
 
 def _is_read_only(service: Any, status: dict) -> dict:
@@ -121,7 +98,7 @@ COMMANDS: dict[str, tuple[str, Callable[[Any, dict], dict]]] = {
     "connections": ("cons", _connections), "watch_summary": ("wchs", _watch_summary), "dump": ("dump", _dump),
     "environment": ("envi", _environment), "configuration": ("conf", _configuration),
     "is_read_only": ("isro", _is_read_only), "leader": ("lead", _leader), "zabstate": ("zabstate", _zabstate),
-    "ruok": ("ruok", _ruok),
+    "ruok": ("ruok", _ruok), "dirs": ("dirs", _dirs),
 }
 _BY_SHORT = {short: name for name, (short, _) in COMMANDS.items()}
 
