@@ -91,8 +91,10 @@ class AdminServer:
             async with stream:
                 conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
                 answer = await self._respond(conn, stream)
-                with trio.move_on_after(SEND_TIMEOUT_S):  # a client that does not read is let go
+                with trio.move_on_after(SEND_TIMEOUT_S) as stuck:  # a client that does not read is let go
                     await send_answer(conn, stream, answer)
+                if stuck.cancelled_caught:  # without a TLS goodbye it would not read either
+                    await trio.aclose_forcefully(stream)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the client left before the answer; nothing to clean up
 
