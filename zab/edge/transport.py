@@ -321,15 +321,16 @@ class PeerTransport:
         try:
             with trio.fail_after(HELLO_TIMEOUT_S):
                 peer, frames = await self._read_hello(stream, decoder)
+            # Nothing after the HELLO is decoded before its certificate is known to be the peer's.
+            if self.tls is not None and not self.tls.admit(stream, peer):  # another node's certificate
+                await stream.aclose()
+                return
             # Frames that came with the HELLO are decoded now: a corrupt one ends the connection
             # at once, not after it has waited its turn behind the member's live link.
             early = [decode_message(payload) for payload in frames]
         except (FrameError, trio.TooSlowError, OSError, trio.BrokenResourceError) as e:
             self.stats.bad_frames += 1
             self._warn_rarely("bad hello", "event=peer_rejected error=%r", e)
-            await stream.aclose()
-            return
-        if self.tls is not None and not self.tls.admit(stream, peer):  # its certificate is another node's
             await stream.aclose()
             return
         decoder.max_frame_bytes = self.max_frame_bytes
