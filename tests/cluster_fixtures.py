@@ -97,6 +97,17 @@ def leader_of(cluster: Cluster) -> int:
     return next(r["id"] for r in cluster.status() if r["role"] == "leader")
 
 
+def bytes_until_closed(s: socket.socket) -> int:
+    """Read until the server closes the connection (an EOF or a reset); how many bytes came."""
+    got = 0
+    try:
+        while chunk := s.recv(1 << 20):
+            got += len(chunk)
+    except ConnectionResetError:
+        pass
+    return got
+
+
 def closed_by_server(s: socket.socket) -> bool:
     """Read until the server closes the connection (an EOF or a reset); True once it has. A socket
     timeout (the server holds it open) raises instead."""

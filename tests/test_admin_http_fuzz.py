@@ -15,6 +15,7 @@ from hypothesis import given, settings, strategies as st
 from clusterd.daemon import admin
 from clusterd.daemon.admin import AdminServer
 from clusterd.daemon.admin_http import Answer
+from cluster_fixtures import bytes_until_closed
 
 STATUS = {"role": "leader", "epoch": 1, "peers": [], "log": {"queued": 0}}
 
@@ -107,16 +108,7 @@ def test_connections_over_the_limit_are_closed_at_once_and_a_lazy_reader_is_let_
             lazy = socket.create_connection(("127.0.0.1", port), timeout=5)
             lazy.sendall(b"GET /status HTTP/1.1\r\nhost: x\r\n\r\n")
             await trio.sleep(1.5)  # reads nothing while the server's send waits, then gives up
-
-            def drain() -> int:
-                got = 0
-                try:
-                    while chunk := lazy.recv(1 << 20):
-                        got += len(chunk)
-                except ConnectionResetError:
-                    pass
-                return got
-            assert await trio.to_thread.run_sync(drain) < 32 << 20  # cut off, not waited for
+            assert await trio.to_thread.run_sync(bytes_until_closed, lazy) < 32 << 20  # cut off, not waited for
             lazy.close()
             nursery.cancel_scope.cancel()
     trio.run(main)
