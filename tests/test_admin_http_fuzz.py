@@ -103,11 +103,15 @@ def test_connections_over_the_limit_are_closed_at_once_and_a_lazy_reader_is_let_
             extra.close()
             for s in waiting:
                 s.close()
-            await trio.sleep(0.2)  # the server sees them go
+            while server.connections.open:  # the server sees them go
+                await trio.sleep(0.01)
 
             lazy = socket.create_connection(("127.0.0.1", port), timeout=5)
             lazy.sendall(b"GET /status HTTP/1.1\r\nhost: x\r\n\r\n")
-            await trio.sleep(1.5)  # reads nothing while the server's send waits, then gives up
+            while not server.connections.open:  # admitted, then its answer waits for a reader ...
+                await trio.sleep(0.01)
+            while server.connections.open:  # ... until the server gives up on it and lets it go
+                await trio.sleep(0.01)
             assert await trio.to_thread.run_sync(bytes_until_closed, lazy) < 32 << 20  # cut off, not waited for
             lazy.close()
             nursery.cancel_scope.cancel()
